@@ -1,0 +1,233 @@
+// The one pybind11 file: argument marshalling, GIL release, exception mapping.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "staleness_ring.hpp"
+
+namespace py = pybind11;
+namespace pfb = pyfast_buffer;
+
+namespace {
+
+using I64Array = py::array_t<int64_t, py::array::c_style>;
+using I32Array = py::array_t<int32_t, py::array::c_style>;
+
+pfb::Strategy parse_strategy(const std::string& s) {
+  if (s == "drop") return pfb::Strategy::kDrop;
+  if (s == "wait") return pfb::Strategy::kWait;
+  throw pfb::InvalidArgument("strategy='" + s + "' is unknown; use 'drop' or 'wait'");
+}
+
+pfb::OnFull parse_on_full(const std::string& s) {
+  if (s == "evict_oldest") return pfb::OnFull::kEvictOldest;
+  if (s == "block") return pfb::OnFull::kBlock;
+  if (s == "error") return pfb::OnFull::kError;
+  throw pfb::InvalidArgument("on_full='" + s + "' is unknown; use 'evict_oldest', 'block' or 'error'");
+}
+
+// The Python-visible ring: the core plus the arrays whose memory it borrows.
+struct PyRing {
+  std::vector<py::object> borrowed_arrays;  // destroyed after `ring`, which points into them
+  std::unique_ptr<pfb::StalenessRing> ring;
+};
+
+const char* blocked_by_name(pfb::BlockedBy b) {
+  switch (b) {
+    case pfb::BlockedBy::kTooFewReady: return "too_few_ready";
+    case pfb::BlockedBy::kInFlightAtMaxAge: return "in_flight_at_max_age";
+    default: return "none";
+  }
+}
+
+py::tuple stats_tuple(const pfb::TakeStats& s) {
+  py::tuple hist(pfb::kAgeBuckets);
+  for (int i = 0; i < pfb::kAgeBuckets; ++i) hist[i] = py::int_(s.age_hist[i]);
+  return py::make_tuple(s.taken, s.dropped_stale, s.retired, s.evicted, blocked_by_name(s.blocked_by), s.age_sum,
+                        s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total);
+}
+
+py::dict ledger_dict(const pfb::Ledger& l) {
+  py::dict d;
+  d["dispatched"] = l.dispatched, d["completed"] = l.completed, d["failed"] = l.failed;
+  d["put_total"] = l.put_total, d["sampled_total"] = l.put_total, d["taken"] = l.taken;
+  d["retired"] = l.retired, d["dropped_stale"] = l.dropped_stale, d["evicted"] = l.evicted;
+  d["in_flight"] = l.in_flight, d["buffer_left"] = l.buffer_left;
+  return d;
+}
+
+template <class T>
+py::array_t<T> to_numpy(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  py::capsule owner(heap, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(static_cast<py::ssize_t>(heap->size()), heap->data(), owner);
+}
+
+template <class T>
+std::vector<T> from_numpy(const py::dict& d, const char* key) {
+  auto a = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(d[key]);
+  if (!a || a.ndim() != 1) throw pfb::InvalidArgument(std::string("state_dict: '") + key + "' must be a 1-d integer array");
+  return std::vector<T>(a.data(), a.data() + a.size());
+}
+
+std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::string& strategy, int64_t max_uses,
+                                  const std::string& on_full, int64_t parameter_sync_step,
+                                  std::optional<py::tuple> columns) {
+  pfb::RingConfig cfg{capacity, max_age, parse_strategy(strategy), max_uses, parse_on_full(on_full),
+                      parameter_sync_step};
+  auto out = std::make_unique<PyRing>();
+  if (!columns) {
+    out->ring = std::make_unique<pfb::StalenessRing>(cfg, nullptr);
+    return out;
+  }
+  if (columns->size() != 8) throw pfb::InvalidArgument("columns: pass 6 int64 and 2 int32 arrays");
+  pfb::ColumnPointers ptrs;
+  int64_t* wide[6];
+  for (int i = 0; i < 6; ++i) {
+    auto a = py::cast<I64Array>((*columns)[i]);
+    if (a.size() < capacity) throw pfb::InvalidArgument("columns: each column needs capacity entries");
+    wide[i] = a.mutable_data();
+    out->borrowed_arrays.push_back(a);
+  }
+  int32_t* narrow[2];
+  for (int i = 0; i < 2; ++i) {
+    auto a = py::cast<I32Array>((*columns)[6 + i]);
+    if (a.size() < capacity) throw pfb::InvalidArgument("columns: each column needs capacity entries");
+    narrow[i] = a.mutable_data();
+    out->borrowed_arrays.push_back(a);
+  }
+  ptrs.traj_id = wide[0], ptrs.group_id = wide[1], ptrs.sample_step = wide[2];
+  ptrs.policy_version = wide[3], ptrs.dispatch_ns = wide[4], ptrs.complete_ns = wide[5];
+  ptrs.uses = narrow[0], ptrs.group_len = narrow[1];
+  out->ring = std::make_unique<pfb::StalenessRing>(cfg, &ptrs);
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Native core of pyfast_buffer: a staleness-aware ring of trajectory ids.";
+  py::register_exception<pfb::Closed>(m, "BufferClosedError", PyExc_ValueError);
+  py::register_exception<pfb::Full>(m, "BufferFullError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const pfb::Timeout& e) {
+      py::set_error(PyExc_TimeoutError, e.what());
+    }
+  });
+  m.attr("AGE_BUCKETS") = pfb::kAgeBuckets;
+  m.attr("BYTES_PER_ENTRY") = pfb::kBytesPerEntry;
+  m.attr("BATCH_COLUMNS") = pfb::kBatchColumns;
+
+  py::class_<PyRing>(m, "Ring")
+      .def(py::init(&make_ring), py::arg("capacity"), py::arg("max_age"), py::arg("strategy"), py::arg("max_uses"),
+           py::arg("on_full"), py::arg("parameter_sync_step"), py::arg("columns") = py::none())
+      .def("dispatch",
+           [](PyRing& self, const I64Array& prompt_ids, int64_t step) {
+             const int64_t* ids = prompt_ids.data();
+             const int64_t n = prompt_ids.size();
+             py::gil_scoped_release release;
+             self.ring->dispatch(ids, n, step);
+           })
+      .def("complete",
+           [](PyRing& self, const I64Array& traj_ids, const I64Array& prompt_ids, std::optional<double> timeout) {
+             if (traj_ids.size() != prompt_ids.size())
+               throw pfb::InvalidArgument("traj_ids and prompt_ids differ in length");
+             const int64_t *t = traj_ids.data(), *p = prompt_ids.data();
+             const int64_t n = traj_ids.size();
+             py::gil_scoped_release release;
+             self.ring->complete(t, p, n, timeout);
+           })
+      .def("fail",
+           [](PyRing& self, const I64Array& prompt_ids) {
+             const int64_t* ids = prompt_ids.data();
+             const int64_t n = prompt_ids.size();
+             py::gil_scoped_release release;
+             self.ring->fail(ids, n);
+           })
+      .def("put",
+           [](PyRing& self, const I64Array& traj_ids, std::optional<I64Array> group_ids, const I64Array& sample_steps,
+              std::optional<double> timeout) {
+             if (group_ids && group_ids->size() != traj_ids.size())
+               throw pfb::InvalidArgument("traj_ids and group_ids differ in length");
+             const int64_t* t = traj_ids.data();
+             const int64_t* g = group_ids ? group_ids->data() : nullptr;
+             const int64_t* s = sample_steps.data();
+             const int64_t n = traj_ids.size(), n_steps = sample_steps.size();
+             py::gil_scoped_release release;
+             self.ring->put(t, g, s, n_steps, n, timeout);
+           })
+      .def("take",
+           [](PyRing& self, I64Array& out, int64_t current_step, std::optional<double> timeout) {
+             if (out.ndim() != 1 || out.size() % pfb::kBatchColumns != 0 || out.size() == 0)
+               throw pfb::InvalidArgument("out must be a 1-d int64 array of kBatchColumns * batch_size");
+             const int64_t batch_size = out.size() / pfb::kBatchColumns;
+             int64_t* cols = out.mutable_data();
+             pfb::TakeStats stats;
+             {
+               py::gil_scoped_release release;
+               stats = self.ring->take(batch_size, current_step, timeout, cols);
+             }
+             return stats_tuple(stats);
+           })
+      .def("evict_stale",
+           [](PyRing& self, int64_t current_step) {
+             pfb::TakeStats stats;
+             {
+               py::gil_scoped_release release;
+               stats = self.ring->evict_stale(current_step);
+             }
+             return stats_tuple(stats);
+           })
+      .def("ledger", [](const PyRing& self) { return ledger_dict(self.ring->ledger()); })
+      .def("__len__", [](const PyRing& self) { return self.ring->size(); })
+      .def_property_readonly("in_flight", [](const PyRing& self) { return self.ring->in_flight(); })
+      .def_property_readonly("closed", [](const PyRing& self) { return self.ring->closed(); })
+      .def_property_readonly("borrows_columns", [](const PyRing& self) { return self.ring->borrows_columns(); })
+      .def("close", [](PyRing& self) { self.ring->close(); })
+      .def("__repr__", [](const PyRing& self) { return self.ring->debug_string(); })
+      .def("export_state",
+           [](const PyRing& self) {
+             pfb::RingState s = self.ring->export_state();
+             py::dict d;
+             d["traj_id"] = to_numpy(std::move(s.traj_id)), d["group_id"] = to_numpy(std::move(s.group_id));
+             d["sample_step"] = to_numpy(std::move(s.sample_step));
+             d["policy_version"] = to_numpy(std::move(s.policy_version));
+             d["dispatch_ns"] = to_numpy(std::move(s.dispatch_ns));
+             d["complete_ns"] = to_numpy(std::move(s.complete_ns));
+             d["uses"] = to_numpy(std::move(s.uses)), d["group_len"] = to_numpy(std::move(s.group_len));
+             d["in_flight_prompt"] = to_numpy(std::move(s.in_flight_prompt));
+             d["in_flight_step"] = to_numpy(std::move(s.in_flight_step));
+             d["in_flight_dispatch_ns"] = to_numpy(std::move(s.in_flight_dispatch_ns));
+             d["ledger"] = ledger_dict(s.ledger);
+             d["clock"] = s.clock;
+             d["evicted_unreported"] = s.evicted_unreported;
+             return d;
+           })
+      .def("import_state", [](PyRing& self, const py::dict& d) {
+        pfb::RingState s;
+        s.traj_id = from_numpy<int64_t>(d, "traj_id"), s.group_id = from_numpy<int64_t>(d, "group_id");
+        s.sample_step = from_numpy<int64_t>(d, "sample_step");
+        s.policy_version = from_numpy<int64_t>(d, "policy_version");
+        s.dispatch_ns = from_numpy<int64_t>(d, "dispatch_ns"), s.complete_ns = from_numpy<int64_t>(d, "complete_ns");
+        s.uses = from_numpy<int32_t>(d, "uses"), s.group_len = from_numpy<int32_t>(d, "group_len");
+        s.in_flight_prompt = from_numpy<int64_t>(d, "in_flight_prompt");
+        s.in_flight_step = from_numpy<int64_t>(d, "in_flight_step");
+        s.in_flight_dispatch_ns = from_numpy<int64_t>(d, "in_flight_dispatch_ns");
+        py::dict l = d["ledger"];
+        s.ledger.dispatched = l["dispatched"].cast<int64_t>(), s.ledger.completed = l["completed"].cast<int64_t>();
+        s.ledger.failed = l["failed"].cast<int64_t>(), s.ledger.put_total = l["put_total"].cast<int64_t>();
+        s.ledger.taken = l["taken"].cast<int64_t>(), s.ledger.retired = l["retired"].cast<int64_t>();
+        s.ledger.dropped_stale = l["dropped_stale"].cast<int64_t>(), s.ledger.evicted = l["evicted"].cast<int64_t>();
+        s.clock = d["clock"].cast<int64_t>();
+        s.evicted_unreported = d["evicted_unreported"].cast<int64_t>();
+        py::gil_scoped_release release;
+        self.ring->import_state(s);
+      });
+}

@@ -1,0 +1,80 @@
+// Prompts dispatched to rollout workers and not yet completed or failed.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace pyfast_buffer {
+
+/// What the buffer remembers of one in-flight prompt.
+struct InFlightPrompt {
+  int64_t sample_step;
+  int64_t dispatch_ns;
+};
+
+/// Hash table of in-flight prompts plus an ordered count of their steps, so the oldest is O(1).
+class InFlightTable {
+ public:
+  /// Returns true iff `prompt_id` is in flight.
+  bool contains(int64_t prompt_id) const { return prompts_.count(prompt_id) != 0; }
+
+  /// Returns the record of `prompt_id`; the caller has checked that it is in flight.
+  const InFlightPrompt& at(int64_t prompt_id) const { return prompts_.at(prompt_id); }
+
+  /// Records `prompt_id` as in flight; the caller has checked that it is not yet.
+  void insert(int64_t prompt_id, InFlightPrompt record) {
+    prompts_.emplace(prompt_id, record);
+    ++step_counts_[record.sample_step];
+  }
+
+  /// Removes `prompt_id`; the caller has checked that it is in flight.
+  void erase(int64_t prompt_id) {
+    auto it = prompts_.find(prompt_id);
+    auto count = step_counts_.find(it->second.sample_step);
+    if (--count->second == 0) step_counts_.erase(count);
+    prompts_.erase(it);
+  }
+
+  /// Removes every prompt.
+  void clear() {
+    prompts_.clear();
+    step_counts_.clear();
+  }
+
+  /// Returns the smallest sample_step in flight, or INT64_MAX when nothing is in flight.
+  int64_t oldest_step() const {
+    return step_counts_.empty() ? std::numeric_limits<int64_t>::max() : step_counts_.begin()->first;
+  }
+
+  /// Returns the number of prompts in flight.
+  int64_t size() const { return static_cast<int64_t>(prompts_.size()); }
+
+  /// Returns (prompt_id, sample_step) of every prompt with sample_step <= `step`, oldest first.
+  std::vector<std::pair<int64_t, int64_t>> at_or_before(int64_t step) const {
+    std::vector<std::pair<int64_t, int64_t>> found;
+    for (const auto& [id, rec] : prompts_)
+      if (rec.sample_step <= step) found.emplace_back(id, rec.sample_step);
+    std::sort(found.begin(), found.end(),
+              [](const auto& a, const auto& b) { return std::tie(a.second, a.first) < std::tie(b.second, b.first); });
+    return found;
+  }
+
+  /// Returns every in-flight prompt as (prompt_id, record), sorted by prompt id.
+  std::vector<std::pair<int64_t, InFlightPrompt>> sorted_items() const {
+    std::vector<std::pair<int64_t, InFlightPrompt>> items(prompts_.begin(), prompts_.end());
+    std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return items;
+  }
+
+ private:
+  std::unordered_map<int64_t, InFlightPrompt> prompts_;
+  std::map<int64_t, int64_t> step_counts_;
+};
+
+}  // namespace pyfast_buffer

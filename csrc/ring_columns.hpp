@@ -1,0 +1,67 @@
+// Columnar storage of ring entries: owned aligned memory or borrowed (pinned) buffers.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+
+namespace pyfast_buffer {
+
+/// Raw pointers to the eight columns of `capacity` entries each.
+struct ColumnPointers {
+  int64_t* traj_id = nullptr;
+  int64_t* group_id = nullptr;
+  int64_t* sample_step = nullptr;
+  int64_t* policy_version = nullptr;
+  int64_t* dispatch_ns = nullptr;
+  int64_t* complete_ns = nullptr;
+  int32_t* uses = nullptr;
+  int32_t* group_len = nullptr;  // size of the entry's group; groups are contiguous in the ring
+
+  /// Returns true iff every column pointer is set.
+  bool complete() const {
+    return traj_id && group_id && sample_step && policy_version && dispatch_ns && complete_ns &&
+           uses && group_len;
+  }
+};
+
+/// Bytes one entry occupies across all columns.
+constexpr int64_t kBytesPerEntry = 6 * sizeof(int64_t) + 2 * sizeof(int32_t);
+
+/// Owns or borrows the column memory for a ring of fixed capacity; allocated once, never resized.
+class RingColumns {
+ public:
+  /// Allocates 64-byte aligned columns for `capacity` entries; throws std::bad_alloc on failure.
+  explicit RingColumns(int64_t capacity) {
+    const int64_t wide = round_up(capacity * 8), narrow = round_up(capacity * 4);
+    void* block = std::aligned_alloc(kAlign, static_cast<size_t>(6 * wide + 2 * narrow));
+    if (block == nullptr) throw std::bad_alloc();
+    owned_.reset(static_cast<char*>(block));
+    char* at = owned_.get();
+    int64_t** wide_cols[] = {&cols_.traj_id,        &cols_.group_id,    &cols_.sample_step,
+                             &cols_.policy_version, &cols_.dispatch_ns, &cols_.complete_ns};
+    for (int64_t** col : wide_cols) *col = reinterpret_cast<int64_t*>(at), at += wide;
+    cols_.uses = reinterpret_cast<int32_t*>(at), at += narrow;
+    cols_.group_len = reinterpret_cast<int32_t*>(at);
+  }
+
+  /// Borrows caller-owned columns; the caller keeps them alive for this object's lifetime.
+  explicit RingColumns(const ColumnPointers& borrowed) : cols_(borrowed) {}
+
+  /// Returns the column pointers (owned or borrowed).
+  const ColumnPointers& get() const { return cols_; }
+
+  /// Returns true iff the columns were borrowed from the caller.
+  bool borrowed() const { return owned_ == nullptr; }
+
+ private:
+  static constexpr int64_t kAlign = 64;
+  static int64_t round_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+  struct FreeDeleter {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, FreeDeleter> owned_;
+  ColumnPointers cols_;
+};
+
+}  // namespace pyfast_buffer

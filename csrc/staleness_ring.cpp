@@ -1,0 +1,608 @@
+#include "staleness_ring.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace pyfast_buffer {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+SteadyClock::time_point deadline_after(double seconds) {
+  // Clamp so that huge timeouts cannot overflow the clock arithmetic.
+  const double clamped = std::min(seconds, 1e9);
+  return SteadyClock::now() +
+         std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(clamped));
+}
+
+const char* strategy_name(Strategy s) { return s == Strategy::kDrop ? "drop" : "wait"; }
+
+const char* on_full_name(OnFull f) {
+  switch (f) {
+    case OnFull::kEvictOldest: return "evict_oldest";
+    case OnFull::kBlock: return "block";
+    default: return "error";
+  }
+}
+
+template <class... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+
+// Returns the first id that occurs twice in ids[0..n), if any.
+std::optional<int64_t> first_duplicate(const int64_t* ids, int64_t n) {
+  std::unordered_set<int64_t> seen;
+  seen.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    if (!seen.insert(ids[i]).second) return ids[i];
+  return std::nullopt;
+}
+
+}  // namespace
+
+StalenessRing::StalenessRing(const RingConfig& config, const ColumnPointers* borrowed)
+    : config_(config),
+      columns_(borrowed ? RingColumns(*borrowed) : RingColumns(std::max<int64_t>(config.capacity, 1))) {
+  if (config.capacity <= 0) throw InvalidArgument(concat("capacity=", config.capacity, " must be > 0"));
+  if (config.max_age < 0) throw InvalidArgument(concat("max_age=", config.max_age, " must be >= 0"));
+  if (config.max_uses < 1 || config.max_uses > std::numeric_limits<int32_t>::max())
+    throw InvalidArgument(concat("max_uses=", config.max_uses, " must be >= 1"));
+  if (config.parameter_sync_step < 0)
+    throw InvalidArgument(concat("parameter_sync_step=", config.parameter_sync_step, " must be > 0"));
+  if (borrowed && !borrowed->complete()) throw InvalidArgument("borrowed columns: every column must be set");
+}
+
+void StalenessRing::check_open() const {
+  if (closed_) throw Closed("the buffer is closed; create a new buffer (or load its state_dict) to continue");
+}
+
+void StalenessRing::check_clock(int64_t current_step) const {
+  if (current_step < 0)
+    throw InvalidArgument(concat("current_step=", current_step, " is negative; steps are ints >= 0"));
+  if (current_step < clock_)
+    throw InvalidArgument(concat("current_step=", current_step, " is lower than step ", clock_,
+                                 " already seen; the trainer's step never goes back, pass the current global step"));
+}
+
+bool StalenessRing::wait_blocked(int64_t current_step) const {
+  return in_flight_.size() > 0 && current_step - in_flight_.oldest_step() >= config_.max_age;
+}
+
+std::string StalenessRing::wait_blocked_message(int64_t current_step) const {
+  const auto blocking = in_flight_.at_or_before(current_step - config_.max_age);
+  std::ostringstream out;
+  out << blocking.size() << " in-flight prompt(s) at max_age=" << config_.max_age << " (";
+  for (size_t i = 0; i < blocking.size() && i < 8; ++i)
+    out << (i ? ", " : "") << "prompt " << blocking[i].first << " since step " << blocking[i].second;
+  if (blocking.size() > 8) out << ", ...";
+  out << "); complete or fail them, or increase max_age (max_off_policy_threshold)";
+  return out.str();
+}
+
+void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step) {
+  Lock lock(mutex_);
+  check_open();
+  if (sample_step < 0) throw InvalidArgument(concat("step=", sample_step, " is negative; steps are ints >= 0"));
+  if (auto dup = first_duplicate(prompt_ids, n))
+    throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; dispatch each prompt once"));
+  for (int64_t i = 0; i < n; ++i)
+    if (in_flight_.contains(prompt_ids[i]))
+      throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i], " is already in flight (dispatched at step ",
+                                   in_flight_.at(prompt_ids[i]).sample_step,
+                                   "); complete or fail it before dispatching it again"));
+  const int64_t stamp = now_ns();
+  for (int64_t i = 0; i < n; ++i) in_flight_.insert(prompt_ids[i], {sample_step, stamp});
+  ledger_.dispatched += n;
+  clock_ = std::max(clock_, sample_step);
+}
+
+void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
+  Lock lock(mutex_);
+  check_open();
+  if (auto dup = first_duplicate(prompt_ids, n))
+    throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; fail each prompt once"));
+  for (int64_t i = 0; i < n; ++i)
+    if (!in_flight_.contains(prompt_ids[i]))
+      throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
+                                   " is not in flight; dispatch it first (it may already be completed or failed)"));
+  for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]);
+  ledger_.failed += n;
+  if (n > 0) ready_cv_.notify_all();
+}
+
+namespace {
+// Groups indices 0..n) by key, groups in order of first appearance, members in call order.
+void group_stably(const int64_t* keys, int64_t n, std::vector<int64_t>& order, std::vector<int64_t>& bounds) {
+  std::unordered_map<int64_t, int64_t> group_of_key;
+  group_of_key.reserve(static_cast<size_t>(n));
+  std::vector<int64_t> group(static_cast<size_t>(n)), counts;
+  for (int64_t i = 0; i < n; ++i) {
+    auto [it, fresh] = group_of_key.emplace(keys[i], static_cast<int64_t>(counts.size()));
+    if (fresh) counts.push_back(0);
+    group[i] = it->second;
+    ++counts[it->second];
+  }
+  bounds.assign(counts.size() + 1, 0);
+  for (size_t g = 0; g < counts.size(); ++g) bounds[g + 1] = bounds[g] + counts[g];
+  std::vector<int64_t> next(bounds.begin(), bounds.end() - 1);
+  order.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[next[group[i]]++] = i;
+}
+}  // namespace
+
+bool StalenessRing::wait_for_room(Lock& lock, int64_t n, std::optional<double> timeout, const char* call) {
+  if (size_ + n <= config_.capacity || config_.on_full == OnFull::kEvictOldest) return true;
+  if (config_.on_full == OnFull::kError || !timeout)
+    throw Full(concat("ring full: ", n, " entries do not fit, ", size_, " of capacity=", config_.capacity,
+                      " are ready; take more often, raise capacity, use on_full='evict_oldest'",
+                      config_.on_full == OnFull::kBlock ? ", or pass timeout= to wait for room" : " or 'block'"));
+  const auto deadline = deadline_after(*timeout);
+  if (room_cv_.wait_until(lock, deadline, [&] { return closed_ || size_ + n <= config_.capacity; })) {
+    check_open();
+    return false;  // room appeared after waiting: the caller re-validates its arguments
+  }
+  throw Timeout(concat(call, " timed out after ", *timeout, " s waiting for room: ", n, " entries need room, ",
+                       size_, " of capacity=", config_.capacity,
+                       " are ready; take more often, raise capacity or use on_full='evict_oldest'"));
+}
+
+void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
+                                 int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
+                                 int64_t complete_ns) {
+  const ColumnPointers& c = columns_.get();
+  if (size_ > 0 && sample_step < c.sample_step[phys(size_ - 1)]) sorted_ = false;
+  const int64_t version = config_.parameter_sync_step > 0 ? sample_step / config_.parameter_sync_step : -1;
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t src = order ? order[j] : j;
+    const int64_t p = phys(size_++);
+    c.traj_id[p] = traj_ids[src];
+    c.group_id[p] = group_ids ? group_ids[src] : group_id;
+    c.sample_step[p] = sample_step;
+    c.policy_version[p] = version;
+    c.dispatch_ns[p] = dispatch_ns;
+    c.complete_ns[p] = complete_ns;
+    c.uses[p] = 0;
+    c.group_len[p] = static_cast<int32_t>(len);
+  }
+}
+
+void StalenessRing::remove_prefix(int64_t n) {
+  head_ = phys(n);
+  size_ -= n;
+  if (size_ == 0) head_ = 0, sorted_ = true;
+}
+
+void StalenessRing::evict_oldest_groups(int64_t need) {
+  int64_t evicted = 0;
+  while (size_ + need > config_.capacity) {
+    const int64_t len = columns_.get().group_len[head_];
+    evicted += len;
+    remove_prefix(len);
+  }
+  ledger_.evicted += evicted;
+  evicted_unreported_ += evicted;
+}
+
+void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
+                             std::optional<double> timeout) {
+  Lock lock(mutex_);
+  check_open();
+  if (n == 0) return;
+  if (n > config_.capacity)
+    throw InvalidArgument(concat("traj_ids: ", n, " trajectories exceed capacity=", config_.capacity,
+                                 "; raise capacity or complete fewer prompts per call"));
+  Groups groups;
+  group_stably(prompt_ids, n, groups.order, groups.bounds);
+  const size_t n_groups = groups.bounds.size() - 1;
+  for (;;) {  // validate, then wait for room; after a wait, validate again (another thread may have failed a prompt)
+    for (size_t g = 0; g < n_groups; ++g) {
+      const int64_t prompt = prompt_ids[groups.order[groups.bounds[g]]];
+      if (!in_flight_.contains(prompt))
+        throw InvalidArgument(concat("prompt_ids: prompt ", prompt,
+                                     " is not in flight; dispatch it first (it may already be completed or failed)"));
+    }
+    if (wait_for_room(lock, n, timeout, "complete")) break;
+  }
+  if (size_ + n > config_.capacity) evict_oldest_groups(n);
+  const int64_t stamp = now_ns();
+  for (size_t g = 0; g < n_groups; ++g) {
+    const int64_t* members = groups.order.data() + groups.bounds[g];
+    const int64_t len = groups.bounds[g + 1] - groups.bounds[g];
+    const int64_t prompt = prompt_ids[members[0]];
+    const InFlightPrompt rec = in_flight_.at(prompt);
+    append_group(traj_ids, nullptr, members, len, prompt, rec.sample_step, rec.dispatch_ns, stamp);
+    in_flight_.erase(prompt);
+  }
+  ledger_.completed += static_cast<int64_t>(n_groups);
+  ledger_.put_total += n;
+  ready_cv_.notify_all();
+}
+
+void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
+                        int64_t n_steps, int64_t n, std::optional<double> timeout) {
+  Lock lock(mutex_);
+  check_open();
+  if (n == 0) return;
+  if (n_steps != 1 && n_steps != n)
+    throw InvalidArgument(concat("sample_step: ", n_steps, " stamps for ", n,
+                                 " trajectories; pass one stamp or one per trajectory"));
+  if (n > config_.capacity)
+    throw InvalidArgument(concat("traj_ids: ", n, " trajectories exceed capacity=", config_.capacity,
+                                 "; raise capacity or put fewer per call"));
+  int64_t max_step = -1;
+  for (int64_t i = 0; i < n_steps; ++i) {
+    if (sample_steps[i] < 0)
+      throw InvalidArgument(concat("sample_step=", sample_steps[i], " is negative; steps are ints >= 0"));
+    max_step = std::max(max_step, sample_steps[i]);
+  }
+  Groups groups;
+  if (group_ids) {
+    group_stably(group_ids, n, groups.order, groups.bounds);
+    for (size_t g = 0; g + 1 < groups.bounds.size() && n_steps > 1; ++g) {
+      const int64_t first = groups.order[groups.bounds[g]];
+      for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
+        if (sample_steps[groups.order[k]] != sample_steps[first])
+          throw InvalidArgument(concat("sample_step: group ", group_ids[first], " has entries stamped ",
+                                       sample_steps[first], " and ", sample_steps[groups.order[k]],
+                                       "; a group shares one sample_step"));
+    }
+  }
+  while (!wait_for_room(lock, n, timeout, "put")) {
+  }
+  if (size_ + n > config_.capacity) evict_oldest_groups(n);
+  const int64_t stamp = now_ns();
+  int64_t n_groups = n;
+  if (group_ids) {
+    n_groups = static_cast<int64_t>(groups.bounds.size()) - 1;
+    for (int64_t g = 0; g < n_groups; ++g) {
+      const int64_t* members = groups.order.data() + groups.bounds[g];
+      const int64_t step = sample_steps[n_steps > 1 ? members[0] : 0];
+      append_group(traj_ids, group_ids, members, groups.bounds[g + 1] - groups.bounds[g], 0, step, stamp, stamp);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      append_group(traj_ids + i, nullptr, nullptr, 1, traj_ids[i], sample_steps[n_steps > 1 ? i : 0], stamp, stamp);
+  }
+  ledger_.dispatched += n_groups;
+  ledger_.completed += n_groups;
+  ledger_.put_total += n;
+  clock_ = std::max(clock_, max_step);
+  ready_cv_.notify_all();
+}
+
+StalenessRing::TakePlan StalenessRing::plan_take(int64_t batch_size, int64_t current_step) const {
+  TakePlan plan;
+  if (config_.strategy == Strategy::kWait && wait_blocked(current_step)) {
+    plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
+    return plan;
+  }
+  const bool drop = config_.strategy == Strategy::kDrop;
+  const int64_t cutoff = current_step - config_.max_age;  // fresh iff sample_step >= cutoff
+  const ColumnPointers& c = columns_.get();
+  int64_t i = 0;
+  while (i < size_) {
+    const int64_t p = phys(i);
+    const int64_t len = c.group_len[p];
+    if (drop && c.sample_step[p] < cutoff) {
+      plan.dropped += len;
+      i += len;
+      continue;
+    }
+    if (len > batch_size)
+      throw InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", c.group_id[p], " of ", len,
+                                   " trajectories; raise batch_size to at least ", len,
+                                   " (a batch never splits a group)"));
+    if (plan.taken + len > batch_size) {
+      plan.full = true;
+      break;
+    }
+    plan.taken += len;
+    i += len;
+    if (plan.taken == batch_size) {
+      plan.full = true;
+      break;
+    }
+  }
+  plan.walked = i;
+  plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
+  return plan;
+}
+
+void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int64_t* base, TakeStats& stats) {
+  const int64_t k_all = plan.taken;
+  const BatchColumns out{base,             base + k_all,     base + 2 * k_all, base + 3 * k_all,
+                         base + 4 * k_all, base + 5 * k_all, base + 6 * k_all, base + 7 * k_all};
+  const bool drop = config_.strategy == Strategy::kDrop;
+  const int64_t cutoff = current_step - config_.max_age;
+  const int32_t max_uses = static_cast<int32_t>(config_.max_uses);
+  const ColumnPointers& c = columns_.get();
+  int64_t k = 0, survivors = 0;
+  for (int64_t i = 0; i < plan.walked;) {
+    const int64_t len = c.group_len[phys(i)];
+    if (drop && c.sample_step[phys(i)] < cutoff) {
+      i += len;
+      continue;
+    }
+    for (const int64_t end = i + len; i < end; ++i, ++k) {
+      const int64_t p = phys(i);
+      const int64_t age = current_step - c.sample_step[p];
+      const int32_t uses = ++c.uses[p];
+      out.traj_id[k] = c.traj_id[p];
+      out.group_id[k] = c.group_id[p];
+      out.sample_step[k] = c.sample_step[p];
+      out.age[k] = age;
+      out.uses[k] = uses;
+      out.policy_version[k] = c.policy_version[p];
+      out.dispatch_ns[k] = c.dispatch_ns[p];
+      out.complete_ns[k] = c.complete_ns[p];
+      stats.age_sum += age;
+      stats.age_max = std::max(stats.age_max, age);
+      ++stats.age_hist[age_bucket(age)];
+      survivors += uses < max_uses;
+    }
+  }
+  if (survivors > 0) {
+    // Reused entries keep their place: move them, in order, to the end of the walked prefix.
+    int64_t write = plan.walked - 1;
+    for (int64_t i = plan.walked - 1; i >= 0; --i) {
+      const int64_t p = phys(i);
+      if ((drop && c.sample_step[p] < cutoff) || c.uses[p] >= max_uses) continue;
+      const int64_t q = phys(write--);
+      if (p == q) continue;
+      c.traj_id[q] = c.traj_id[p], c.group_id[q] = c.group_id[p], c.sample_step[q] = c.sample_step[p];
+      c.policy_version[q] = c.policy_version[p], c.dispatch_ns[q] = c.dispatch_ns[p];
+      c.complete_ns[q] = c.complete_ns[p], c.uses[q] = c.uses[p], c.group_len[q] = c.group_len[p];
+    }
+  }
+  remove_prefix(plan.walked - survivors);
+  stats.taken = plan.taken;
+  stats.dropped_stale = plan.dropped;
+  stats.retired = plan.taken - survivors;
+  stats.blocked_by = plan.blocked_by;
+  ledger_.taken += plan.taken;
+  ledger_.retired += stats.retired;
+  ledger_.dropped_stale += plan.dropped;
+  if (plan.walked > 0) room_cv_.notify_all();
+}
+
+void StalenessRing::fill_state(TakeStats& stats) {
+  stats.evicted = evicted_unreported_;
+  evicted_unreported_ = 0;
+  stats.buffer_left = size_;
+  stats.in_flight = in_flight_.size();
+  stats.sampled_total = ledger_.put_total;
+}
+
+TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::optional<double> timeout,
+                              int64_t* out) {
+  Lock lock(mutex_);
+  check_open();
+  if (batch_size <= 0) throw InvalidArgument(concat("batch_size=", batch_size, " must be > 0"));
+  check_clock(current_step);
+  TakeStats stats;
+  TakePlan plan = plan_take(batch_size, current_step);
+  if (timeout && !plan.full) {
+    const auto deadline = deadline_after(*timeout);
+    // Every change that could complete the batch notifies ready_cv_; re-plan on each wake-up.
+    while (!plan.full) {
+      if (ready_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        plan = plan_take(batch_size, current_step);
+        if (plan.full) break;
+        std::string cause = plan.blocked_by == BlockedBy::kInFlightAtMaxAge
+                                ? wait_blocked_message(current_step)
+                                : concat("only ", plan.taken, " fresh entries are ready for batch_size=", batch_size,
+                                         " (", size_, " ready in all, ", in_flight_.size(),
+                                         " prompts in flight); produce faster, lower batch_size or raise the timeout");
+        throw Timeout(concat("take timed out after ", *timeout, " s under ", strategy_name(config_.strategy),
+                             ": ", cause));
+      }
+      check_open();
+      plan = plan_take(batch_size, current_step);
+    }
+  }
+  clock_ = std::max(clock_, current_step);
+  commit_take(plan, current_step, out, stats);
+  fill_state(stats);
+  return stats;
+}
+
+TakeStats StalenessRing::evict_stale(int64_t current_step) {
+  Lock lock(mutex_);
+  check_open();
+  check_clock(current_step);
+  clock_ = current_step;
+  const int64_t cutoff = current_step - config_.max_age;
+  const ColumnPointers& c = columns_.get();
+  int64_t removed = 0;
+  if (sorted_) {
+    // Stamps are non-decreasing in ring order: the stale entries are a prefix.
+    int64_t lo = 0, hi = size_;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (c.sample_step[phys(mid)] < cutoff) lo = mid + 1; else hi = mid;
+    }
+    removed = lo;
+    remove_prefix(removed);
+  } else {
+    // One branch-free pass: every row is copied to the write cursor, which advances only for fresh rows.
+    int64_t read = head_, write = head_, kept = 0, descents = 0, previous = std::numeric_limits<int64_t>::min();
+    const int64_t cap = config_.capacity;
+    for (int64_t i = 0; i < size_; ++i) {
+      const int64_t step = c.sample_step[read];
+      const int64_t keep = step >= cutoff;
+      c.traj_id[write] = c.traj_id[read];
+      c.group_id[write] = c.group_id[read];
+      c.sample_step[write] = step;
+      c.policy_version[write] = c.policy_version[read];
+      c.dispatch_ns[write] = c.dispatch_ns[read];
+      c.complete_ns[write] = c.complete_ns[read];
+      c.uses[write] = c.uses[read];
+      c.group_len[write] = c.group_len[read];
+      descents += keep & (step < previous);
+      previous = keep ? step : previous;
+      kept += keep;
+      write += keep;
+      write -= (write == cap) ? cap : 0;
+      read += 1;
+      read -= (read == cap) ? cap : 0;
+    }
+    removed = size_ - kept;
+    size_ = kept;
+    sorted_ = descents == 0;
+    if (size_ == 0) head_ = 0;
+  }
+  ledger_.dropped_stale += removed;
+  if (removed > 0) room_cv_.notify_all();
+  TakeStats stats;
+  stats.dropped_stale = removed;
+  stats.blocked_by = BlockedBy::kNone;
+  fill_state(stats);
+  return stats;
+}
+
+Ledger StalenessRing::ledger() const {
+  Lock lock(mutex_);
+  Ledger copy = ledger_;
+  copy.in_flight = in_flight_.size();
+  copy.buffer_left = size_;
+  return copy;
+}
+
+int64_t StalenessRing::size() const {
+  Lock lock(mutex_);
+  return size_;
+}
+
+int64_t StalenessRing::in_flight() const {
+  Lock lock(mutex_);
+  return in_flight_.size();
+}
+
+bool StalenessRing::closed() const {
+  Lock lock(mutex_);
+  return closed_;
+}
+
+void StalenessRing::close() {
+  {
+    Lock lock(mutex_);
+    closed_ = true;
+  }
+  ready_cv_.notify_all();
+  room_cv_.notify_all();
+}
+
+RingState StalenessRing::export_state() const {
+  Lock lock(mutex_);
+  RingState s;
+  const ColumnPointers& c = columns_.get();
+  auto copy64 = [&](std::vector<int64_t>& dst, const int64_t* col) {
+    dst.resize(static_cast<size_t>(size_));
+    for (int64_t i = 0; i < size_; ++i) dst[i] = col[phys(i)];
+  };
+  auto copy32 = [&](std::vector<int32_t>& dst, const int32_t* col) {
+    dst.resize(static_cast<size_t>(size_));
+    for (int64_t i = 0; i < size_; ++i) dst[i] = col[phys(i)];
+  };
+  copy64(s.traj_id, c.traj_id), copy64(s.group_id, c.group_id), copy64(s.sample_step, c.sample_step);
+  copy64(s.policy_version, c.policy_version), copy64(s.dispatch_ns, c.dispatch_ns);
+  copy64(s.complete_ns, c.complete_ns), copy32(s.uses, c.uses), copy32(s.group_len, c.group_len);
+  for (const auto& [prompt, rec] : in_flight_.sorted_items()) {
+    s.in_flight_prompt.push_back(prompt);
+    s.in_flight_step.push_back(rec.sample_step);
+    s.in_flight_dispatch_ns.push_back(rec.dispatch_ns);
+  }
+  s.ledger = ledger_;
+  s.ledger.in_flight = in_flight_.size();
+  s.ledger.buffer_left = size_;
+  s.clock = clock_;
+  s.evicted_unreported = evicted_unreported_;
+  return s;
+}
+
+void StalenessRing::import_state(const RingState& s) {
+  const int64_t n = static_cast<int64_t>(s.traj_id.size());
+  const size_t un = s.traj_id.size();
+  if (s.group_id.size() != un || s.sample_step.size() != un || s.policy_version.size() != un ||
+      s.dispatch_ns.size() != un || s.complete_ns.size() != un || s.uses.size() != un || s.group_len.size() != un)
+    throw InvalidArgument("state_dict: the ready columns have different lengths; pass a state_dict made by state_dict()");
+  if (n > config_.capacity)
+    throw InvalidArgument(concat("state_dict: ", n, " ready entries exceed capacity=", config_.capacity,
+                                 "; load it into a buffer with capacity >= ", n));
+  for (int64_t i = 0; i < n;) {
+    const int64_t len = s.group_len[i];
+    if (len < 1 || i + len > n)
+      throw InvalidArgument(concat("state_dict: entry ", i, " has group_len=", len, " that does not fit the ring"));
+    for (int64_t j = i; j < i + len; ++j) {
+      if (s.group_len[j] != len || s.sample_step[j] != s.sample_step[i] || s.group_id[j] != s.group_id[i] ||
+          s.uses[j] != s.uses[i])
+        throw InvalidArgument(concat("state_dict: group at entry ", i, " is not contiguous and uniform"));
+      if (s.sample_step[j] < 0 || s.sample_step[j] > s.clock)
+        throw InvalidArgument(concat("state_dict: entry ", j, " has sample_step=", s.sample_step[j],
+                                     " outside [0, clock=", s.clock, "]"));
+      if (s.uses[j] < 0 || s.uses[j] >= config_.max_uses)
+        throw InvalidArgument(concat("state_dict: entry ", j, " has uses=", s.uses[j], ", not below max_uses=",
+                                     config_.max_uses, "; load it into a buffer with a larger max_uses"));
+    }
+    i += len;
+  }
+  const size_t m = s.in_flight_prompt.size();
+  if (s.in_flight_step.size() != m || s.in_flight_dispatch_ns.size() != m)
+    throw InvalidArgument("state_dict: the in-flight columns have different lengths");
+  if (auto dup = first_duplicate(s.in_flight_prompt.data(), static_cast<int64_t>(m)))
+    throw InvalidArgument(concat("state_dict: prompt ", *dup, " is in flight twice"));
+  for (size_t i = 0; i < m; ++i)
+    if (s.in_flight_step[i] < 0 || s.in_flight_step[i] > s.clock)
+      throw InvalidArgument(concat("state_dict: in-flight prompt ", s.in_flight_prompt[i], " has step ",
+                                   s.in_flight_step[i], " outside [0, clock=", s.clock, "]"));
+  Ledger ledger = s.ledger;
+  ledger.in_flight = static_cast<int64_t>(m);
+  ledger.buffer_left = n;
+  if (!ledger.balanced() || s.evicted_unreported < 0 || s.evicted_unreported > ledger.evicted)
+    throw InvalidArgument("state_dict: the ledger does not balance with the entries it holds; it was edited or is corrupt");
+
+  Lock lock(mutex_);
+  check_open();
+  const ColumnPointers& c = columns_.get();
+  bool sorted = true;
+  for (int64_t i = 0; i < n; ++i) {
+    c.traj_id[i] = s.traj_id[i], c.group_id[i] = s.group_id[i], c.sample_step[i] = s.sample_step[i];
+    c.policy_version[i] = s.policy_version[i], c.dispatch_ns[i] = s.dispatch_ns[i];
+    c.complete_ns[i] = s.complete_ns[i], c.uses[i] = s.uses[i], c.group_len[i] = s.group_len[i];
+    if (i > 0 && s.sample_step[i] < s.sample_step[i - 1]) sorted = false;
+  }
+  head_ = 0;
+  size_ = n;
+  sorted_ = sorted;
+  in_flight_.clear();
+  for (size_t i = 0; i < m; ++i) in_flight_.insert(s.in_flight_prompt[i], {s.in_flight_step[i], s.in_flight_dispatch_ns[i]});
+  ledger_ = ledger;
+  clock_ = s.clock;
+  evicted_unreported_ = s.evicted_unreported;
+  ready_cv_.notify_all();
+  room_cv_.notify_all();
+}
+
+std::string StalenessRing::debug_string() const {
+  Lock lock(mutex_);
+  return concat("StalenessBuffer(capacity=", config_.capacity, ", max_age=", config_.max_age, ", strategy='",
+                strategy_name(config_.strategy), "', max_uses=", config_.max_uses, ", on_full='",
+                on_full_name(config_.on_full), "', ready=", size_, ", in_flight=", in_flight_.size(),
+                ", clock=", clock_, ", pinned=", columns_.borrowed() ? "True" : "False",
+                closed_ ? ", closed=True" : "", ")");
+}
+
+}  // namespace pyfast_buffer

@@ -1,0 +1,191 @@
+// The staleness-aware ring: ready entries in columns, in-flight prompts, the ledger, one lock.
+#pragma once
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "errors.hpp"
+#include "in_flight.hpp"
+#include "ledger.hpp"
+#include "ring_columns.hpp"
+
+namespace pyfast_buffer {
+
+enum class Strategy : int { kDrop = 0, kWait = 1 };
+enum class OnFull : int { kEvictOldest = 0, kBlock = 1, kError = 2 };
+enum class BlockedBy : int { kNone = 0, kTooFewReady = 1, kInFlightAtMaxAge = 2 };
+
+/// Construction parameters; the constructor rejects out-of-range values.
+struct RingConfig {
+  int64_t capacity = 0;             // ready entries the ring holds (> 0)
+  int64_t max_age = 0;              // largest trainable age in steps (>= 0)
+  Strategy strategy = Strategy::kDrop;
+  int64_t max_uses = 1;             // uses before an entry retires (>= 1)
+  OnFull on_full = OnFull::kEvictOldest;
+  int64_t parameter_sync_step = 0;  // > 0 stamps policy_version = step / it; 0 stamps -1
+};
+
+/// Number of fixed age-histogram buckets: 0, 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+.
+constexpr int kAgeBuckets = 8;
+
+/// Returns the age-histogram bucket of `age` (>= 0).
+inline int age_bucket(int64_t age) {
+  int bucket = 0;
+  while (age > 0 && bucket < kAgeBuckets - 1) age >>= 1, ++bucket;
+  return bucket;
+}
+
+/// Number of int64 columns a take writes: traj_id, group_id, sample_step, age, uses,
+/// policy_version, dispatch_ns, complete_ns, in that order.
+constexpr int kBatchColumns = 8;
+
+/// Pointers to the output columns of one batch (see kBatchColumns for the order).
+struct BatchColumns {
+  int64_t* traj_id;
+  int64_t* group_id;
+  int64_t* sample_step;
+  int64_t* age;
+  int64_t* uses;
+  int64_t* policy_version;
+  int64_t* dispatch_ns;
+  int64_t* complete_ns;
+};
+
+/// What one take or evict_stale did, and the ring's state right after it.
+struct TakeStats {
+  int64_t taken = 0;          // entries written to the batch
+  int64_t dropped_stale = 0;  // entries this call dropped for age > max_age
+  int64_t retired = 0;        // entries this call retired (reached max_uses)
+  int64_t evicted = 0;        // entries on_full evicted since the previous take or evict_stale
+  BlockedBy blocked_by = BlockedBy::kNone;
+  int64_t age_sum = 0;
+  int64_t age_max = 0;
+  std::array<int64_t, kAgeBuckets> age_hist{};
+  int64_t buffer_left = 0;
+  int64_t in_flight = 0;
+  int64_t sampled_total = 0;
+};
+
+/// The whole logical state in ring order (oldest first), as checkpoints store it.
+struct RingState {
+  std::vector<int64_t> traj_id, group_id, sample_step, policy_version, dispatch_ns, complete_ns;
+  std::vector<int32_t> uses, group_len;
+  std::vector<int64_t> in_flight_prompt, in_flight_step, in_flight_dispatch_ns;
+  Ledger ledger;
+  int64_t clock = -1;               // largest step seen, -1 before any
+  int64_t evicted_unreported = 0;   // evictions not yet reported by a take
+};
+
+/// Thread-safe staleness-aware ring buffer; every public method takes the one internal lock.
+class StalenessRing {
+ public:
+  /// Builds an empty ring; `borrowed` (may be null) supplies caller-owned columns of capacity entries.
+  StalenessRing(const RingConfig& config, const ColumnPointers* borrowed);
+  StalenessRing(const StalenessRing&) = delete;
+  StalenessRing& operator=(const StalenessRing&) = delete;
+
+  /// Marks `n` prompts in flight since `sample_step`; throws InvalidArgument if one repeats or is in flight.
+  void dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step);
+
+  /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step.
+  void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
+                std::optional<double> timeout);
+
+  /// Marks `n` prompts failed; throws InvalidArgument if one repeats or is not in flight.
+  void fail(const int64_t* prompt_ids, int64_t n);
+
+  /// Dispatch + complete in one call; null `group_ids` makes each trajectory its own group, and
+  /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory.
+  void put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
+           int64_t n_steps, int64_t n, std::optional<double> timeout);
+
+  /// Takes up to `batch_size` entries under the strategy into `out` (room for kBatchColumns *
+  /// batch_size int64), column f of a k-entry batch at out[f*k, f*k+k) so it is contiguous; without
+  /// a timeout it never blocks, with one it waits for a full batch or throws Timeout naming the cause.
+  TakeStats take(int64_t batch_size, int64_t current_step, std::optional<double> timeout, int64_t* out);
+
+  /// Drops every ready entry with age > max_age: a binary search when stamps are non-decreasing in
+  /// ring order, else one branch-free compaction pass; returns what it did.
+  TakeStats evict_stale(int64_t current_step);
+
+  /// Returns a consistent copy of the ledger.
+  Ledger ledger() const;
+
+  /// Returns the number of ready entries.
+  int64_t size() const;
+
+  /// Returns the number of in-flight prompts.
+  int64_t in_flight() const;
+
+  /// Returns true iff close() has been called.
+  bool closed() const;
+
+  /// Closes the ring and wakes every waiter, which then throws Closed; calling it again does nothing.
+  void close();
+
+  /// Returns a copy of the whole state, ready entries oldest first.
+  RingState export_state() const;
+
+  /// Replaces the whole state; throws InvalidArgument, changing nothing, if it is inconsistent or does not fit.
+  void import_state(const RingState& state);
+
+  /// Returns a one-line description of configuration and state, for __repr__.
+  std::string debug_string() const;
+
+  /// Returns the configuration the ring was built with.
+  const RingConfig& config() const { return config_; }
+
+  /// Returns true iff the columns are borrowed from the caller (pinned memory).
+  bool borrows_columns() const { return columns_.borrowed(); }
+
+ private:
+  using Lock = std::unique_lock<std::mutex>;
+  struct TakePlan {
+    int64_t walked = 0, taken = 0, dropped = 0;
+    bool full = false;
+    BlockedBy blocked_by = BlockedBy::kNone;
+  };
+  struct Groups {
+    std::vector<int64_t> order;   // indices into the call's arrays, grouped stably
+    std::vector<int64_t> bounds;  // group g is order[bounds[g] .. bounds[g + 1])
+  };
+
+  int64_t phys(int64_t logical) const {
+    const int64_t p = head_ + logical;
+    return p >= config_.capacity ? p - config_.capacity : p;
+  }
+  void check_open() const;
+  void check_clock(int64_t current_step) const;
+  bool wait_blocked(int64_t current_step) const;
+  std::string wait_blocked_message(int64_t current_step) const;
+  TakePlan plan_take(int64_t batch_size, int64_t current_step) const;
+  void commit_take(const TakePlan& plan, int64_t current_step, int64_t* out, TakeStats& stats);
+  void fill_state(TakeStats& stats);
+  bool wait_for_room(Lock& lock, int64_t n, std::optional<double> timeout, const char* call);
+  void append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
+                    int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
+                    int64_t complete_ns);
+  void remove_prefix(int64_t n);
+  void evict_oldest_groups(int64_t need);
+
+  const RingConfig config_;
+  RingColumns columns_;
+  mutable std::mutex mutex_;
+  std::condition_variable ready_cv_;  // consumers: entries arrived, prompts finished, or closed
+  std::condition_variable room_cv_;   // producers: room freed, or closed
+  int64_t head_ = 0;
+  int64_t size_ = 0;
+  bool sorted_ = true;  // sample_step non-decreasing in ring order
+  bool closed_ = false;
+  int64_t clock_ = -1;
+  int64_t evicted_unreported_ = 0;
+  InFlightTable in_flight_;
+  Ledger ledger_;
+};
+
+}  // namespace pyfast_buffer

@@ -1,0 +1,30 @@
+"""pyfast_buffer: a native-accelerated, staleness-aware trajectory buffer for asynchronous RL."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .batch import AGE_BUCKETS, FIELDS, LOG_FORMAT, Batch
+from .buffer import StalenessBuffer
+from .config import BufferConfig, config_from_verl, max_age_from_threshold, sample_step_from_tag
+from .errors import BufferClosedError, BufferFullError
+from .reference import ReferenceBuffer
+
+try:
+    __version__ = version("pyfast_buffer")
+except PackageNotFoundError:  # running from a source tree without installing
+    __version__ = "0+unknown"
+
+__all__ = [
+    "AGE_BUCKETS",
+    "FIELDS",
+    "LOG_FORMAT",
+    "Batch",
+    "BufferClosedError",
+    "BufferConfig",
+    "BufferFullError",
+    "ReferenceBuffer",
+    "StalenessBuffer",
+    "__version__",
+    "config_from_verl",
+    "max_age_from_threshold",
+    "sample_step_from_tag",
+]

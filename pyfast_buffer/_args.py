@@ -1,0 +1,102 @@
+"""Argument checks and conversions shared by the native buffer and its reference twin.
+
+Every public call converts its arguments here first, so both implementations
+reject the same bad input with the same message, before touching any state.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+_INT_TORCH_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def as_ids(value: Any, name: str) -> np.ndarray:
+    """Returns ``value`` as a 1-D contiguous int64 numpy array, or raises TypeError/ValueError naming ``name``."""
+    if isinstance(value, np.ndarray) and value.dtype == np.int64 and value.ndim == 1:
+        return np.ascontiguousarray(value)
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _INT_TORCH_DTYPES:
+            raise TypeError(f"{name} has dtype {value.dtype}; pass integer ids (e.g. tensor.long())")
+        array = value.detach().cpu().numpy()
+    elif isinstance(value, np.ndarray):
+        array = value
+    elif isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{name}={value!r} is not a sequence of ints; pass a list, numpy array or torch tensor")
+    else:
+        try:
+            array = np.asarray(value)
+        except (OverflowError, ValueError) as exc:
+            raise ValueError(f"{name} does not fit int64 ({exc}); pass ids in [-2**63, 2**63)") from None
+        if array.dtype == object and all(_is_int(v) for v in value):
+            raise ValueError(f"{name} has ids that do not fit int64; pass ids in [-2**63, 2**63)")
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} has dtype {array.dtype}; ids must be ints, not floats or bools")
+    if array.ndim != 1:
+        raise ValueError(f"{name} has shape {tuple(array.shape)}; pass a 1-D sequence (flatten it first)")
+    if array.dtype.kind == "u" and array.size and int(array.max()) > _INT64_MAX:
+        raise ValueError(f"{name} has ids above 2**63 - 1; pass ids that fit int64")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def as_step(value: Any, name: str) -> int:
+    """Returns ``value`` as an int >= 0, or raises TypeError/ValueError naming ``name``."""
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0:
+        value = value.item()
+    if not _is_int(value):
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"{name}=nan is not a step; pass the trainer's global step as an int >= 0")
+        raise TypeError(f"{name}={value!r} is not an int; pass the trainer's global step as an int >= 0")
+    value = int(value)
+    if value < 0:
+        raise ValueError(f"{name}={value} is negative; steps are ints >= 0")
+    return value
+
+
+def as_steps(value: Any, name: str, n: int) -> np.ndarray:
+    """Returns one stamp (shape (1,)) or ``n`` stamps as int64 >= 0, or raises naming ``name``."""
+    if _is_int(value) or isinstance(value, float) or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0):
+        return np.array([as_step(value, name)], dtype=np.int64)
+    steps = as_ids(value, name)
+    if len(steps) != n:
+        raise ValueError(f"{name} has {len(steps)} stamps for {n} trajectories; pass one int or one per trajectory")
+    if steps.size and steps.min() < 0:
+        raise ValueError(f"{name} has negative stamp {int(steps.min())}; steps are ints >= 0")
+    return steps
+
+
+def as_count(value: Any, name: str, minimum: int = 1) -> int:
+    """Returns ``value`` as an int >= ``minimum``, or raises TypeError/ValueError naming ``name``."""
+    if not _is_int(value):
+        raise TypeError(f"{name}={value!r} is not an int; pass an int >= {minimum}")
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+    return int(value)
+
+
+def as_timeout(value: Any) -> Optional[float]:
+    """Returns None or a finite float >= 0 of seconds, or raises TypeError/ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"timeout={value!r} is not a number; pass seconds as a float >= 0, or None not to block")
+    value = float(value)
+    if not value >= 0 or math.isinf(value):
+        raise ValueError(f"timeout={value} must be a finite number of seconds >= 0; pass None not to block")
+    return value
+
+
+def same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
+    """Raises ValueError unless ``a`` and ``b`` have the same length."""
+    if len(a) != len(b):
+        raise ValueError(f"{a_name} has {len(a)} entries but {b_name} has {len(b)}; pass one {b_name[:-1]} per trajectory")

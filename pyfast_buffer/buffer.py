@@ -1,0 +1,154 @@
+"""StalenessBuffer: the Python face of the native core."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from . import _core, state
+from ._args import as_count, as_ids, as_step, as_steps, as_timeout, same_length
+from .batch import Batch, make_metrics
+from .config import BufferConfig, config_from_verl
+from .errors import CLOSED_MESSAGE, BufferClosedError
+
+Ids = Union[torch.Tensor, np.ndarray, Sequence[int]]
+_N_COLUMNS = _core.BATCH_COLUMNS
+
+
+def _pinned_columns(capacity: int) -> tuple:
+    wide = [torch.empty(capacity, dtype=torch.int64, pin_memory=True) for _ in range(6)]
+    narrow = [torch.empty(capacity, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+    return tuple(wide + narrow)
+
+
+class StalenessBuffer:
+    """A ring of step-stamped trajectory ids that hands out only what is fresh enough to train on.
+
+    Args:
+        capacity: ready trajectories the ring holds (> 0); its memory is allocated once, here.
+        max_age: largest age (``current_step - sample_step``) that may be trained on.
+        strategy: ``"drop"`` discards stale entries at take; ``"wait"`` drops nothing and refuses
+            to take while an in-flight prompt has ``age >= max_age``.
+        max_uses: times an entry may be taken before it retires (1 = pure on-policy).
+        on_full: what a put/complete that does not fit does: ``"evict_oldest"`` (counted as
+            evicted), ``"block"`` (wait for room, with a timeout) or ``"error"`` (BufferFullError).
+        pin_memory: keep the ring and batches in pinned host memory; None pins iff CUDA is available.
+        parameter_sync_step: trainer steps between weight pushes; stamps ``policy_version``.
+    """
+
+    def __init__(self, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
+                 on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
+                 parameter_sync_step: Optional[int] = None) -> None:
+        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step)
+        if pin_memory not in (None, True, False):
+            raise TypeError(f"pin_memory={pin_memory!r} must be None, True or False")
+        cuda = torch.cuda.is_available()
+        if pin_memory and not cuda:
+            raise ValueError("pin_memory=True needs CUDA, which is not available; pass pin_memory=None or False")
+        self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
+        # Pinned columns are allocated once by torch and borrowed by the core; this object keeps them alive.
+        self._columns = _pinned_columns(capacity) if self.pin_memory else None
+        self._ring = _core.Ring(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step or 0,
+                                tuple(t.numpy() for t in self._columns) if self._columns else None)
+
+    @classmethod
+    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> "StalenessBuffer":
+        """Builds a buffer from verl's ``trainer.v1.sampler`` block and trainer config (see config_from_verl)."""
+        return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
+
+    def dispatch(self, prompt_ids: Ids, step: int) -> None:
+        """Marks prompts as in flight, generated with the weights of ``step``."""
+        self._ring.dispatch(as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"))
+
+    def complete(self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None) -> None:
+        """Moves finished trajectories into the ring; ``prompt_ids[i]`` is the prompt of ``traj_ids[i]``."""
+        trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
+        same_length(trajs, "traj_ids", prompts, "prompt_ids")
+        self._ring.complete(trajs, prompts, as_timeout(timeout))
+
+    def fail(self, prompt_ids: Ids) -> None:
+        """Marks in-flight prompts as failed; nothing of theirs enters the ring."""
+        self._ring.fail(as_ids(prompt_ids, "prompt_ids"))
+
+    def put(self, traj_ids: Ids, sample_step: Union[int, Ids], group_ids: Optional[Ids] = None,
+            timeout: Optional[float] = None) -> None:
+        """Dispatch + complete in one call; ``sample_step`` is one int or one per trajectory."""
+        trajs = as_ids(traj_ids, "traj_ids")
+        steps = as_steps(sample_step, "sample_step", len(trajs))
+        groups = None
+        if group_ids is not None:
+            groups = as_ids(group_ids, "group_ids")
+            same_length(trajs, "traj_ids", groups, "group_ids")
+        self._ring.put(trajs, groups, steps, as_timeout(timeout))
+
+    def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
+        """Takes up to ``batch_size`` trajectories, oldest first, in whole groups.
+
+        Without a timeout it never blocks and may return fewer (``metrics["blocked_by"]`` says
+        why); with one it waits for a full batch or raises TimeoutError naming the cause.
+        """
+        n = as_count(batch_size, "batch_size", 1)
+        step = as_step(current_step, "current_step")
+        wait = as_timeout(timeout)
+        out = torch.empty(_N_COLUMNS * n, dtype=torch.int64, pin_memory=self.pin_memory)
+        stats = self._ring.take(out.numpy(), step, wait)
+        taken = stats[0]
+        return Batch(out[: _N_COLUMNS * taken].view(_N_COLUMNS, taken), make_metrics(stats))
+
+    def evict_stale(self, current_step: int) -> int:
+        """Drops every ready entry with age > max_age (counted as dropped_stale); returns how many."""
+        stats = self._ring.evict_stale(as_step(current_step, "current_step"))
+        make_metrics(stats)
+        return stats[1]
+
+    def ledger(self) -> Dict[str, int]:
+        """Returns the cumulative counters; see DESIGN.md for the two invariants they satisfy."""
+        return self._ring.ledger()
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    @property
+    def in_flight(self) -> int:
+        """Number of prompts dispatched and neither completed nor failed."""
+        return self._ring.in_flight
+
+    @property
+    def closed(self) -> bool:
+        return self._ring.closed
+
+    def close(self) -> None:
+        """Closes the buffer and wakes every blocked take/put at once with BufferClosedError."""
+        self._ring.close()
+
+    def __enter__(self) -> "StalenessBuffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._ring)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Returns the whole state (entries, in-flight prompts, ledger, clock) as torch tensors."""
+        s = self._ring.export_state()
+        entries = {k: s[k] for k in state.ENTRY_COLUMNS}
+        in_flight = {"prompt_id": s["in_flight_prompt"], "sample_step": s["in_flight_step"],
+                     "dispatch_ns": s["in_flight_dispatch_ns"]}
+        return state.pack(self.config, entries, in_flight, s["ledger"], s["clock"], s["evicted_unreported"])
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Replaces the contents and ledger with a state_dict's; this buffer keeps its own configuration."""
+        if self._ring.closed:
+            raise BufferClosedError(CLOSED_MESSAGE)
+        s = state.unpack(state_dict, self.config.capacity, self.config.max_uses)
+        flat = {k: v for k, v in s["entries"].items()}
+        flat["uses"] = flat["uses"].astype(np.int32)
+        flat["group_len"] = flat["group_len"].astype(np.int32)
+        flat.update(in_flight_prompt=s["in_flight"]["prompt_id"], in_flight_step=s["in_flight"]["sample_step"],
+                    in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"], ledger=s["ledger"], clock=s["clock"],
+                    evicted_unreported=s["evicted_unreported"])
+        self._ring.import_state(flat)

@@ -1,0 +1,108 @@
+"""Buffer configuration: validation, and the mapping from verl's sampler config."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from ._args import as_count, as_step
+
+STRATEGIES = ("drop", "wait")
+ON_FULL = ("evict_oldest", "block", "error")
+DEFAULT_VERL_THRESHOLD = 8  # verl's max_off_policy_threshold default
+DEFAULT_VERL_CAPACITY = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferConfig:
+    """A validated buffer configuration; see ``StalenessBuffer`` for the meaning of each field."""
+
+    capacity: int
+    max_age: int = 7
+    strategy: str = "drop"
+    max_uses: int = 1
+    on_full: str = "evict_oldest"
+    parameter_sync_step: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        as_count(self.capacity, "capacity", 1)
+        as_count(self.max_age, "max_age", 0)
+        as_count(self.max_uses, "max_uses", 1)
+        if self.max_uses > 2**31 - 1:
+            raise ValueError(f"max_uses={self.max_uses} must be < 2**31")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r} is unknown; use 'drop' or 'wait'")
+        if self.on_full not in ON_FULL:
+            raise ValueError(f"on_full={self.on_full!r} is unknown; use 'evict_oldest', 'block' or 'error'")
+        if self.parameter_sync_step is not None:
+            as_count(self.parameter_sync_step, "parameter_sync_step", 1)
+
+
+def max_age_from_threshold(max_off_policy_threshold: Any, parameter_sync_step: Any = 1) -> int:
+    """Returns verl's cutoff as a max_age: ``threshold * parameter_sync_step - 1``.
+
+    verl drops when ``(age + 1) / parameter_sync_step > threshold`` and waits while an
+    in-flight prompt has ``(age + 1) / parameter_sync_step >= threshold``; both are
+    ``age > max_age`` and ``age >= max_age`` for this integer max_age.
+    """
+    threshold = as_count(max_off_policy_threshold, "max_off_policy_threshold", 1)
+    sync = as_count(parameter_sync_step, "parameter_sync_step", 1)
+    return threshold * sync - 1
+
+
+def _get(cfg: Any, key: str, default: Any) -> Any:
+    """Reads ``key`` from a dict, an omegaconf DictConfig or an attribute object."""
+    if cfg is None:
+        return default
+    if isinstance(cfg, Mapping) or hasattr(cfg, "get"):
+        value = cfg.get(key, default)
+    else:
+        value = getattr(cfg, key, default)
+    return default if value is None else value
+
+
+def config_from_verl(sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> dict:
+    """Returns ``StalenessBuffer`` keyword arguments equivalent to verl's sampler settings.
+
+    Reads ``max_off_policy_threshold`` (default 8) and ``max_off_policy_strategy``
+    (default ``"drop"``) from ``sampler_cfg`` and ``parameter_sync_step`` (default 1,
+    as in verl when it is absent) from ``trainer_cfg``; ``sampler_kwargs.capacity``
+    or ``overrides`` may set any other argument.
+    """
+    threshold = _get(sampler_cfg, "max_off_policy_threshold", DEFAULT_VERL_THRESHOLD)
+    strategy = _get(sampler_cfg, "max_off_policy_strategy", "drop")
+    sync = _get(trainer_cfg, "parameter_sync_step", 1)
+    if not isinstance(threshold, int) or isinstance(threshold, bool):
+        raise TypeError(f"max_off_policy_threshold={threshold!r} is not an int; set it to an int >= 1 (verl's default is 8)")
+    if not isinstance(sync, int) or isinstance(sync, bool) or sync <= 0:
+        raise ValueError(f"parameter_sync_step={sync!r} must be an int >= 1; it is the number of trainer steps between weight pushes")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"max_off_policy_strategy={strategy!r} is unknown; use 'drop' or 'wait'")
+    sampler_kwargs = _get(sampler_cfg, "sampler_kwargs", None)
+    kwargs = {
+        "capacity": _get(sampler_kwargs, "capacity", DEFAULT_VERL_CAPACITY),
+        "max_age": max_age_from_threshold(threshold, sync),
+        "strategy": strategy,
+        "parameter_sync_step": sync,
+    }
+    kwargs.update(overrides)
+    return kwargs
+
+
+def sample_step_from_tag(tag: Any) -> int:
+    """Returns a verl trajectory tag's ``global_steps`` as an int, or raises a ValueError that says how to fix it.
+
+    verl's ReplayBuffer indexes ``tag["global_steps"]`` directly, so a tag written
+    without it fails as a bare KeyError far from its cause.
+    """
+    if not isinstance(tag, Mapping) and not hasattr(tag, "get"):
+        raise TypeError(f"tag={tag!r} is not a mapping; pass the trajectory's TransferQueue tag dict")
+    step = tag.get("global_steps")
+    if step is None:
+        raise ValueError(
+            f"trajectory tag {dict(tag)!r} has no 'global_steps'; stamp global_steps "
+            "(the step of the weights that produced it) when the prompt is dispatched"
+        )
+
+    return as_step(step, "tag['global_steps']")

@@ -1,0 +1,414 @@
+"""ReferenceBuffer: the pure-Python twin of StalenessBuffer, written the plain way.
+
+A deque of groups, each a list of per-trajectory record dicts, a dict of
+in-flight prompts and a few counters, all under one threading.Condition. It has
+the same API, the same semantics and the same exceptions as the native buffer:
+it is the test oracle and the benchmark baseline, so it favours obviousness
+over speed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from . import state
+from ._args import as_count, as_ids, as_step, as_steps, as_timeout, same_length
+from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
+from .config import BufferConfig, config_from_verl
+from .errors import CLOSED_MESSAGE, BufferClosedError, BufferFullError
+
+
+class _Plan:
+    def __init__(self) -> None:
+        self.walked = self.taken = self.dropped = 0  # walked counts groups here
+        self.full = False
+        self.blocked_by = "none"
+
+
+class ReferenceBuffer:
+    """Pure-Python StalenessBuffer; see that class for the arguments (pin_memory is accepted and ignored)."""
+
+    def __init__(self, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
+                 on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
+                 parameter_sync_step: Optional[int] = None) -> None:
+        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step)
+        self.pin_memory = False
+        self._groups: deque = deque()  # oldest first; each group is a list of record dicts
+        self._size = 0
+        self._in_flight: Dict[int, tuple] = {}  # prompt id -> (sample_step, dispatch_ns)
+        self._counts = dict.fromkeys(state.LEDGER_KEYS, 0)
+        self._clock = -1
+        self._evicted_unreported = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    @classmethod
+    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> "ReferenceBuffer":
+        return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
+
+    # -- helpers -------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BufferClosedError(CLOSED_MESSAGE)
+
+    def _check_clock(self, current_step: int) -> None:
+        if current_step < self._clock:
+            raise ValueError(f"current_step={current_step} is lower than step {self._clock} already seen; "
+                             "the trainer's step never goes back, pass the current global step")
+
+    def _policy_version(self, step: int) -> int:
+        sync = self.config.parameter_sync_step
+        return step // sync if sync else -1
+
+    def _wait_for_room(self, n: int, timeout: Optional[float], call: str) -> bool:
+        cap, on_full = self.config.capacity, self.config.on_full
+        if self._size + n <= cap or on_full == "evict_oldest":
+            return True
+        if on_full == "error" or timeout is None:
+            hint = ", or pass timeout= to wait for room" if on_full == "block" else " or 'block'"
+            raise BufferFullError(f"ring full: {n} entries do not fit, {self._size} of capacity={cap} are ready; "
+                                  f"take more often, raise capacity, use on_full='evict_oldest'{hint}")
+        if self._cond.wait_for(lambda: self._closed or self._size + n <= cap, timeout):
+            self._check_open()
+            return False
+        raise TimeoutError(f"{call} timed out after {timeout} s waiting for room: {n} entries need room, "
+                           f"{self._size} of capacity={cap} are ready; take more often, raise capacity "
+                           "or use on_full='evict_oldest'")
+
+    def _append(self, records: List[dict]) -> None:
+        need = len(records)
+        evicted = 0
+        while self._size + need > self.config.capacity:  # on_full="evict_oldest": whole groups, oldest first
+            oldest = self._groups.popleft()
+            self._size -= len(oldest)
+            evicted += len(oldest)
+        self._counts["evicted"] += evicted
+        self._evicted_unreported += evicted
+        self._groups.append(records)
+        self._size += need
+
+    @staticmethod
+    def _group_stably(keys: np.ndarray) -> Dict[int, List[int]]:
+        groups: Dict[int, List[int]] = {}
+        for i, key in enumerate(keys.tolist()):
+            groups.setdefault(key, []).append(i)
+        return groups  # dicts keep first-appearance order
+
+    @staticmethod
+    def _first_duplicate(ids: List[int]) -> Optional[int]:
+        seen = set()
+        for i in ids:
+            if i in seen:
+                return i
+            seen.add(i)
+        return None
+
+    # -- producer side -------------------------------------------------------------------
+    def dispatch(self, prompt_ids: Any, step: int) -> None:
+        prompts = as_ids(prompt_ids, "prompt_ids").tolist()
+        step = as_step(step, "step")
+        with self._cond:
+            self._check_open()
+            dup = self._first_duplicate(prompts)
+            if dup is not None:
+                raise ValueError(f"prompt_ids: prompt {dup} appears twice; dispatch each prompt once")
+            for p in prompts:
+                if p in self._in_flight:
+                    raise ValueError(f"prompt_ids: prompt {p} is already in flight (dispatched at step "
+                                     f"{self._in_flight[p][0]}); complete or fail it before dispatching it again")
+            now = time.time_ns()
+            for p in prompts:
+                self._in_flight[p] = (step, now)
+            self._counts["dispatched"] += len(prompts)
+            self._clock = max(self._clock, step)
+
+    def fail(self, prompt_ids: Any) -> None:
+        prompts = as_ids(prompt_ids, "prompt_ids").tolist()
+        with self._cond:
+            self._check_open()
+            dup = self._first_duplicate(prompts)
+            if dup is not None:
+                raise ValueError(f"prompt_ids: prompt {dup} appears twice; fail each prompt once")
+            for p in prompts:
+                if p not in self._in_flight:
+                    raise ValueError(f"prompt_ids: prompt {p} is not in flight; dispatch it first "
+                                     "(it may already be completed or failed)")
+            for p in prompts:
+                del self._in_flight[p]
+            self._counts["failed"] += len(prompts)
+            self._cond.notify_all()
+
+    def complete(self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None) -> None:
+        trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
+        same_length(trajs, "traj_ids", prompts, "prompt_ids")
+        timeout = as_timeout(timeout)
+        n = len(trajs)
+        with self._cond:
+            self._check_open()
+            if n == 0:
+                return
+            if n > self.config.capacity:
+                raise ValueError(f"traj_ids: {n} trajectories exceed capacity={self.config.capacity}; "
+                                 "raise capacity or complete fewer prompts per call")
+            groups = self._group_stably(prompts)
+            while True:
+                for p in groups:
+                    if p not in self._in_flight:
+                        raise ValueError(f"prompt_ids: prompt {p} is not in flight; dispatch it first "
+                                         "(it may already be completed or failed)")
+                if self._wait_for_room(n, timeout, "complete"):
+                    break
+            now = time.time_ns()
+            traj_list = trajs.tolist()
+            for p, members in groups.items():
+                step, dispatched_at = self._in_flight.pop(p)
+                self._append([self._record(traj_list[i], p, step, dispatched_at, now) for i in members])
+            self._counts["completed"] += len(groups)
+            self._counts["put_total"] += n
+            self._cond.notify_all()
+
+    def put(self, traj_ids: Any, sample_step: Any, group_ids: Any = None, timeout: Optional[float] = None) -> None:
+        trajs = as_ids(traj_ids, "traj_ids")
+        steps = as_steps(sample_step, "sample_step", len(trajs)).tolist()
+        groups_arr = None
+        if group_ids is not None:
+            groups_arr = as_ids(group_ids, "group_ids")
+            same_length(trajs, "traj_ids", groups_arr, "group_ids")
+        timeout = as_timeout(timeout)
+        n = len(trajs)
+        traj_list = trajs.tolist()
+        step_of = (lambda i: steps[0]) if len(steps) == 1 else (lambda i: steps[i])
+        with self._cond:
+            self._check_open()
+            if n == 0:
+                return
+            if n > self.config.capacity:
+                raise ValueError(f"traj_ids: {n} trajectories exceed capacity={self.config.capacity}; "
+                                 "raise capacity or put fewer per call")
+            if groups_arr is None:
+                groups = {i: [i] for i in range(n)}  # each trajectory is its own group
+                key_of = traj_list
+            else:
+                groups = self._group_stably(groups_arr)
+                key_of = groups_arr.tolist()
+                for g, members in groups.items():
+                    for i in members[1:]:
+                        if step_of(i) != step_of(members[0]):
+                            raise ValueError(f"sample_step: group {g} has entries stamped {step_of(members[0])} "
+                                             f"and {step_of(i)}; a group shares one sample_step")
+            while not self._wait_for_room(n, timeout, "put"):
+                pass
+            now = time.time_ns()
+            for members in groups.values():
+                gid = key_of[members[0]]
+                self._append([self._record(traj_list[i], gid, step_of(members[0]), now, now) for i in members])
+            self._counts["dispatched"] += len(groups)
+            self._counts["completed"] += len(groups)
+            self._counts["put_total"] += n
+            self._clock = max(self._clock, max(steps))
+            self._cond.notify_all()
+
+    def _record(self, traj_id: int, group_id: int, step: int, dispatch_ns: int, complete_ns: int) -> dict:
+        return {"traj_id": traj_id, "group_id": group_id, "sample_step": step,
+                "policy_version": self._policy_version(step), "dispatch_ns": dispatch_ns,
+                "complete_ns": complete_ns, "uses": 0}
+
+    # -- consumer side -------------------------------------------------------------------
+    def _wait_blocked(self, current_step: int) -> bool:
+        if not self._in_flight:
+            return False
+        oldest = min(step for step, _ in self._in_flight.values())
+        return current_step - oldest >= self.config.max_age
+
+    def _wait_blocked_message(self, current_step: int) -> str:
+        limit = current_step - self.config.max_age
+        blocking = sorted((s, p) for p, (s, _) in self._in_flight.items() if s <= limit)
+        names = ", ".join(f"prompt {p} since step {s}" for s, p in blocking[:8])
+        more = ", ..." if len(blocking) > 8 else ""
+        return (f"{len(blocking)} in-flight prompt(s) at max_age={self.config.max_age} ({names}{more}); "
+                "complete or fail them, or increase max_age (max_off_policy_threshold)")
+
+    def _is_stale(self, group: List[dict], current_step: int) -> bool:
+        return self.config.strategy == "drop" and current_step - group[0]["sample_step"] > self.config.max_age
+
+    def _plan(self, batch_size: int, current_step: int) -> _Plan:
+        plan = _Plan()
+        if self.config.strategy == "wait" and self._wait_blocked(current_step):
+            plan.blocked_by = "in_flight_at_max_age"
+            return plan
+        for group in self._groups:
+            if self._is_stale(group, current_step):
+                plan.dropped += len(group)
+                plan.walked += 1
+                continue
+            if len(group) > batch_size:
+                raise ValueError(f"batch_size={batch_size} is smaller than group {group[0]['group_id']} of "
+                                 f"{len(group)} trajectories; raise batch_size to at least {len(group)} "
+                                 "(a batch never splits a group)")
+            if plan.taken + len(group) > batch_size:
+                plan.full = True
+                break
+            plan.taken += len(group)
+            plan.walked += 1
+            if plan.taken == batch_size:
+                plan.full = True
+                break
+        plan.blocked_by = "none" if plan.full else "too_few_ready"
+        return plan
+
+    def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
+        batch_size = as_count(batch_size, "batch_size", 1)
+        current_step = as_step(current_step, "current_step")
+        timeout = as_timeout(timeout)
+        with self._cond:
+            self._check_open()
+            self._check_clock(current_step)
+            plan = self._plan(batch_size, current_step)
+            if timeout is not None and not plan.full:
+                deadline = time.monotonic() + timeout
+                while not plan.full:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self._cond.wait(remaining):
+                        plan = self._plan(batch_size, current_step)
+                        if plan.full:
+                            break
+                        if plan.blocked_by == "in_flight_at_max_age":
+                            cause = self._wait_blocked_message(current_step)
+                        else:
+                            cause = (f"only {plan.taken} fresh entries are ready for batch_size={batch_size} "
+                                     f"({self._size} ready in all, {len(self._in_flight)} prompts in flight); "
+                                     "produce faster, lower batch_size or raise the timeout")
+                        raise TimeoutError(f"take timed out after {timeout} s under {self.config.strategy}: {cause}")
+                    self._check_open()
+                    plan = self._plan(batch_size, current_step)
+            self._clock = max(self._clock, current_step)
+            return self._commit(plan, current_step)
+
+    def _commit(self, plan: _Plan, current_step: int) -> Batch:
+        columns: List[List[int]] = [[] for _ in range(8)]
+        hist = [0] * len(AGE_BUCKETS)
+        age_sum = age_max = retired = 0
+        keep = []
+        for _ in range(plan.walked):
+            group = self._groups.popleft()
+            self._size -= len(group)
+            if self._is_stale(group, current_step):
+                continue
+            for rec in group:
+                rec["uses"] += 1
+                age = current_step - rec["sample_step"]
+                for col, value in zip(columns, (rec["traj_id"], rec["group_id"], rec["sample_step"], age, rec["uses"],
+                                                rec["policy_version"], rec["dispatch_ns"], rec["complete_ns"])):
+                    col.append(value)
+                age_sum += age
+                age_max = max(age_max, age)
+                hist[age_bucket(age)] += 1
+            if group[0]["uses"] < self.config.max_uses:
+                keep.append(group)  # reused entries keep their place at the front
+            else:
+                retired += len(group)
+        for group in reversed(keep):
+            self._groups.appendleft(group)
+            self._size += len(group)
+        self._counts["taken"] += plan.taken
+        self._counts["retired"] += retired
+        self._counts["dropped_stale"] += plan.dropped
+        if plan.walked:
+            self._cond.notify_all()
+        stats = (plan.taken, plan.dropped, retired, self._report_evicted(), plan.blocked_by, age_sum, age_max,
+                 tuple(hist), self._size, len(self._in_flight), self._counts["put_total"])
+        return Batch(torch.tensor(columns, dtype=torch.int64).reshape(8, plan.taken), make_metrics(stats))
+
+    def _report_evicted(self) -> int:
+        evicted, self._evicted_unreported = self._evicted_unreported, 0
+        return evicted
+
+    def evict_stale(self, current_step: int) -> int:
+        current_step = as_step(current_step, "current_step")
+        with self._cond:
+            self._check_open()
+            self._check_clock(current_step)
+            self._clock = current_step
+            cutoff = current_step - self.config.max_age
+            fresh = deque(g for g in self._groups if g[0]["sample_step"] >= cutoff)
+            removed = self._size - sum(len(g) for g in fresh)
+            self._groups, self._size = fresh, self._size - removed
+            self._counts["dropped_stale"] += removed
+            if removed:
+                self._cond.notify_all()
+            stats = (0, removed, 0, self._report_evicted(), "none", 0, 0, (0,) * len(AGE_BUCKETS), self._size,
+                     len(self._in_flight), self._counts["put_total"])
+        make_metrics(stats)
+        return removed
+
+    # -- introspection, lifecycle, checkpoints ---------------------------------------------
+    def ledger(self) -> Dict[str, int]:
+        with self._cond:
+            c = self._counts
+            return {"dispatched": c["dispatched"], "completed": c["completed"], "failed": c["failed"],
+                    "put_total": c["put_total"], "sampled_total": c["put_total"], "taken": c["taken"],
+                    "retired": c["retired"], "dropped_stale": c["dropped_stale"], "evicted": c["evicted"],
+                    "in_flight": len(self._in_flight), "buffer_left": self._size}
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def __enter__(self) -> "ReferenceBuffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"ReferenceBuffer(capacity={c.capacity}, max_age={c.max_age}, strategy='{c.strategy}', "
+                f"max_uses={c.max_uses}, on_full='{c.on_full}', ready={self._size}, in_flight={len(self._in_flight)}, "
+                f"clock={self._clock}{', closed=True' if self._closed else ''})")
+
+    def state_dict(self) -> Dict[str, Any]:
+        with self._cond:
+            records = [(rec, len(g)) for g in self._groups for rec in g]
+            entries = {k: [r[k] for r, _ in records] for k in state.ENTRY_COLUMNS if k != "group_len"}
+            entries["group_len"] = [n for _, n in records]
+            prompts = sorted(self._in_flight.items())
+            in_flight = {"prompt_id": [p for p, _ in prompts], "sample_step": [s for _, (s, _) in prompts],
+                         "dispatch_ns": [d for _, (_, d) in prompts]}
+            return state.pack(self.config, entries, in_flight, self._counts, self._clock, self._evicted_unreported)
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        with self._cond:
+            self._check_open()
+            s = state.unpack(state_dict, self.config.capacity, self.config.max_uses)
+            cols = {k: v.tolist() for k, v in s["entries"].items()}
+            groups: deque = deque()
+            i = 0
+            while i < len(cols["traj_id"]):
+                n = cols["group_len"][i]
+                groups.append([{k: cols[k][j] for k in state.ENTRY_COLUMNS if k != "group_len"} for j in range(i, i + n)])
+                i += n
+            self._groups, self._size = groups, len(cols["traj_id"])
+            f = {k: v.tolist() for k, v in s["in_flight"].items()}
+            self._in_flight = {p: (st, d) for p, st, d in zip(f["prompt_id"], f["sample_step"], f["dispatch_ns"])}
+            self._counts = dict(s["ledger"])
+            self._clock = s["clock"]
+            self._evicted_unreported = s["evicted_unreported"]
+            self._cond.notify_all()

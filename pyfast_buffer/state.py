@@ -1,0 +1,85 @@
+"""The checkpoint format shared by both implementations (torch.save-able, implementation-neutral)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict
+
+import numpy as np
+import torch
+
+FORMAT = "pyfast_buffer.state/1"
+ENTRY_COLUMNS = ("traj_id", "group_id", "sample_step", "policy_version", "dispatch_ns", "complete_ns", "uses", "group_len")
+IN_FLIGHT_COLUMNS = ("prompt_id", "sample_step", "dispatch_ns")
+LEDGER_KEYS = ("dispatched", "completed", "failed", "put_total", "taken", "retired", "dropped_stale", "evicted")
+
+
+def pack(config: Any, entries: Dict[str, np.ndarray], in_flight: Dict[str, np.ndarray], ledger: Dict[str, int],
+         clock: int, evicted_unreported: int) -> Dict[str, Any]:
+    """Returns a state_dict from numpy columns in ring order (oldest first)."""
+    return {
+        "format": FORMAT,
+        "config": dataclasses.asdict(config),
+        "entries": {k: torch.from_numpy(np.asarray(entries[k], dtype=np.int64)) for k in ENTRY_COLUMNS},
+        "in_flight": {k: torch.from_numpy(np.asarray(in_flight[k], dtype=np.int64)) for k in IN_FLIGHT_COLUMNS},
+        "ledger": {k: int(ledger[k]) for k in LEDGER_KEYS},
+        "clock": int(clock),
+        "evicted_unreported": int(evicted_unreported),
+    }
+
+
+def _column(section: Dict[str, Any], key: str, where: str) -> np.ndarray:
+    if key not in section:
+        raise ValueError(f"state_dict['{where}'] lacks '{key}'; pass a dict made by state_dict()")
+    value = section[key]
+    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise TypeError(f"state_dict['{where}']['{key}'] must be a 1-D integer tensor")
+    return array.astype(np.int64)
+
+
+def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
+    """Returns validated numpy columns of a state_dict, or raises TypeError/ValueError naming what is wrong."""
+    if not isinstance(sd, dict) or sd.get("format") != FORMAT:
+        raise TypeError(f"state_dict must be a dict made by state_dict() (format {FORMAT!r})")
+    entries = {k: _column(sd.get("entries", {}), k, "entries") for k in ENTRY_COLUMNS}
+    in_flight = {k: _column(sd.get("in_flight", {}), k, "in_flight") for k in IN_FLIGHT_COLUMNS}
+    ledger = sd.get("ledger", {})
+    missing = [k for k in LEDGER_KEYS if k not in ledger]
+    if missing:
+        raise ValueError(f"state_dict['ledger'] lacks {missing}; pass a dict made by state_dict()")
+    n = len(entries["traj_id"])
+    if any(len(col) != n for col in entries.values()) or len(set(map(len, in_flight.values()))) > 1:
+        raise ValueError("state_dict columns differ in length; pass a dict made by state_dict()")
+    if n > capacity:
+        raise ValueError(f"state_dict holds {n} ready entries, more than capacity={capacity}; load it into a larger buffer")
+    clock = int(sd.get("clock", -1))
+    steps, lens, uses = entries["sample_step"], entries["group_len"], entries["uses"]
+    if n and (steps.min() < 0 or steps.max() > clock):
+        raise ValueError(f"state_dict has sample steps outside [0, clock={clock}]")
+    if n and (uses.min() < 0 or uses.max() >= max_uses):
+        raise ValueError(f"state_dict has entries used {int(uses.max())} times, not below max_uses={max_uses}; "
+                         "load it into a buffer with a larger max_uses")
+    i = 0
+    while i < n:  # groups must be contiguous runs of equal group_len, step, group id and uses
+        g = int(lens[i])
+        run = slice(i, i + g)
+        if g < 1 or i + g > n or not (
+            (lens[run] == g).all() and (steps[run] == steps[i]).all()
+            and (entries["group_id"][run] == entries["group_id"][i]).all() and (uses[run] == uses[i]).all()
+        ):
+            raise ValueError(f"state_dict group at entry {i} is not contiguous and uniform; it was edited or is corrupt")
+        i += g
+    prompts = in_flight["prompt_id"]
+    if len(np.unique(prompts)) != len(prompts):
+        raise ValueError("state_dict has a prompt in flight twice; it was edited or is corrupt")
+    if len(prompts) and (in_flight["sample_step"].min() < 0 or in_flight["sample_step"].max() > clock):
+        raise ValueError(f"state_dict has in-flight steps outside [0, clock={clock}]")
+    led = {k: int(ledger[k]) for k in LEDGER_KEYS}
+    evicted_unreported = int(sd.get("evicted_unreported", 0))
+    if (led["put_total"] != led["retired"] + led["dropped_stale"] + led["evicted"] + n
+            or led["dispatched"] != led["completed"] + led["failed"] + len(prompts)
+            or not 0 <= evicted_unreported <= led["evicted"]):
+        raise ValueError("state_dict's ledger does not balance with the entries it holds; it was edited or is corrupt")
+    return {"entries": entries, "in_flight": in_flight, "ledger": led, "clock": clock,
+            "evicted_unreported": evicted_unreported}
