@@ -38,6 +38,8 @@ def as_ids(value: Any, name: str) -> np.ndarray:
             array = np.asarray(value)
         except (OverflowError, ValueError) as exc:
             raise ValueError(f"{name} does not fit int64 ({exc}); pass ids in [-2**63, 2**63)") from None
+        if array.size == 0:
+            return np.empty(0, dtype=np.int64)
         if array.dtype == object and all(_is_int(v) for v in value):
             raise ValueError(f"{name} has ids that do not fit int64; pass ids in [-2**63, 2**63)")
     if array.dtype.kind not in "iu":

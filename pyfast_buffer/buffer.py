@@ -10,7 +10,7 @@ import torch
 from . import _core, state
 from ._args import as_count, as_ids, as_step, as_steps, as_timeout, same_length
 from .batch import Batch, make_metrics
-from .config import BufferConfig, config_from_verl
+from .config import BufferConfig, config_from_verl, resolve_pin_memory
 from .errors import CLOSED_MESSAGE, BufferClosedError
 
 Ids = Union[torch.Tensor, np.ndarray, Sequence[int]]
@@ -42,12 +42,7 @@ class StalenessBuffer:
                  on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
                  parameter_sync_step: Optional[int] = None) -> None:
         self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step)
-        if pin_memory not in (None, True, False):
-            raise TypeError(f"pin_memory={pin_memory!r} must be None, True or False")
-        cuda = torch.cuda.is_available()
-        if pin_memory and not cuda:
-            raise ValueError("pin_memory=True needs CUDA, which is not available; pass pin_memory=None or False")
-        self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
+        self.pin_memory = resolve_pin_memory(pin_memory)
         # Pinned columns are allocated once by torch and borrowed by the core; this object keeps them alive.
         self._columns = _pinned_columns(capacity) if self.pin_memory else None
         self._ring = _core.Ring(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step or 0,

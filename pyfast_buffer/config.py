@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Optional
 
+import torch
+
 from ._args import as_count, as_step
 
 STRATEGIES = ("drop", "wait")
@@ -37,6 +39,16 @@ class BufferConfig:
             raise ValueError(f"on_full={self.on_full!r} is unknown; use 'evict_oldest', 'block' or 'error'")
         if self.parameter_sync_step is not None:
             as_count(self.parameter_sync_step, "parameter_sync_step", 1)
+
+
+def resolve_pin_memory(pin_memory: Optional[bool]) -> bool:
+    """Returns whether to pin host memory: ``None`` pins iff CUDA is available."""
+    if pin_memory not in (None, True, False):
+        raise TypeError(f"pin_memory={pin_memory!r} must be None, True or False")
+    cuda = torch.cuda.is_available()
+    if pin_memory and not cuda:
+        raise ValueError("pin_memory=True needs CUDA, which is not available; pass pin_memory=None or False")
+    return cuda if pin_memory is None else bool(pin_memory)
 
 
 def max_age_from_threshold(max_off_policy_threshold: Any, parameter_sync_step: Any = 1) -> int:

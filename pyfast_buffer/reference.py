@@ -20,7 +20,7 @@ import torch
 from . import state
 from ._args import as_count, as_ids, as_step, as_steps, as_timeout, same_length
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
-from .config import BufferConfig, config_from_verl
+from .config import BufferConfig, config_from_verl, resolve_pin_memory
 from .errors import CLOSED_MESSAGE, BufferClosedError, BufferFullError
 
 
@@ -38,6 +38,7 @@ class ReferenceBuffer:
                  on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
                  parameter_sync_step: Optional[int] = None) -> None:
         self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step)
+        resolve_pin_memory(pin_memory)  # same checks as the native buffer; the twin never pins
         self.pin_memory = False
         self._groups: deque = deque()  # oldest first; each group is a list of record dicts
         self._size = 0

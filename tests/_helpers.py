@@ -1,0 +1,16 @@
+"""Assertion helpers shared by the test modules."""
+
+
+def rows(batch, n_fields=6):
+    """Returns the deterministic columns of a batch as lists (the wall-clock stamps are left out)."""
+    return batch.columns[:n_fields].tolist()
+
+
+def assert_balanced(buf):
+    """Asserts both ledger invariants of DESIGN.md."""
+    led = buf.ledger()
+    assert led["sampled_total"] == led["retired"] + led["dropped_stale"] + led["evicted"] + led["buffer_left"], led
+    assert led["dispatched"] == led["completed"] + led["failed"] + led["in_flight"], led
+    assert led["buffer_left"] == len(buf)
+    assert led["in_flight"] == buf.in_flight
+    return led

@@ -1,0 +1,24 @@
+"""Shared fixtures: every behaviour test runs on the native buffer and on its pure-Python twin."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import pyfast_buffer as pfb
+
+settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=30, deadline=None)
+settings.register_profile("thorough", max_examples=2000, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+IMPLEMENTATIONS = {"native": pfb.StalenessBuffer, "reference": pfb.ReferenceBuffer}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def impl(request):
+    """The buffer class under test: StalenessBuffer or ReferenceBuffer."""
+    return IMPLEMENTATIONS[request.param]
+

@@ -1,0 +1,73 @@
+"""take's metrics dict (stable names, age stats, histogram) and the one-line log record."""
+
+import logging
+import re
+
+import pyfast_buffer as pfb
+from _helpers import assert_balanced
+
+STABLE_KEYS = {"taken", "dropped_stale", "retired", "evicted", "buffer_left", "sampled_total", "in_flight",
+               "age_mean", "age_max", "blocked_by"} | {f"age_hist/{b}" for b in pfb.AGE_BUCKETS}
+
+
+def test_metrics_have_stable_names_and_exact_age_statistics(impl):
+    buf = impl(64, max_age=100)
+    for step in (0, 1, 3, 5, 10, 40):
+        buf.put([step], step)
+    buf.dispatch([1], 40)
+    m = buf.take(6, current_step=70).metrics
+    assert set(m) == STABLE_KEYS
+    ages = [70, 69, 67, 65, 60, 30]
+    assert m["age_mean"] == sum(ages) / 6 and m["age_max"] == 70
+    assert m["age_hist/64+"] == 4 and m["age_hist/32-63"] == 1 and m["age_hist/16-31"] == 1
+    assert sum(m[f"age_hist/{b}"] for b in pfb.AGE_BUCKETS) == m["taken"] == 6
+    assert (m["sampled_total"], m["in_flight"], m["buffer_left"]) == (6, 1, 0)
+
+
+def test_age_buckets_are_powers_of_two(impl):
+    buf = impl(64, max_age=100)
+    ages = [0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64]
+    for age in ages:
+        buf.put([age], 64 - age)
+    m = buf.take(len(ages), 64).metrics
+    assert [m[f"age_hist/{b}"] for b in pfb.AGE_BUCKETS] == [1, 1, 2, 2, 2, 2, 2, 1]
+
+
+def test_empty_take_metrics(impl):
+    m = impl(4).take(2, 0).metrics
+    assert m["taken"] == 0 and m["age_mean"] == 0.0 and m["blocked_by"] == "too_few_ready"
+
+
+def test_log_records_reconcile_with_grep_and_awk_arithmetic(impl, caplog):
+    caplog.set_level(logging.INFO, logger="pyfast_buffer")
+    buf = impl(6, max_age=2)
+    step = 0
+    for step in range(12):
+        buf.put([10 * step + i for i in range(3)], max(0, step - (step % 4)))
+        if step % 3 == 2:
+            buf.take(4, current_step=step)
+    buf.evict_stale(step + 1)
+    buf.take(2, current_step=step + 1)
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "pyfast_buffer")
+
+    def total(field):
+        return sum(int(v) for v in re.findall(rf"\b{field}=(\d+)", text))
+
+    last = [line for line in text.splitlines() if "sampled_total=" in line][-1]
+    last_left = int(re.search(r"buffer_left=(\d+)", last).group(1))
+    last_sampled = int(re.search(r"sampled_total=(\d+)", last).group(1))
+    led = assert_balanced(buf)
+    assert last_sampled == led["sampled_total"] == 36
+    assert total("dropped_stale") == led["dropped_stale"] > 0
+    assert total("evicted") == led["evicted"] > 0
+    assert total("taken") == led["taken"] == total("retired")
+    assert last_sampled == total("retired") + total("dropped_stale") + total("evicted") + last_left
+
+
+def test_log_line_format(impl, caplog):
+    caplog.set_level(logging.INFO, logger="pyfast_buffer")
+    buf = impl(4)
+    buf.put([1], 0)
+    buf.take(1, 0)
+    assert caplog.records[-1].getMessage() == "dropped_stale=0 taken=1 buffer_left=0 sampled_total=1 retired=1 evicted=0"
+    assert caplog.records[-1].getMessage().startswith(pfb.LOG_FORMAT.split(" retired")[0] % (0, 1, 0, 1))

@@ -1,0 +1,121 @@
+"""Hypothesis drives the native buffer and its pure-Python twin with the same random calls.
+
+After every call both must agree exactly: same batch, same metrics, same ledger, or the
+same exception type; and the two ledger invariants must hold.
+"""
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import pyfast_buffer as pfb
+from _helpers import assert_balanced, rows
+
+
+class NativeMatchesReference(RuleBasedStateMachine):
+    @initialize(
+        capacity=st.integers(2, 10),
+        max_age=st.integers(0, 4),
+        strategy=st.sampled_from(["drop", "wait"]),
+        max_uses=st.integers(1, 3),
+        on_full=st.sampled_from(["evict_oldest", "error", "block"]),
+        sync=st.sampled_from([None, 1, 2]),
+    )
+    def build(self, capacity, max_age, strategy, max_uses, on_full, sync):
+        kwargs = dict(capacity=capacity, max_age=max_age, strategy=strategy, max_uses=max_uses, on_full=on_full,
+                      parameter_sync_step=sync)
+        self.native = pfb.StalenessBuffer(**kwargs)
+        self.ref = pfb.ReferenceBuffer(**kwargs)
+        self.next_traj = 0
+        self.next_prompt = 0
+
+    def both(self, call):
+        """Runs call on both buffers; returns the two results, or asserts both raised the same type."""
+        outcome = []
+        for buf in (self.native, self.ref):
+            try:
+                outcome.append(("ok", call(buf)))
+            except (ValueError, TypeError, TimeoutError, pfb.BufferFullError) as exc:
+                outcome.append(("error", type(exc)))
+        assert outcome[0][0] == outcome[1][0], outcome
+        if outcome[0][0] == "error":
+            assert outcome[0][1] is outcome[1][1], outcome
+            return None
+        return outcome[0][1], outcome[1][1]
+
+    @property
+    def clock(self):
+        return max(self.ref._clock, 0)
+
+    def in_flight(self):
+        return sorted(self.ref._in_flight)
+
+    @rule(count=st.integers(1, 3), lag=st.integers(0, 3), reuse_old=st.booleans())
+    def dispatch(self, count, lag, reuse_old):
+        prompts = list(range(self.next_prompt, self.next_prompt + count))
+        if reuse_old and self.next_prompt:
+            prompts[0] = self.next_prompt - 1  # may still be in flight: then both must refuse
+        self.next_prompt += count
+        step = max(0, self.clock + 1 - lag)
+        self.both(lambda b: b.dispatch(prompts, step))
+
+    @precondition(lambda self: self.ref._in_flight)
+    @rule(data=st.data())
+    def complete(self, data):
+        flying = self.in_flight()
+        chosen = data.draw(st.lists(st.sampled_from(flying), min_size=1, max_size=3, unique=True))
+        sizes = data.draw(st.lists(st.integers(1, 3), min_size=len(chosen), max_size=len(chosen)))
+        prompts = [p for p, n in zip(chosen, sizes) for _ in range(n)]
+        prompts = data.draw(st.permutations(prompts))
+        trajs = list(range(self.next_traj, self.next_traj + len(prompts)))
+        self.next_traj += len(prompts)
+        self.both(lambda b: b.complete(trajs, prompts))
+
+    @rule(prompt=st.integers(0, 30))
+    def fail(self, prompt):
+        self.both(lambda b: b.fail([prompt]))
+
+    @rule(n=st.integers(1, 4), lag=st.integers(0, 4), grouped=st.booleans(), per_entry=st.booleans())
+    def put(self, n, lag, grouped, per_entry):
+        trajs = list(range(self.next_traj, self.next_traj + n))
+        self.next_traj += n
+        step = max(0, self.clock + 1 - lag)
+        groups = [t // 2 for t in trajs] if grouped else None
+        stamps = [step] * n if per_entry else step
+        self.both(lambda b: b.put(trajs, stamps, group_ids=groups))
+
+    @rule(batch_size=st.integers(1, 6), advance=st.integers(-1, 2), timeout=st.sampled_from([None, None, 0]))
+    def take(self, batch_size, advance, timeout):
+        step = max(0, self.clock + advance)
+        result = self.both(lambda b: b.take(batch_size, step, timeout=timeout))
+        if result:
+            native, ref = result
+            assert rows(native) == rows(ref)
+            assert native.metrics == ref.metrics
+
+    @rule(advance=st.integers(0, 3))
+    def evict_stale(self, advance):
+        result = self.both(lambda b: b.evict_stale(self.clock + advance))
+        if result:
+            assert result[0] == result[1]
+
+    @rule()
+    def checkpoint_round_trip(self):
+        sd = self.native.state_dict()
+        assert {k: v.tolist() for k, v in sd["entries"].items() if "_ns" not in k} == {
+            k: v.tolist() for k, v in self.ref.state_dict()["entries"].items() if "_ns" not in k
+        }
+        self.native.load_state_dict(sd)
+
+    @invariant()
+    def same_ledger_and_balanced(self):
+        if not hasattr(self, "native"):
+            return
+        assert self.native.ledger() == self.ref.ledger()
+        assert len(self.native) == len(self.ref) and self.native.in_flight == self.ref.in_flight
+        assert_balanced(self.native)
+        assert_balanced(self.ref)
+
+
+NativeMatchesReference.TestCase.settings = settings(stateful_step_count=40)
+TestNativeMatchesReference = NativeMatchesReference.TestCase

@@ -1,0 +1,65 @@
+"""Inputs accept torch tensors, numpy arrays and sequences; outputs are torch int64, pinned with CUDA."""
+
+import numpy as np
+import pytest
+import torch
+
+import pyfast_buffer as pfb
+
+INPUTS = {
+    "list": lambda ids: list(ids),
+    "tuple": lambda ids: tuple(ids),
+    "numpy int64": lambda ids: np.array(ids, dtype=np.int64),
+    "numpy int32": lambda ids: np.array(ids, dtype=np.int32),
+    "numpy uint16": lambda ids: np.array(ids, dtype=np.uint16),
+    "numpy strided": lambda ids: np.array([v for i in ids for v in (i, -1)], dtype=np.int64)[::2],
+    "torch int64": lambda ids: torch.tensor(ids),
+    "torch int32": lambda ids: torch.tensor(ids, dtype=torch.int32),
+    "torch non-contiguous": lambda ids: torch.tensor([[i, -1] for i in ids])[:, 0],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(INPUTS))
+def test_every_input_kind_gives_the_same_batch(impl, kind):
+    convert = INPUTS[kind]
+    buf = impl(8, max_age=9)
+    buf.dispatch(convert([3, 4]), torch.tensor(1))
+    buf.complete(convert([10, 11, 12]), convert([3, 3, 4]))
+    buf.put(convert([13, 14]), np.int64(2), group_ids=convert([3, 4]))
+    batch = buf.take(np.int32(8), current_step=torch.tensor(2))
+    assert batch.traj_ids.tolist() == [10, 11, 12, 13, 14]
+    assert batch.group_ids.tolist() == [3, 3, 4, 3, 4]
+
+
+def test_range_and_empty_inputs(impl):
+    buf = impl(8)
+    buf.put(range(3), 0)
+    buf.put(np.array([], dtype=np.int64), 0)
+    assert buf.take(8, 0).traj_ids.tolist() == [0, 1, 2]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (GPU checks live in bench/gpu_check.py)")
+def test_cuda_input_tensor_and_pinned_outputs():
+    buf = pfb.StalenessBuffer(8)
+    buf.put(torch.tensor([1, 2], device="cuda"), 0)
+    batch = buf.take(2, 0)
+    assert batch.columns.is_pinned() and all(c.is_pinned() for c in buf._columns)
+    assert batch.to("cuda", non_blocking=True).traj_ids.tolist() == [1, 2]
+
+
+def test_without_cuda_nothing_is_pinned():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    buf = pfb.StalenessBuffer(8)
+    buf.put([1], 0)
+    assert not buf.pin_memory and not buf.take(1, 0).columns.is_pinned()
+    assert "pinned=False" in repr(buf)
+    with pytest.raises(ValueError, match="pin_memory=True needs CUDA"):
+        pfb.StalenessBuffer(8, pin_memory=True)
+
+
+def test_repr_comes_from_the_core():
+    buf = pfb.StalenessBuffer(8, max_age=2, strategy="wait")
+    buf.put([1], 0)
+    assert repr(buf).startswith("StalenessBuffer(capacity=8, max_age=2, strategy='wait'")
+    assert "ready=1" in repr(buf)
