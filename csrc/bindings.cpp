@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -164,10 +165,11 @@ PYBIND11_MODULE(_core, m) {
              self.ring->put(t, g, s, n_steps, n, timeout);
            })
       .def("take",
-           [](PyRing& self, I64Array& out, int64_t current_step, std::optional<double> timeout) {
-             if (out.ndim() != 1 || out.size() % pfb::kBatchColumns != 0 || out.size() == 0)
-               throw pfb::InvalidArgument("out must be a 1-d int64 array of kBatchColumns * batch_size");
-             const int64_t batch_size = out.size() / pfb::kBatchColumns;
+           [](PyRing& self, I64Array& out, int64_t batch_size, int64_t current_step, std::optional<double> timeout) {
+             // A batch never exceeds the capacity, so out needs room for min(batch_size, capacity) rows.
+             const int64_t rows = std::min(batch_size, self.ring->config().capacity);
+             if (out.ndim() != 1 || out.size() < pfb::kBatchColumns * rows)
+               throw pfb::InvalidArgument("out must be a 1-d int64 array of BATCH_COLUMNS * min(batch_size, capacity)");
              int64_t* cols = out.mutable_data();
              pfb::TakeStats stats;
              {

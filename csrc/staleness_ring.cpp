@@ -53,17 +53,24 @@ std::optional<int64_t> first_duplicate(const int64_t* ids, int64_t n) {
 
 }  // namespace
 
-StalenessRing::StalenessRing(const RingConfig& config, const ColumnPointers* borrowed)
-    : config_(config),
-      columns_(borrowed ? RingColumns(*borrowed) : RingColumns(std::max<int64_t>(config.capacity, 1))) {
-  if (config.capacity <= 0) throw InvalidArgument(concat("capacity=", config.capacity, " must be > 0"));
+namespace {
+// Returns `config` unchanged, or throws InvalidArgument; runs before any column is allocated.
+const RingConfig& validated(const RingConfig& config, const ColumnPointers* borrowed) {
+  if (config.capacity <= 0 || config.capacity > kMaxCapacity)
+    throw InvalidArgument(concat("capacity=", config.capacity, " must be in [1, ", kMaxCapacity, "]"));
   if (config.max_age < 0) throw InvalidArgument(concat("max_age=", config.max_age, " must be >= 0"));
   if (config.max_uses < 1 || config.max_uses > std::numeric_limits<int32_t>::max())
-    throw InvalidArgument(concat("max_uses=", config.max_uses, " must be >= 1"));
+    throw InvalidArgument(concat("max_uses=", config.max_uses, " must be in [1, 2**31 - 1]"));
   if (config.parameter_sync_step < 0)
     throw InvalidArgument(concat("parameter_sync_step=", config.parameter_sync_step, " must be > 0"));
   if (borrowed && !borrowed->complete()) throw InvalidArgument("borrowed columns: every column must be set");
+  return config;
 }
+}  // namespace
+
+StalenessRing::StalenessRing(const RingConfig& config, const ColumnPointers* borrowed)
+    : config_(validated(config, borrowed)),
+      columns_(borrowed ? RingColumns(*borrowed) : RingColumns(config.capacity)) {}
 
 void StalenessRing::check_open() const {
   if (closed_) throw Closed("the buffer is closed; create a new buffer (or load its state_dict) to continue");
@@ -410,6 +417,7 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
                              ": ", cause));
       }
       check_open();
+      check_clock(current_step);  // a producer may have stamped a later step while we waited
       plan = plan_take(batch_size, current_step);
     }
   }

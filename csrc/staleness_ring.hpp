@@ -20,6 +20,9 @@ enum class Strategy : int { kDrop = 0, kWait = 1 };
 enum class OnFull : int { kEvictOldest = 0, kBlock = 1, kError = 2 };
 enum class BlockedBy : int { kNone = 0, kTooFewReady = 1, kInFlightAtMaxAge = 2 };
 
+/// Largest capacity accepted: keeps every column's byte size far from int64 overflow.
+constexpr int64_t kMaxCapacity = int64_t{1} << 40;
+
 /// Construction parameters; the constructor rejects out-of-range values.
 struct RingConfig {
   int64_t capacity = 0;             // ready entries the ring holds (> 0)

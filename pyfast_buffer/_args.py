@@ -14,7 +14,11 @@ import numpy as np
 import torch
 
 _INT_TORCH_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
-_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MAX = int(np.iinfo(np.int64).max)
+#: Longest wait honoured (about 31 years); the core clamps to the same, and threading overflows far beyond it.
+MAX_TIMEOUT = 1e9
+#: Largest ring capacity (the core's kMaxCapacity).
+MAX_CAPACITY = 1 << 40
 
 
 def _is_int(value: Any) -> bool:
@@ -62,6 +66,8 @@ def as_step(value: Any, name: str) -> int:
     value = int(value)
     if value < 0:
         raise ValueError(f"{name}={value} is negative; steps are ints >= 0")
+    if value > _INT64_MAX:
+        raise ValueError(f"{name}={value} does not fit int64; steps are ints below 2**63")
     return value
 
 
@@ -77,12 +83,14 @@ def as_steps(value: Any, name: str, n: int) -> np.ndarray:
     return steps
 
 
-def as_count(value: Any, name: str, minimum: int = 1) -> int:
-    """Returns ``value`` as an int >= ``minimum``, or raises TypeError/ValueError naming ``name``."""
+def as_count(value: Any, name: str, minimum: int = 1, maximum: int = _INT64_MAX) -> int:
+    """Returns ``value`` as an int in [minimum, maximum], or raises TypeError/ValueError naming ``name``."""
     if not _is_int(value):
         raise TypeError(f"{name}={value!r} is not an int; pass an int >= {minimum}")
     if value < minimum:
         raise ValueError(f"{name}={value} must be >= {minimum}")
+    if value > maximum:
+        raise ValueError(f"{name}={value} must be <= {maximum}")
     return int(value)
 
 
@@ -95,7 +103,7 @@ def as_timeout(value: Any) -> Optional[float]:
     value = float(value)
     if not value >= 0 or math.isinf(value):
         raise ValueError(f"timeout={value} must be a finite number of seconds >= 0; pass None not to block")
-    return value
+    return min(value, MAX_TIMEOUT)
 
 
 def same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:

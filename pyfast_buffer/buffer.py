@@ -87,8 +87,9 @@ class StalenessBuffer:
         n = as_count(batch_size, "batch_size", 1)
         step = as_step(current_step, "current_step")
         wait = as_timeout(timeout)
-        out = torch.empty(_N_COLUMNS * n, dtype=torch.int64, pin_memory=self.pin_memory)
-        stats = self._ring.take(out.numpy(), step, wait)
+        rows = min(n, self.config.capacity)  # a batch never holds more than the ring
+        out = torch.empty(_N_COLUMNS * rows, dtype=torch.int64, pin_memory=self.pin_memory)
+        stats = self._ring.take(out.numpy(), n, step, wait)
         taken = stats[0]
         return Batch(out[: _N_COLUMNS * taken].view(_N_COLUMNS, taken), make_metrics(stats))
 

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import torch
 
-from ._args import as_count, as_step
+from ._args import MAX_CAPACITY, as_count, as_step
 
 STRATEGIES = ("drop", "wait")
 ON_FULL = ("evict_oldest", "block", "error")
@@ -28,11 +28,9 @@ class BufferConfig:
     parameter_sync_step: Optional[int] = None
 
     def __post_init__(self) -> None:
-        as_count(self.capacity, "capacity", 1)
+        as_count(self.capacity, "capacity", 1, MAX_CAPACITY)
         as_count(self.max_age, "max_age", 0)
-        as_count(self.max_uses, "max_uses", 1)
-        if self.max_uses > 2**31 - 1:
-            raise ValueError(f"max_uses={self.max_uses} must be < 2**31")
+        as_count(self.max_uses, "max_uses", 1, 2**31 - 1)
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy={self.strategy!r} is unknown; use 'drop' or 'wait'")
         if self.on_full not in ON_FULL:

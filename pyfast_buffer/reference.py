@@ -287,6 +287,7 @@ class ReferenceBuffer:
                                      "produce faster, lower batch_size or raise the timeout")
                         raise TimeoutError(f"take timed out after {timeout} s under {self.config.strategy}: {cause}")
                     self._check_open()
+                    self._check_clock(current_step)  # a producer may have stamped a later step
                     plan = self._plan(batch_size, current_step)
             self._clock = max(self._clock, current_step)
             return self._commit(plan, current_step)

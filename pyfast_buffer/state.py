@@ -77,6 +77,8 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         raise ValueError(f"state_dict has in-flight steps outside [0, clock={clock}]")
     led = {k: int(ledger[k]) for k in LEDGER_KEYS}
     evicted_unreported = int(sd.get("evicted_unreported", 0))
+    if any(not 0 <= v < 2**63 for v in (*led.values(), evicted_unreported, clock + 1)):
+        raise ValueError("state_dict has counters outside int64; it was edited or is corrupt")
     if (led["put_total"] != led["retired"] + led["dropped_stale"] + led["evicted"] + n
             or led["dispatched"] != led["completed"] + led["failed"] + len(prompts)
             or not 0 <= evicted_unreported <= led["evicted"]):

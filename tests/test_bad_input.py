@@ -28,6 +28,8 @@ def _loaded(impl):
         ({"capacity": 4, "max_uses": 0}, ValueError, "max_uses=0 must be >= 1"),
         ({"capacity": 4, "parameter_sync_step": 0}, ValueError, "parameter_sync_step=0 must be >= 1"),
         ({"capacity": 4, "pin_memory": "yes"}, TypeError, "pin_memory='yes'"),
+        ({"capacity": 2**61}, ValueError, "capacity=2305843009213693952 must be <= 1099511627776"),
+        ({"capacity": 4, "max_uses": 2**31}, ValueError, "max_uses=2147483648 must be <="),
     ],
 )
 def test_bad_construction(impl, kwargs, error, match):
@@ -58,6 +60,11 @@ BAD_CALLS = [
     ("take float size", lambda b: b.take(2.0, 3), TypeError, "batch_size=2.0 is not an int"),
     ("clock goes back", lambda b: b.take(1, 1), ValueError, "current_step=1 is lower than step 2 already seen"),
     ("evict clock goes back", lambda b: b.evict_stale(0), ValueError, "current_step=0 is lower than step 2"),
+    ("dispatch huge step", lambda b: b.dispatch([41], 2**63), ValueError, "does not fit int64"),
+    ("put huge step", lambda b: b.put([3], 2**64), ValueError, "does not fit int64"),
+    ("take huge step", lambda b: b.take(1, 2**63), ValueError, "current_step=9223372036854775808 does not fit"),
+    ("take huge batch", lambda b: b.take(2**63, 3), ValueError, "batch_size=9223372036854775808 must be <="),
+    ("evict huge step", lambda b: b.evict_stale(2**64), ValueError, "does not fit int64"),
     ("take nan step", lambda b: b.take(1, math.nan), ValueError, "current_step=nan"),
     ("negative timeout", lambda b: b.take(1, 3, timeout=-1), ValueError, "timeout=-1.0 must be"),
     ("infinite timeout", lambda b: b.take(1, 3, timeout=math.inf), ValueError, "finite number of seconds"),
@@ -74,6 +81,21 @@ def test_bad_call_names_the_argument_and_changes_nothing(impl, name, call, error
         call(buf)
     assert buf.ledger() == before and len(buf) == size and buf.in_flight == in_flight
     assert buf.take(8, 2).traj_ids.tolist() == [1, 2]  # the contents are intact too
+
+
+def test_a_huge_batch_size_returns_what_is_ready(impl):
+    buf = impl(4, max_age=9)
+    buf.put([1, 2], 0)
+    batch = buf.take(10**12, 0)
+    assert batch.traj_ids.tolist() == [1, 2] and batch.metrics["blocked_by"] == "too_few_ready"
+
+
+def test_state_dict_counters_outside_int64_are_rejected(impl):
+    buf = impl(4)
+    sd = buf.state_dict()
+    sd["ledger"]["dispatched"] = sd["ledger"]["completed"] = 2**64
+    with pytest.raises(ValueError, match="outside int64"):
+        impl(4).load_state_dict(sd)
 
 
 @pytest.mark.parametrize(

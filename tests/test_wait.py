@@ -125,3 +125,33 @@ def test_timeout_zero_checks_once(impl):
     with pytest.raises(TimeoutError):
         buf.take(1, 0, timeout=0)
     assert_balanced(buf)
+
+
+def test_a_waiting_take_refuses_a_clock_that_moved_past_it(impl):
+    buf = impl(16, max_age=5)
+    errors = []
+
+    def consume():
+        try:
+            buf.take(2, current_step=5, timeout=10)
+        except ValueError as exc:
+            errors.append(exc)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.02)
+    buf.put([1, 2], 9)  # weights of step 9 exist, so the trainer is past step 5
+    consumer.join(5)
+    assert errors and "current_step=5 is lower than step 9" in str(errors[0])
+    assert len(buf) == 2  # nothing was taken with a negative age
+
+
+def test_huge_timeouts_are_clamped_not_overflowed(impl):
+    buf = impl(4)
+    done = []
+    consumer = threading.Thread(target=lambda: done.append(buf.take(1, 0, timeout=1e300)))
+    consumer.start()
+    time.sleep(0.02)
+    buf.put([1], 0)
+    consumer.join(5)
+    assert done and done[0].traj_ids.tolist() == [1]
