@@ -127,6 +127,7 @@ void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
                                    " is not in flight; dispatch it first (it may already be completed or failed)"));
   for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]);
   ledger_.failed += n;
+  lock.unlock();
   if (n > 0) ready_cv_.notify_all();
 }
 
@@ -235,6 +236,7 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
   }
   ledger_.completed += static_cast<int64_t>(n_groups);
   ledger_.put_total += n;
+  lock.unlock();  // wake consumers after the lock is free, so they do not wake only to block on it
   ready_cv_.notify_all();
 }
 
@@ -287,35 +289,59 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   ledger_.completed += n_groups;
   ledger_.put_total += n;
   clock_ = std::max(clock_, max_step);
+  lock.unlock();
   ready_cv_.notify_all();
 }
 
-StalenessRing::TakePlan StalenessRing::plan_take(int64_t batch_size, int64_t current_step) const {
-  TakePlan plan;
-  if (config_.strategy == Strategy::kWait && wait_blocked(current_step)) {
-    plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
-    return plan;
-  }
-  const bool drop = config_.strategy == Strategy::kDrop;
-  const int64_t cutoff = current_step - config_.max_age;  // fresh iff sample_step >= cutoff
-  const ColumnPointers& c = columns_.get();
-  int64_t i = 0;
+int64_t StalenessRing::skip_stale(int64_t i, int64_t cutoff) const {
+  // Scans contiguous physical runs without per-entry index arithmetic or dependent loads.
+  const int64_t* steps = columns_.get().sample_step;
   while (i < size_) {
     const int64_t p = phys(i);
-    const int64_t len = c.group_len[p];
-    if (drop && c.sample_step[p] < cutoff) {
-      plan.dropped += len;
-      i += len;
-      continue;
-    }
+    const int64_t run = std::min(size_ - i, config_.capacity - p);
+    const int64_t* s = steps + p;
+    int64_t k = 0;
+    while (k < run && s[k] < cutoff) ++k;
+    i += k;
+    if (k < run) break;
+  }
+  return i;
+}
+
+void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const {
+  plan.walked = plan.taken = plan.dropped = 0;
+  plan.full = false;
+  plan.spans.clear();
+  if (config_.strategy == Strategy::kWait && wait_blocked(current_step)) {
+    plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
+    return;
+  }
+  // Under drop, stale entries are skipped one by one: a group shares one stamp, so a stale group
+  // is skipped whole and every fresh entry reached starts a group.
+  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - config_.max_age
+                                                              : std::numeric_limits<int64_t>::min();
+  const int32_t* group_len = columns_.get().group_len;
+  const int64_t* group_id = columns_.get().group_id;
+  int64_t i = 0;
+  while (i < size_) {
+    const int64_t fresh = skip_stale(i, cutoff);
+    plan.dropped += fresh - i;
+    i = fresh;
+    if (i == size_) break;
+    const int64_t p = phys(i);
+    const int64_t len = group_len[p];
     if (len > batch_size)
-      throw InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", c.group_id[p], " of ", len,
+      throw InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", group_id[p], " of ", len,
                                    " trajectories; raise batch_size to at least ", len,
                                    " (a batch never splits a group)"));
     if (plan.taken + len > batch_size) {
       plan.full = true;
       break;
     }
+    if (!plan.spans.empty() && plan.spans.back().start + plan.spans.back().count == i)
+      plan.spans.back().count += len;
+    else
+      plan.spans.push_back({i, len});
     plan.taken += len;
     i += len;
     if (plan.taken == batch_size) {
@@ -325,48 +351,54 @@ StalenessRing::TakePlan StalenessRing::plan_take(int64_t batch_size, int64_t cur
   }
   plan.walked = i;
   plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
-  return plan;
 }
 
 void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int64_t* base, TakeStats& stats) {
   const int64_t k_all = plan.taken;
-  const BatchColumns out{base,             base + k_all,     base + 2 * k_all, base + 3 * k_all,
-                         base + 4 * k_all, base + 5 * k_all, base + 6 * k_all, base + 7 * k_all};
-  const bool drop = config_.strategy == Strategy::kDrop;
-  const int64_t cutoff = current_step - config_.max_age;
+  int64_t* const o_traj = base;
+  int64_t* const o_group = base + k_all;
+  int64_t* const o_step = base + 2 * k_all;
+  int64_t* const o_age = base + 3 * k_all;
+  int64_t* const o_uses = base + 4 * k_all;
+  int64_t* const o_version = base + 5 * k_all;
+  int64_t* const o_dispatch = base + 6 * k_all;
+  int64_t* const o_complete = base + 7 * k_all;
   const int32_t max_uses = static_cast<int32_t>(config_.max_uses);
-  const ColumnPointers& c = columns_.get();
-  int64_t k = 0, survivors = 0;
-  for (int64_t i = 0; i < plan.walked;) {
-    const int64_t len = c.group_len[phys(i)];
-    if (drop && c.sample_step[phys(i)] < cutoff) {
-      i += len;
-      continue;
-    }
-    for (const int64_t end = i + len; i < end; ++i, ++k) {
-      const int64_t p = phys(i);
-      const int64_t age = current_step - c.sample_step[p];
-      const int32_t uses = ++c.uses[p];
-      out.traj_id[k] = c.traj_id[p];
-      out.group_id[k] = c.group_id[p];
-      out.sample_step[k] = c.sample_step[p];
-      out.age[k] = age;
-      out.uses[k] = uses;
-      out.policy_version[k] = c.policy_version[p];
-      out.dispatch_ns[k] = c.dispatch_ns[p];
-      out.complete_ns[k] = c.complete_ns[p];
-      stats.age_sum += age;
-      stats.age_max = std::max(stats.age_max, age);
-      ++stats.age_hist[age_bucket(age)];
-      survivors += uses < max_uses;
+  const ColumnPointers c = columns_.get();  // a local copy: the output writes cannot alias it
+  int64_t k = 0, survivors = 0, age_sum = 0, age_max = 0;
+  for (const Span& span : plan.spans) {
+    for (int64_t i = span.start, end = span.start + span.count; i < end;) {
+      const int64_t p0 = phys(i);
+      const int64_t run = std::min(end - i, config_.capacity - p0);
+      for (int64_t p = p0; p < p0 + run; ++p, ++k) {
+        const int64_t age = current_step - c.sample_step[p];
+        const int32_t uses = ++c.uses[p];
+        o_traj[k] = c.traj_id[p];
+        o_group[k] = c.group_id[p];
+        o_step[k] = c.sample_step[p];
+        o_age[k] = age;
+        o_uses[k] = uses;
+        o_version[k] = c.policy_version[p];
+        o_dispatch[k] = c.dispatch_ns[p];
+        o_complete[k] = c.complete_ns[p];
+        age_sum += age;
+        age_max = std::max(age_max, age);
+        ++stats.age_hist[age_bucket(age)];
+        survivors += uses < max_uses;
+      }
+      i += run;
     }
   }
+  stats.age_sum = age_sum;
+  stats.age_max = age_max;
   if (survivors > 0) {
     // Reused entries keep their place: move them, in order, to the end of the walked prefix.
+    const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - config_.max_age
+                                                                : std::numeric_limits<int64_t>::min();
     int64_t write = plan.walked - 1;
     for (int64_t i = plan.walked - 1; i >= 0; --i) {
       const int64_t p = phys(i);
-      if ((drop && c.sample_step[p] < cutoff) || c.uses[p] >= max_uses) continue;
+      if (c.sample_step[p] < cutoff || c.uses[p] >= max_uses) continue;
       const int64_t q = phys(write--);
       if (p == q) continue;
       c.traj_id[q] = c.traj_id[p], c.group_id[q] = c.group_id[p], c.sample_step[q] = c.sample_step[p];
@@ -400,13 +432,14 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
   if (batch_size <= 0) throw InvalidArgument(concat("batch_size=", batch_size, " must be > 0"));
   check_clock(current_step);
   TakeStats stats;
-  TakePlan plan = plan_take(batch_size, current_step);
+  TakePlan plan;
+  plan_take(batch_size, current_step, plan);
   if (timeout && !plan.full) {
     const auto deadline = deadline_after(*timeout);
     // Every change that could complete the batch notifies ready_cv_; re-plan on each wake-up.
     while (!plan.full) {
       if (ready_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        plan = plan_take(batch_size, current_step);
+        plan_take(batch_size, current_step, plan);
         if (plan.full) break;
         std::string cause = plan.blocked_by == BlockedBy::kInFlightAtMaxAge
                                 ? wait_blocked_message(current_step)
@@ -418,7 +451,7 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
       }
       check_open();
       check_clock(current_step);  // a producer may have stamped a later step while we waited
-      plan = plan_take(batch_size, current_step);
+      plan_take(batch_size, current_step, plan);
     }
   }
   clock_ = std::max(clock_, current_step);

@@ -36,11 +36,11 @@ struct RingConfig {
 /// Number of fixed age-histogram buckets: 0, 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+.
 constexpr int kAgeBuckets = 8;
 
-/// Returns the age-histogram bucket of `age` (>= 0).
+/// Returns the age-histogram bucket of `age`: its bit length, capped at the last bucket (0 for age <= 0).
 inline int age_bucket(int64_t age) {
-  int bucket = 0;
-  while (age > 0 && bucket < kAgeBuckets - 1) age >>= 1, ++bucket;
-  return bucket;
+  if (age <= 0) return 0;
+  const int bits = 64 - __builtin_clzll(static_cast<unsigned long long>(age));
+  return bits < kAgeBuckets - 1 ? bits : kAgeBuckets - 1;
 }
 
 /// Number of int64 columns a take writes: traj_id, group_id, sample_step, age, uses,
@@ -148,10 +148,14 @@ class StalenessRing {
 
  private:
   using Lock = std::unique_lock<std::mutex>;
+  struct Span {
+    int64_t start, count;  // logical indices [start, start + count) of entries to take
+  };
   struct TakePlan {
     int64_t walked = 0, taken = 0, dropped = 0;
     bool full = false;
     BlockedBy blocked_by = BlockedBy::kNone;
+    std::vector<Span> spans;  // runs of fresh entries the batch takes, oldest first
   };
   struct Groups {
     std::vector<int64_t> order;   // indices into the call's arrays, grouped stably
@@ -166,7 +170,8 @@ class StalenessRing {
   void check_clock(int64_t current_step) const;
   bool wait_blocked(int64_t current_step) const;
   std::string wait_blocked_message(int64_t current_step) const;
-  TakePlan plan_take(int64_t batch_size, int64_t current_step) const;
+  int64_t skip_stale(int64_t i, int64_t cutoff) const;
+  void plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const;
   void commit_take(const TakePlan& plan, int64_t current_step, int64_t* out, TakeStats& stats);
   void fill_state(TakeStats& stats);
   bool wait_for_room(Lock& lock, int64_t n, std::optional<double> timeout, const char* call);

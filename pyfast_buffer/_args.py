@@ -57,6 +57,8 @@ def as_ids(value: Any, name: str) -> np.ndarray:
 
 def as_step(value: Any, name: str) -> int:
     """Returns ``value`` as an int >= 0, or raises TypeError/ValueError naming ``name``."""
+    if type(value) is int and 0 <= value <= _INT64_MAX:  # the hot path: skip the ABC checks
+        return value
     if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0:
         value = value.item()
     if not _is_int(value):
@@ -73,6 +75,8 @@ def as_step(value: Any, name: str) -> int:
 
 def as_steps(value: Any, name: str, n: int) -> np.ndarray:
     """Returns one stamp (shape (1,)) or ``n`` stamps as int64 >= 0, or raises naming ``name``."""
+    if type(value) is int and 0 <= value <= _INT64_MAX:
+        return np.array((value,), dtype=np.int64)
     if _is_int(value) or isinstance(value, float) or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0):
         return np.array([as_step(value, name)], dtype=np.int64)
     steps = as_ids(value, name)
@@ -85,6 +89,8 @@ def as_steps(value: Any, name: str, n: int) -> np.ndarray:
 
 def as_count(value: Any, name: str, minimum: int = 1, maximum: int = _INT64_MAX) -> int:
     """Returns ``value`` as an int in [minimum, maximum], or raises TypeError/ValueError naming ``name``."""
+    if type(value) is int and minimum <= value <= maximum:
+        return value
     if not _is_int(value):
         raise TypeError(f"{name}={value!r} is not an int; pass an int >= {minimum}")
     if value < minimum:

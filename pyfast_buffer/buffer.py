@@ -91,7 +91,8 @@ class StalenessBuffer:
         out = torch.empty(_N_COLUMNS * rows, dtype=torch.int64, pin_memory=self.pin_memory)
         stats = self._ring.take(out.numpy(), n, step, wait)
         taken = stats[0]
-        return Batch(out[: _N_COLUMNS * taken].view(_N_COLUMNS, taken), make_metrics(stats))
+        # The core wrote the batch field by field at stride `taken`: view it as (8, taken), contiguous.
+        return Batch(out.as_strided((_N_COLUMNS, taken), (taken, 1)), make_metrics(stats))
 
     def evict_stale(self, current_step: int) -> int:
         """Drops every ready entry with age > max_age (counted as dropped_stale); returns how many."""

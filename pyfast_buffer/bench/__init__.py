@@ -1,10 +1,61 @@
-"""Benchmarks of pyfast_buffer against the pure-Python baseline and peers (``pyfast-buffer bench``)."""
+"""Benchmarks of pyfast_buffer against the pure-Python baseline and peers, in one process.
+
+``pyfast-buffer bench [--quick]`` (or ``python -m pyfast_buffer.bench``) prints a table of
+medians and ratios, evaluates the targets, and writes ``bench-results.json`` and a PNG chart.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+from . import report
+from .cases import CASES, Plan
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = Plan.quick() if args.quick else Plan()
+    names = args.cases.split(",") if args.cases else list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        print(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    rows: List[Dict] = []
+    skipped: Dict[str, str] = {}
+    started = time.perf_counter()
+    for name in names:
+        t0 = time.perf_counter()
+        rows.extend(CASES[name](plan, skipped))
+        print(f"  {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    report.add_ratios(rows)
+    goals = report.targets(rows)
+    print(report.table(rows, goals, skipped))
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, "bench-results.json")
+    report.write_json(json_path, rows, goals, skipped, "quick" if args.quick else "full")
+    chart_path = os.path.join(args.out, "bench-results.png")
+    why_not = None if args.no_chart else report.write_chart(chart_path, rows)
+    print(f"wrote {json_path}" + ("" if args.no_chart or why_not else f" and {chart_path}"))
+    if why_not:
+        print(why_not)
+    print(f"total {time.perf_counter() - started:.1f} s")
+    return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark against the baseline and peers")
-    p.set_defaults(run=lambda args: print("bench: not yet"))
+    p = sub.add_parser("bench", help="benchmark against the pure-Python twin and peers (table, JSON, PNG)")
+    p.add_argument("--quick", action="store_true", help="small configurations, under a minute on 2 cores")
+    p.add_argument("--cases", default="", help=f"comma-separated subset of: {', '.join(CASES)}")
+    p.add_argument("--out", default=".", help="directory for bench-results.json and bench-results.png")
+    p.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    p.set_defaults(run=run)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pyfast_buffer.bench")
+    sub = parser.add_subparsers(dest="command")
+    add_parser(sub)
+    return run(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))

@@ -1,0 +1,313 @@
+"""The benchmark cases. Each returns rows: one contender, one configuration, measured in this process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from . import peers
+from .timing import calibrate, median, percentile, sample
+
+CURRENT_STEP = 1000  # every case trains at this step
+MAX_AGE = 10         # stamps below CURRENT_STEP - MAX_AGE are stale
+REFERENCE_LIMIT = 1_000_000  # the twin holds ~1 KB of Python objects per entry: skip it above this
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Which configurations a run covers and how often it repeats them."""
+
+    capacities: tuple = (100_000, 1_000_000, 10_000_000)
+    batches: tuple = (64, 512, 4096)
+    stale: tuple = (0.0, 0.5, 0.99)
+    repeat: int = 15
+    wake_rounds: int = 300
+    throughput_seconds: float = 1.0
+    memory_capacity: int = 10_000_000
+    reference_limit: int = REFERENCE_LIMIT
+
+    @classmethod
+    def quick(cls) -> "Plan":
+        return cls(capacities=(100_000, 1_000_000), batches=(512,), repeat=7, wake_rounds=100,
+                   throughput_seconds=0.4, reference_limit=100_000)
+
+
+def row(case: str, contender: str, times: List[float], **params) -> Dict:
+    return {"case": case, "contender": contender, **params, "median_s": median(times),
+            "p99_s": percentile(times, 99), "runs": len(times)}
+
+
+def _stamps(n: int, stale: float, rng: np.random.Generator, ordered: bool = False) -> np.ndarray:
+    """Stamps of n entries of which a fraction ``stale`` is too old; shuffled unless ``ordered``."""
+    n_stale = int(round(n * stale))
+    steps = np.full(n, CURRENT_STEP, np.int64)
+    steps[:n_stale] = CURRENT_STEP - MAX_AGE - 1 - (np.arange(n_stale) % 50)
+    if ordered:
+        steps.sort()
+    else:
+        rng.shuffle(steps)
+    return steps
+
+
+def _contenders(names: List[str], capacity: int, plan: Plan, skipped: Dict[str, str]) -> List[type]:
+    found, missing = peers.available(names)
+    skipped.update(missing)
+    keep = []
+    for cls in found:
+        if cls is peers.Reference and capacity > plan.reference_limit:
+            skipped[f"reference@{capacity:.0e}"] = (
+                f"reference twin skipped above capacity {plan.reference_limit:.0e} (about 1 KB of Python objects "
+                "per entry, and minutes to fill)")
+            continue
+        keep.append(cls)
+    return keep
+
+
+def put_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """put(B ids, one step stamp) into a full ring that overwrites its oldest entries."""
+    rows = []
+    names = ["pyfast_buffer", "reference", "numpy mask", "cpprb", "torchrl"]
+    for capacity in plan.capacities:
+        for batch in plan.batches:
+            ids = np.arange(batch, dtype=np.int64)
+            for cls in _contenders(names, capacity, plan, skipped):
+                c = cls(capacity, MAX_AGE)
+                fill = np.arange(capacity, dtype=np.int64)
+                for start in range(0, capacity, 1 << 20):
+                    c.fill(fill[start : start + (1 << 20)], 0)
+                fn = lambda c=c: c.put(ids, 1)  # noqa: E731
+                times = sample(fn, plan.repeat, number=calibrate(fn))
+                rows.append(row("put", cls.name, times, capacity=capacity, batch=batch))
+                del c
+    return rows
+
+
+def take_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """take(B) under drop from a full ring where a fraction of entries, shuffled, is stale."""
+    rows = []
+    names = ["pyfast_buffer", "reference", "numpy mask", "numba loop", "cpprb", "cpprb to full", "torchrl"]
+    rng = np.random.default_rng(0)
+    plan = dataclasses.replace(plan, reference_limit=min(plan.reference_limit, 100_000))  # refills take minutes
+    for capacity in plan.capacities[:2]:  # the walk, not the ring size, sets the cost
+        for stale in plan.stale:
+            steps = _stamps(capacity, stale, rng)
+            ids = np.arange(capacity, dtype=np.int64)
+            for batch in plan.batches:
+                for cls in _contenders(names, capacity, plan, skipped):
+                    c = cls(capacity, MAX_AGE)
+
+                    def refill(c=c):
+                        if len(c) < 0.6 * capacity:  # keep the ring about full of the same mix
+                            c.fill(ids, steps)
+
+                    c.fill(ids, steps)
+                    returned: List[int] = []
+                    times = sample(lambda c=c, b=batch: returned.append(c.take(b, CURRENT_STEP)), plan.repeat,
+                                   setup=refill)
+                    r = row("take", cls.name, times, capacity=capacity, batch=batch, stale=stale)
+                    r["returned_mean"] = float(np.mean(returned))  # what one call hands back
+                    rows.append(r)
+                    del c
+    return rows
+
+
+def evict_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """evict_stale over a full ring.
+
+    shuffled: half the entries, scattered, are stale; the ring is refilled before each call (one
+    pass over everything, compared with memcpy of the same bytes). non-decreasing: one producer
+    stream stamped 0..N-1 over ``steps`` steps; each call advances the clock one step and drops the
+    entries that just aged out, as a training loop does, with no refill between calls.
+    """
+    rows = []
+    names = ["pyfast_buffer", "reference", "numpy mask", "numba loop", "memcpy"]
+    rng = np.random.default_rng(1)
+    for capacity in plan.capacities:
+        ids = np.arange(capacity, dtype=np.int64)
+        repeat = max(3, plan.repeat // (2 if capacity >= 10_000_000 else 1))
+        shuffled = _stamps(capacity, 0.5, rng)
+        stream_steps = repeat + 2
+        stream = (np.arange(capacity, dtype=np.int64) * stream_steps // capacity).astype(np.int64)
+        for order in ("shuffled", "non-decreasing"):
+            for cls in _contenders(names, capacity, plan, skipped):
+                if cls is peers.Memcpy and order != "shuffled":
+                    continue
+                # The stream case: stamps 0..S-1, max_age S-1; each call at step S-1+k drops stamp k-1.
+                c = cls(capacity, MAX_AGE if order == "shuffled" else stream_steps - 1)
+                if order == "shuffled":
+                    setup = None if cls is peers.Memcpy else (lambda c=c: c.fill(ids, shuffled))
+                    times = sample(lambda c=c: c.evict(CURRENT_STEP), repeat, setup=setup)
+                else:
+                    c.fill(ids, stream)
+                    clock = iter(range(stream_steps, 2 * stream_steps))
+                    times = sample(lambda c=c, clock=clock: c.evict(next(clock)), repeat)
+                rows.append(row("evict_stale", cls.name, times, capacity=capacity, order=order))
+                del c
+    return rows
+
+
+def _wake_latencies(buf, rounds: int, poll_interval: Optional[float]) -> List[float]:
+    """Latency from a producer's put to a blocked consumer's take returning, per round."""
+    latencies: List[float] = []
+    ready, done, stamp = threading.Event(), threading.Event(), [0]
+    ids = [np.array([i], dtype=np.int64) for i in range(rounds)]
+
+    def consumer():
+        for _ in range(rounds):
+            ready.set()
+            if poll_interval is None:
+                buf.take(1, CURRENT_STEP, timeout=10)
+            else:  # a polled design: ask, sleep, ask again
+                while not len(buf.take(1, CURRENT_STEP)):
+                    time.sleep(poll_interval)
+            latencies.append((time.perf_counter_ns() - stamp[0]) / 1e9)
+            done.set()
+
+    thread = threading.Thread(target=consumer)
+    thread.start()
+    for i in range(rounds):
+        ready.wait()
+        ready.clear()
+        time.sleep(0.002)  # let the consumer block
+        stamp[0] = time.perf_counter_ns()
+        buf.put(ids[i], CURRENT_STEP)
+        done.wait()  # blocks without holding the GIL, so the consumer resumes at once
+        done.clear()
+    thread.join()
+    return latencies
+
+
+def _event_floor(rounds: int) -> List[float]:
+    """Latency of a bare threading.Event handoff between two threads: the floor under any buffer."""
+    latencies: List[float] = []
+    ready, go, done, stamp = threading.Event(), threading.Event(), threading.Event(), [0]
+
+    def consumer():
+        for _ in range(rounds):
+            ready.set()
+            go.wait()
+            go.clear()
+            latencies.append((time.perf_counter_ns() - stamp[0]) / 1e9)
+            done.set()
+
+    thread = threading.Thread(target=consumer)
+    thread.start()
+    for _ in range(rounds):
+        ready.wait()
+        ready.clear()
+        time.sleep(0.002)
+        stamp[0] = time.perf_counter_ns()
+        go.set()
+        done.wait()
+        done.clear()
+    thread.join()
+    return latencies
+
+
+def wake_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """wait wake-up: a consumer blocked in take, a producer puts the last needed entry."""
+    from ..buffer import StalenessBuffer
+    from ..reference import ReferenceBuffer
+
+    rows = []
+    floor = _event_floor(plan.wake_rounds)
+    r = row("wake_latency", peers.EventFloor.name, floor, capacity=1024, batch=1)
+    r["p50_s"] = percentile(floor, 50)
+    rows.append(r)
+    for name, make, poll in (("pyfast_buffer", StalenessBuffer, None), ("reference", ReferenceBuffer, None),
+                             ("polling 1 ms", StalenessBuffer, 1e-3)):
+        lat = _wake_latencies(make(1024, max_age=MAX_AGE, strategy="wait"), plan.wake_rounds, poll)
+        r = row("wake_latency", name, lat, capacity=1024, batch=1)
+        r["p50_s"] = percentile(lat, 50)
+        rows.append(r)
+    return rows
+
+
+def throughput_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """2 producer threads put(B), 1 consumer thread take(B); entries per second end to end."""
+    from ..buffer import StalenessBuffer
+    from ..reference import ReferenceBuffer
+
+    rows = []
+    for batch in plan.batches:
+        for name, make in (("pyfast_buffer", StalenessBuffer), ("reference", ReferenceBuffer)):
+            buf = make(max(16 * batch, 65536), max_age=MAX_AGE, on_full="block")
+            stop, consumed = threading.Event(), [0]
+            ids = np.arange(batch, dtype=np.int64)
+
+            def produce():
+                while not stop.is_set():
+                    try:
+                        buf.put(ids, CURRENT_STEP, timeout=0.05)
+                    except TimeoutError:
+                        pass
+
+            def consume():
+                while not stop.is_set():
+                    consumed[0] += len(buf.take(batch, CURRENT_STEP))
+
+            threads = [threading.Thread(target=produce) for _ in range(2)] + [threading.Thread(target=consume)]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            time.sleep(plan.throughput_seconds)
+            stop.set()
+            elapsed = time.perf_counter() - start
+            for t in threads:
+                t.join()
+            rate = consumed[0] / elapsed
+            rows.append({"case": "throughput_2p1c", "contender": name, "batch": batch, "entries_per_s": rate,
+                         "median_s": 1 / rate if rate else float("inf"), "runs": 1})
+    return rows
+
+
+_MEMORY_PROBE = """
+import json, sys, numpy as np
+def rss(field):
+    for line in open('/proc/self/status'):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+impl, capacity = sys.argv[1], int(sys.argv[2])
+import pyfast_buffer as pfb
+make = pfb.StalenessBuffer if impl == 'pyfast_buffer' else pfb.ReferenceBuffer
+base = rss('VmRSS:')
+buf = make(capacity, max_age=10, max_uses=2)
+ids = np.arange(min(capacity, 1 << 20), dtype=np.int64)
+for start in range(0, capacity, len(ids)):
+    buf.put(ids[: capacity - start], 1000)
+filled = rss('VmHWM:')
+for _ in range(2000):
+    buf.take(512, 1000)
+print(json.dumps({"peak": filled - base, "after_takes": rss('VmHWM:') - base, "len": len(buf)}))
+"""
+
+
+def memory_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """Peak resident bytes per stored entry (all columns), and growth over 2,000 takes."""
+    rows = []
+    for name, capacity in (("pyfast_buffer", plan.memory_capacity), ("reference", 100_000)):
+        out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, name, str(capacity)], capture_output=True,
+                             text=True, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        m = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append({"case": "memory", "contender": name, "capacity": capacity,
+                     "bytes_per_entry": m["peak"] / capacity,
+                     "growth_over_takes_bytes": m["after_takes"] - m["peak"], "runs": 1})
+    return rows
+
+
+CASES: Dict[str, Callable[[Plan, Dict[str, str]], List[Dict]]] = {
+    "put": put_case,
+    "take": take_case,
+    "evict_stale": evict_case,
+    "wake_latency": wake_case,
+    "throughput_2p1c": throughput_case,
+    "memory": memory_case,
+}

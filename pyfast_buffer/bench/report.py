@@ -1,0 +1,177 @@
+"""Ratios, targets, the printed table, bench-results.json and the chart."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from typing import Dict, List, Optional, Tuple
+
+KEYS = ("case", "capacity", "batch", "stale", "order")
+
+
+def _key(r: Dict) -> Tuple:
+    return tuple(r.get(k) for k in KEYS)
+
+
+def add_ratios(rows: List[Dict]) -> None:
+    """Adds ``x_reference`` (baseline time / this time) and, for evict_stale, ``x_memcpy`` (this / memcpy)."""
+    by_key: Dict[Tuple, Dict[str, Dict]] = {}
+    for r in rows:
+        by_key.setdefault(_key(r), {})[r["contender"]] = r
+    for r in rows:
+        group = by_key[_key(r)]
+        if "reference" in group and r["case"] not in ("memory",):
+            r["x_reference"] = group["reference"]["median_s"] / r["median_s"]
+        if r["case"] == "evict_stale":
+            memcpy = by_key.get(_key({**r, "order": "shuffled"}), {}).get("memcpy")
+            if memcpy:
+                r["x_memcpy"] = r["median_s"] / memcpy["median_s"]
+
+
+def _find(rows: List[Dict], **match) -> List[Dict]:
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def _speedup(rows: List[Dict], peer: str, **match) -> Optional[float]:
+    ours = _find(rows, contender="pyfast_buffer", **match)
+    theirs = _find(rows, contender=peer, **match)
+    if not ours or not theirs:
+        return None
+    return min(t["median_s"] / o["median_s"] for o in ours for t in theirs if _key(o) == _key(t))
+
+
+def targets(rows: List[Dict]) -> List[Dict]:
+    """Evaluates issue 3's targets on the rows measured; a target with no rows says why."""
+    out = []
+
+    def add(name: str, value: Optional[float], goal: str, ok, unit: str = "", note: str = "") -> None:
+        out.append({"target": name, "goal": goal, "measured": value, "unit": unit,
+                    "met": None if value is None else bool(ok(value)), "note": note})
+
+    for stale in (0.0, 0.5, 0.99):
+        m = dict(case="take", batch=512, capacity=100_000, stale=stale)
+        add(f"take(512) drop, {stale:.0%} stale vs reference", _speedup(rows, "reference", **m), ">= 15x",
+            lambda v: v >= 15, "x")
+        add(f"take(512) drop, {stale:.0%} stale vs cpprb sample+mask", _speedup(rows, "cpprb", **m), ">= 3x",
+            lambda v: v >= 3, "x", "one sample call; it returns only the fresh part of 512 random draws")
+        add(f"take(512) drop, {stale:.0%} stale vs cpprb sampling until 512 fresh",
+            _speedup(rows, "cpprb to full", **m), ">= 3x", lambda v: v >= 3, "x", "the same work as take")
+    m = dict(case="put", batch=512, capacity=100_000)
+    add("put(512) vs reference", _speedup(rows, "reference", **m), ">= 30x", lambda v: v >= 30, "x")
+    add("put(512) vs cpprb add", _speedup(rows, "cpprb", **m), ">= 3x", lambda v: v >= 3, "x")
+    evicts = _find(rows, case="evict_stale", contender="pyfast_buffer", order="shuffled")
+    if evicts:
+        top = max(evicts, key=lambda r: r["capacity"])
+        add(f"evict_stale shuffled at {top['capacity']:.0e} vs memcpy", top.get("x_memcpy"), "<= 1.5x",
+            lambda v: v <= 1.5, "x", "" if top["capacity"] >= 10_000_000 else "target is at 1e7; quick run stops lower")
+    sorted_rows = _find(rows, case="evict_stale", contender="pyfast_buffer", order="non-decreasing")
+    if sorted_rows:
+        top = max(sorted_rows, key=lambda r: r["capacity"])
+        add(f"evict_stale non-decreasing at {top['capacity']:.0e}", top["median_s"] * 1e6, "< 50 us",
+            lambda v: v < 50, "us")
+    wake = _find(rows, case="wake_latency", contender="pyfast_buffer")
+    if wake:
+        add("wait wake-up p50", wake[0]["p50_s"] * 1e6, "< 100 us", lambda v: v < 100, "us")
+        add("wait wake-up p99", wake[0]["p99_s"] * 1e3, "< 2 ms", lambda v: v < 2, "ms")
+    tp = _find(rows, case="throughput_2p1c", contender="pyfast_buffer")
+    if tp:
+        best = max(tp, key=lambda r: r["entries_per_s"])
+        add(f"2 producers + 1 consumer (best batch {best['batch']})", best["entries_per_s"] / 1e6, ">= 10 M/s",
+            lambda v: v >= 10, "M entries/s")
+    mem = _find(rows, case="memory", contender="pyfast_buffer")
+    if mem:
+        add(f"memory per entry at {mem[0]['capacity']:.0e}", mem[0]["bytes_per_entry"], "<= 64 B",
+            lambda v: v <= 64, "B")
+        add("resident growth over 2,000 takes", mem[0]["growth_over_takes_bytes"] / 1e6, "no growth with capacity",
+            lambda v: v < 16, "MB", "peak RSS after vs before the takes")
+    return out
+
+
+def _fmt_time(s: float) -> str:
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e9:.3g} ns"
+
+
+def table(rows: List[Dict], goals: List[Dict], skipped: Dict[str, str]) -> str:
+    lines = [f"{'case':<16}{'params':<34}{'contender':<15}{'median':>11}{'x reference':>13}  extra"]
+    for r in rows:
+        params = " ".join(f"{k}={r[k]:.0e}" if k == "capacity" else f"{k}={r[k]}" for k in KEYS[1:]
+                          if r.get(k) is not None)
+        extra = ""
+        if "x_memcpy" in r:
+            extra = f"{r['x_memcpy']:.2f}x memcpy"
+        elif "p50_s" in r:
+            extra = f"p50 {_fmt_time(r['p50_s'])}  p99 {_fmt_time(r['p99_s'])}"
+        elif "returned_mean" in r:
+            extra = f"returns {r['returned_mean']:.0f}"
+        elif "entries_per_s" in r:
+            extra = f"{r['entries_per_s'] / 1e6:.2f} M entries/s"
+        elif "bytes_per_entry" in r:
+            extra = f"{r['bytes_per_entry']:.1f} B/entry, +{r['growth_over_takes_bytes'] / 1e6:.1f} MB over takes"
+        median = "" if r["case"] in ("memory", "throughput_2p1c") else _fmt_time(r["median_s"])
+        ratio = f"{r['x_reference']:.1f}x" if "x_reference" in r else ""
+        lines.append(f"{r['case']:<16}{params:<34}{r['contender']:<15}{median:>11}{ratio:>13}  {extra}")
+    lines.append("")
+    lines.append("targets:")
+    for g in goals:
+        verdict = {True: "MET", False: "MISSED", None: "NOT RUN"}[g["met"]]
+        value = "-" if g["measured"] is None else f"{g['measured']:.3g} {g['unit']}"
+        lines.append(f"  [{verdict:>7}] {g['target']}: {value} (goal {g['goal']}){'  ' + g['note'] if g['note'] else ''}")
+    for name, reason in skipped.items():
+        lines.append(f"  skipped {name}: {reason}")
+    return "\n".join(lines)
+
+
+def environment() -> Dict:
+    import numpy
+    import torch
+
+    from .. import __version__
+
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": platform.machine(),
+            "processor": platform.processor() or platform.uname().machine, "python": platform.python_version(),
+            "pyfast_buffer": __version__, "numpy": numpy.__version__, "torch": torch.__version__,
+            "cpu_count": __import__("os").cpu_count()}
+
+
+def write_json(path: str, rows: List[Dict], goals: List[Dict], skipped: Dict[str, str], mode: str) -> None:
+    with open(path, "w") as f:
+        json.dump({"environment": environment(), "mode": mode, "rows": rows, "targets": goals, "skipped": skipped},
+                  f, indent=1)
+
+
+def write_chart(path: str, rows: List[Dict]) -> Optional[str]:
+    """Writes a PNG of speedups over the reference twin; returns why not if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # noqa: BLE001
+        return f"chart skipped: matplotlib not importable ({exc}); pip install 'pyfast_buffer[bench]'"
+    panels = [("put", lambda r: f"B={r['batch']} C={r['capacity']:.0e}"),
+              ("take", lambda r: f"B={r['batch']} stale={r['stale']:.0%} C={r['capacity']:.0e}"),
+              ("evict_stale", lambda r: f"{r['order']} C={r['capacity']:.0e}")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 6))
+    for ax, (case, label) in zip(axes, panels):
+        rs = [r for r in rows if r["case"] == case and "x_reference" in r and r["contender"] != "reference"]
+        names = sorted({r["contender"] for r in rs})
+        labels = sorted({label(r) for r in rs})
+        width = 0.8 / max(1, len(names))
+        for i, name in enumerate(names):
+            values = [next((r["x_reference"] for r in rs if r["contender"] == name and label(r) == lab), 0)
+                      for lab in labels]
+            ax.barh([j + i * width for j in range(len(labels))], values, height=width, label=name)
+        ax.set_yticks([j + 0.4 - width / 2 for j in range(len(labels))])
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.set_xscale("log")
+        ax.axvline(1, color="black", lw=0.8)
+        ax.set_title(f"{case}: speedup over the pure-Python twin")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
