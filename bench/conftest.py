@@ -1,0 +1,13 @@
+"""pytest-benchmark cases: ``pytest bench/`` (the bench extra installs the peers).
+
+Each benchmark group holds the baseline and our code doing the same work on the same data; each
+test asserts what the call returned, so a benchmark can never pass by doing nothing.
+"""
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
