@@ -1,0 +1,447 @@
+"""``pyfast-buffer rhythm``: the produce / store / consume rhythm read from config files.
+
+Step one of the staleness procedure (``seeds/000``): find the keys that set how fast
+trajectories are produced, how many the buffer holds and how fast the trainer consumes
+them, then work out how many steps one full turnover takes, how old trajectories get
+under FIFO, and what ``max_age`` fits. ``scan(paths)`` and ``plan(...)`` are the Python faces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from ._config_files import find_config_files, read_config
+from ._known_keys import GENERIC_CAPACITY, match_keyword, match_known
+from .config import DEFAULT_VERL_CAPACITY
+
+#: Names ``--set`` accepts for the rhythm itself (anything else is a dotted config key).
+RHYTHM_KEYS = ("produced_per_step", "consumed_per_step", "capacity", "parameter_sync_step", "max_age", "strategy",
+               "latency_steps")
+#: Capacity at or above this many steps of consumption is "far above" it (the procedure's first flag).
+FAR_ABOVE_STEPS = 4
+_MAX_SIMULATED_STEPS = 200_000
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A config key that sets the rhythm: where it is written, its value, class and source."""
+
+    path: str
+    line: int
+    key: str
+    value: Any
+    cls: str  # production / capacity / consumption / staleness
+    source: str  # verl / AReaL / TRL, or "keyword" for the procedure's grep patterns
+    role: str = ""  # what derive_rhythm reads it as ("" = shown only)
+    meaning: str = ""
+
+
+@dataclass
+class ScanResult:
+    """What ``scan`` found: the rhythm keys, the files read and the files skipped with a reason."""
+
+    findings: List[Finding] = field(default_factory=list)
+    files: List[str] = field(default_factory=list)
+    skipped: List[Tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """The FIFO steady state of a rhythm, in trainer steps and trajectories per step."""
+
+    produced_per_step: float
+    consumed_per_step: float
+    capacity: int
+    parameter_sync_step: int
+    turnover_steps: float  # capacity / consumed_per_step: steps to drain a full buffer once
+    age_distribution: Dict[int, float]  # age -> share of trained trajectories, FIFO steady state
+    age_mean: float
+    age_max: int
+    suggested_max_age: int
+    reasoning: str
+    warnings: List[str]
+    max_age: Optional[int] = None  # the configured one, when known
+    drop_share_at_max_age: Optional[float] = None  # share of trajectories it drops in steady state
+    strategy: Optional[str] = None
+    latency_steps: int = 0
+
+
+def scan(paths: List[str]) -> ScanResult:
+    """Reads the config files at ``paths`` (directories recursively) and returns the rhythm keys in them.
+
+    Never raises on bad files: each unreadable file is listed in ``skipped`` with its reason.
+    Known keys of verl, AReaL and TRL carry a role; other numeric keys matching the
+    procedure's grep patterns are classified by keyword.
+    """
+    files, skipped = find_config_files([str(p) for p in paths])
+    result = ScanResult(skipped=skipped)
+    for path in files:
+        entries, reason = read_config(path)
+        if reason:
+            result.skipped.append((path, reason))
+            continue
+        result.files.append(path)
+        for e in entries:
+            finding = classify(e.path, e.line, e.key, e.value)
+            if finding is not None:
+                result.findings.append(finding)
+    return result
+
+
+def classify(path: str, line: int, key: str, value: Any) -> Optional[Finding]:
+    """Returns the Finding for one config leaf, or None when it does not touch the rhythm."""
+    known = match_known(key)
+    if known is not None:
+        return Finding(path, line, key, value, known.cls, known.source, known.role, known.meaning)
+    cls = match_keyword(key, value)
+    if cls is not None:
+        role = "capacity" if GENERIC_CAPACITY.match(key.rsplit(".", 1)[-1]) else ""
+        return Finding(path, line, key, value, cls, "keyword", role)
+    return None
+
+
+# ---------------------------------------------------------------- deriving the rhythm
+
+
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value
+
+
+def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """Returns ({rhythm key: value}, {rhythm key: how it was derived}) from the findings.
+
+    The first framework with enough keys wins (verl, then AReaL, then TRL); a generic
+    capacity key fills a missing capacity. The first finding of a role wins; when another
+    finding gives the same role a different value, a line saying so is appended to ``notes``.
+    """
+    roles: Dict[str, Finding] = {}
+    for f in findings:
+        if not f.role:
+            continue
+        first = roles.setdefault(f.role, f)
+        if first is not f and first.value != f.value and notes is not None:
+            notes.append(f"{f.key}={f.value} ({f.path}:{f.line}) differs from {first.key}={first.value} "
+                         f"({first.path}:{first.line}); using the first: scan one run's configs, or --set the value")
+    values: Dict[str, Any] = {}
+    how: Dict[str, str] = {}
+
+    def num(role: str) -> Optional[float]:
+        return _number(roles[role].value) if role in roles else None
+
+    def put(key: str, value: Any, text: str) -> None:
+        if value is not None and key not in values:
+            values[key] = int(value) if isinstance(value, float) and value.is_integer() else value
+            how[key] = text
+
+    def ref(role: str) -> str:
+        f = roles[role]
+        return f"{f.key}={f.value} ({f.path}:{f.line})"
+
+    sync = num("parameter_sync_step")
+    if sync is not None:
+        put("parameter_sync_step", sync, ref("parameter_sync_step"))
+    if "strategy" in roles and roles["strategy"].value in ("drop", "wait"):
+        put("strategy", roles["strategy"].value, ref("strategy"))
+    _derive_verl(roles, num, put, ref, sync)
+    _derive_areal(roles, num, put, ref)
+    _derive_trl(roles, num, put, ref)
+    cap = num("capacity")
+    if cap is not None:
+        put("capacity", cap, ref("capacity"))
+    return values, how
+
+
+def _derive_verl(roles, num, put, ref, sync) -> None:
+    prompts, n = num("verl.prompts_per_step"), num("verl.samples_per_prompt")
+    n_text = ref("verl.samples_per_prompt") if n is not None else "rollout.n=1 (verl's default)"
+    n = n if n is not None else 1
+    mini, require = num("verl.mini_batch_prompts"), num("verl.require_batches")
+    if require is not None and mini is not None:  # fully async: the trainer pulls require_batches mini-batches a step
+        per_step = mini * require * n
+        text = f"{ref('verl.mini_batch_prompts')} x {ref('verl.require_batches')} x {n_text}"
+        put("consumed_per_step", per_step, text)
+        put("produced_per_step", per_step, text + "; the rollouter streams as fast as the trainer allows")
+        queue = num("verl.max_queue_size")
+        if queue is not None:
+            put("capacity", queue * n, f"{ref('verl.max_queue_size')} x {n_text}")
+        else:
+            stale = num("verl.staleness_threshold") or 0
+            windows = (stale + 1) * (sync or 1)
+            put("capacity", math.ceil(per_step * windows),
+                f"consumed_per_step x (staleness_threshold {stale} + 1) x trigger_parameter_sync_step {sync or 1}"
+                " (verl's queue bound)")
+    elif prompts is not None:
+        text = f"{ref('verl.prompts_per_step')} x {n_text}"
+        put("produced_per_step", prompts * n, text)
+        put("consumed_per_step", prompts * n, text + "; the trainer takes train_batch_size prompts a step")
+    threshold = num("verl.threshold")
+    if threshold is not None:
+        put("max_age", threshold * (sync or 1) - 1,
+            f"{ref('verl.threshold')} x parameter_sync_step {sync or 1} - 1 (verl's cutoff)")
+    if "capacity" not in roles and ("verl.threshold" in roles or "strategy" in roles):
+        put("capacity", DEFAULT_VERL_CAPACITY, f"{DEFAULT_VERL_CAPACITY} (from_verl's default: no sampler_kwargs.capacity)")
+
+
+def _derive_areal(roles, num, put, ref) -> None:
+    n = num("areal.n_samples")
+    n_text = ref("areal.n_samples") if n is not None else "n_samples=1"
+    n = n if n is not None else 1
+    prompts, consumer = num("areal.prompts_per_step"), num("areal.consumer_batch_size")
+    if prompts is not None:
+        put("produced_per_step", prompts * n, f"{ref('areal.prompts_per_step')} x {n_text}")
+    if consumer is not None:
+        put("consumed_per_step", consumer * n, f"{ref('areal.consumer_batch_size')} x {n_text}")
+    elif prompts is not None:
+        put("consumed_per_step", prompts * n, f"{ref('areal.prompts_per_step')} x {n_text} (consumer_batch_size = batch size)")
+    head = num("areal.max_head_offpolicyness")
+    if head is not None:
+        put("max_age", head, ref("areal.max_head_offpolicyness") + " (one policy version per trainer step)")
+        put("parameter_sync_step", 1, "1 (AReaL pushes weights after every step)")
+        queue = num("areal.queue_size")
+        if queue is not None:
+            put("capacity", queue * n, f"{ref('areal.queue_size')} x {n_text}")
+        elif consumer is not None or prompts is not None:
+            per_step = (consumer if consumer is not None else prompts) * n
+            put("capacity", (head + 1) * per_step,
+                f"(max_head_offpolicyness {head:g} + 1) x consumed_per_step (AReaL's staleness capacity)")
+
+
+def _derive_trl(roles, num, put, ref) -> None:
+    batch = num("trl.per_device_train_batch_size")
+    if batch is None and "trl.num_iterations" not in roles and "trl.steps_per_generation" not in roles:
+        return
+    batch = batch if batch is not None else 8
+    accum = num("trl.gradient_accumulation_steps") or 1
+    per_gen = num("trl.steps_per_generation") or accum
+    iters = num("trl.num_iterations") or 1
+    per_step = batch * accum / iters  # fresh completions one optimiser step retires, per device
+    text = (f"per_device_train_batch_size {batch:g} x gradient_accumulation_steps {accum:g} / num_iterations {iters:g}"
+            " (per device)")
+    put("produced_per_step", per_step, text)
+    put("consumed_per_step", per_step, text)
+    put("capacity", batch * per_gen, f"per_device_train_batch_size {batch:g} x steps_per_generation {per_gen:g} (one generation)")
+    put("max_age", max(0, math.ceil(per_gen * iters / accum) - 1),
+        f"ceil(steps_per_generation {per_gen:g} x num_iterations {iters:g} / gradient_accumulation_steps {accum:g}) - 1")
+    put("parameter_sync_step", 1, "1 (TRL generates with the current weights)")
+
+
+# ---------------------------------------------------------------- the FIFO steady state
+
+
+def plan(produced_per_step: float, consumed_per_step: float, capacity: int, parameter_sync_step: int = 1, *,
+         max_age: Optional[int] = None, strategy: Optional[str] = None, latency_steps: int = 0) -> Plan:
+    """Returns the FIFO steady state of a buffer fed ``produced_per_step`` and drained ``consumed_per_step``.
+
+    Trajectories produced at step t carry the weights of the last push (``t - t % parameter_sync_step``)
+    plus ``latency_steps`` of generation; the buffer is assumed full once it has filled (the worst
+    case), oldest first out, overflow evicted oldest first. ``max_age`` and ``strategy``, when known,
+    add the share the configured threshold drops and the ``wait`` warning. Raises ValueError on
+    non-positive rates, capacity or sync step.
+    """
+    for name, value in (("produced_per_step", produced_per_step), ("consumed_per_step", consumed_per_step),
+                        ("capacity", capacity), ("parameter_sync_step", parameter_sync_step)):
+        if _number(value) is None or value <= 0:
+            raise ValueError(f"{name}={value!r} must be a number > 0; pass it or supply it with --set {name}=N")
+    if latency_steps is None or _number(latency_steps) is None or latency_steps < 0:
+        raise ValueError(f"latency_steps={latency_steps!r} must be an int >= 0 (generation time in trainer steps)")
+    capacity, sync, latency = int(capacity), int(parameter_sync_step), int(latency_steps)
+    ages = _fifo_ages(produced_per_step, consumed_per_step, capacity, sync)
+    total = sum(ages.values())
+    dist = {a + latency: n / total for a, n in sorted(ages.items())}
+    age_max = max(dist)
+    age_mean = sum(a * s for a, s in dist.items())
+    turnover = capacity / consumed_per_step
+    queue_wait = age_max - latency - (sync - 1)
+    reasoning = (f"max_age={age_max}: the oldest a trajectory gets under FIFO at these rates (queue wait {queue_wait}"
+                 f" + weight lag up to {sync - 1} + latency {latency}); a smaller one drops a steady share every step,"
+                 " a larger one only admits stragglers")
+    warnings = []
+    if capacity >= FAR_ABOVE_STEPS * consumed_per_step:
+        warnings.append(f"capacity {capacity} is {turnover:g}x one step's consumption ({consumed_per_step:g}): old "
+                        "trajectories will be picked up again; lower the capacity or drop by age")
+    if produced_per_step < consumed_per_step:
+        warnings.append(f"production {produced_per_step:g}/step is below consumption {consumed_per_step:g}/step: the "
+                        "trainer will starve (short batches or waiting for rollouts)")
+    if strategy == "wait" and max_age is not None and max_age < turnover:
+        warnings.append(f"strategy 'wait' with max_age {max_age} below the turnover ({turnover:g} steps): the trainer "
+                        "will block on in-flight prompts; raise the threshold or use 'drop'")
+    drop_share = None
+    if max_age is not None:
+        drop_share = sum(s for a, s in dist.items() if a > max_age)
+    return Plan(produced_per_step, consumed_per_step, capacity, sync, turnover, dist, age_mean, age_max, age_max,
+                reasoning, warnings, max_age, drop_share, strategy, latency)
+
+
+def _fifo_ages(produced: float, consumed: float, capacity: int, sync: int) -> Dict[int, int]:
+    """Simulates a full FIFO until it is periodic and counts the age of every trajectory taken."""
+    queue: collections.deque = collections.deque([[None, capacity]])  # [sample_step, count]; None = filled before
+    level, made, taken_so_far = capacity, 0.0, 0.0
+    drain = consumed - produced if consumed > produced else produced  # rate the prefill leaves the head
+    warm = min(_MAX_SIMULATED_STEPS, math.ceil(capacity / max(drain, 1e-9)) + 2 * sync + 2)
+    window = 8 * sync + 16
+    ages: Dict[int, int] = collections.Counter()
+    for t in range(warm + window):
+        # Whole trajectories only: accumulate fractional rates (TRL's batch / num_iterations).
+        new = int(made + produced) - int(made)
+        made += produced
+        want = int(taken_so_far + consumed) - int(taken_so_far)
+        taken_so_far += consumed
+        if new:
+            queue.append([t - t % sync, new])
+            level += new
+        while level > capacity:  # evict oldest
+            head = queue[0]
+            k = min(head[1], level - capacity)
+            head[1] -= k
+            level -= k
+            if not head[1]:
+                queue.popleft()
+        while want and queue:
+            head = queue[0]
+            k = min(head[1], want)
+            if t >= warm and head[0] is not None:
+                ages[t - head[0]] += k
+            head[1] -= k
+            level -= k
+            want -= k
+            if not head[1]:
+                queue.popleft()
+    return ages or {0: 1}
+
+
+# ---------------------------------------------------------------- the command
+
+
+def parse_set(items: List[str]) -> Dict[str, Any]:
+    """Parses ``--set key=value`` items (values as YAML scalars); raises ValueError naming a bad item."""
+    import yaml
+
+    out = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r} is not key=value; write e.g. --set capacity=4096")
+        try:
+            out[key.strip()] = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            out[key.strip()] = text
+    return out
+
+
+def analyse(paths: List[str], overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Runs scan, applies ``overrides`` (rhythm keys or dotted config keys) and plans where it can.
+
+    Returns the JSON-able report that ``rhythm --json`` prints.
+    """
+    overrides = overrides or {}
+    result = scan(paths)
+    for key, value in overrides.items():
+        if key not in RHYTHM_KEYS:  # a dotted config key: override or add it
+            result.findings = [f for f in result.findings if f.key != key]
+            finding = classify("--set", 0, key, value) or Finding("--set", 0, key, value, "staleness", "--set")
+            result.findings.insert(0, finding)
+    notes: List[str] = []
+    values, how = derive_rhythm(result.findings, notes)
+    for key in RHYTHM_KEYS:
+        if key in overrides:
+            values[key], how[key] = overrides[key], f"--set {key}={overrides[key]}"
+    report: Dict[str, Any] = {
+        "files": result.files,
+        "skipped": [{"path": p, "reason": r} for p, r in result.skipped],
+        "findings": [asdict(f) for f in result.findings],
+        "rhythm": values,
+        "derived_from": how,
+        "plan": None,
+        "missing": [k for k in ("produced_per_step", "consumed_per_step", "capacity") if k not in values],
+        "notes": notes,
+    }
+    if not report["missing"]:
+        try:
+            p = plan(values["produced_per_step"], values["consumed_per_step"], values["capacity"],
+                     values.get("parameter_sync_step", 1), max_age=values.get("max_age"),
+                     strategy=values.get("strategy"), latency_steps=values.get("latency_steps", 0))
+            report["plan"] = asdict(p)
+        except ValueError as exc:
+            report["plan_error"] = str(exc)
+    return report
+
+
+def format_report(report: Dict[str, Any]) -> str:
+    """Returns the human-readable table, turnover, suggestion and warnings of an ``analyse`` report."""
+    out = [f"rhythm: {len(report['files'])} file(s) read, {len(report['skipped'])} skipped"]
+    rows = [(f"{f['path']}:{f['line']}", f["key"], _show(f["value"]), f["cls"], f["source"]) for f in report["findings"]]
+    if rows:
+        head = ("file:line", "key", "value", "class", "source")
+        widths = [max(len(r[i]) for r in rows + [head]) for i in range(5)]
+        out.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
+        out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    else:
+        out.append("no rhythm keys found (patterns: replay|buffer|queue|maxlen|capacity|pool, "
+                   "rollout|sample_batch|n_samples|batch_size|group_size, train_|update_|steps_per|interval|ratio|reuse)")
+    values, how = report["rhythm"], report["derived_from"]
+    if values:
+        out.append("")
+        out.append("rhythm (trajectories per trainer step):")
+        for key in RHYTHM_KEYS:
+            if key in values:
+                out.append(f"  {key:<20} {_show(values[key]):<8} = {how[key]}")
+    p = report["plan"]
+    if p:
+        dist = ", ".join(f"age {a}: {s:.0%}" for a, s in list(p["age_distribution"].items())[:12])
+        more = " ..." if len(p["age_distribution"]) > 12 else ""
+        out += ["",
+                f"turnover: {p['turnover_steps']:g} steps to drain a full buffer (capacity / consumed_per_step)",
+                f"FIFO steady-state age of trained trajectories: mean {p['age_mean']:.2f}, max {p['age_max']}; {dist}{more}"]
+        if p["max_age"] is not None:
+            share = f"{p['drop_share_at_max_age']:.1%} of trajectories in steady state"
+            out.append(f"configured max_age {p['max_age']}: " + (
+                f"strategy 'wait' drops nothing; under 'drop' it would drop {share}" if p["strategy"] == "wait"
+                else f"drops {share}"))
+        out.append(f"suggested {p['reasoning']}")
+        out += ["", "warnings:"] + [f"  - {w}" for w in p["warnings"]] if p["warnings"] else ["", "warnings: none"]
+    elif report["missing"]:
+        out += ["", "turnover: not computed; missing " + ", ".join(report["missing"])
+                + " (supply with --set " + "=N --set ".join(report["missing"]) + "=N)"]
+    if report.get("plan_error"):
+        out.append(f"turnover: not computed: {report['plan_error']}")
+    if report["notes"]:
+        out += ["", "notes:"] + [f"  - {n}" for n in report["notes"]]
+    if report["skipped"]:
+        out += ["", "skipped:"] + [f"  {s['path']}: {s['reason']}" for s in report["skipped"]]
+    return "\n".join(out)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        overrides = parse_set(args.set)
+    except ValueError as exc:
+        print(f"rhythm: {exc}", file=sys.stderr)
+        return 2
+    report = analyse(args.paths, overrides)
+    print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
+    # 2 when nothing could be read or planned; warnings alone do not fail the command.
+    return 0 if report["files"] or report["findings"] or report["plan"] else 2
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rhythm", help="find the produce/store/consume rhythm in configs and suggest max_age")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="config files (YAML, JSON, TOML) or directories")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"supply or override a value: one of {', '.join(RHYTHM_KEYS)}, or a dotted config key")
+    p.add_argument("--json", action="store_true", help="print machine-readable output")
+    p.set_defaults(run=run)

@@ -1,0 +1,244 @@
+"""``pyfast-buffer perturb``: prove the drop path runs by perturbing ``max_age``.
+
+Step five of the staleness procedure (``seeds/000``): run the same workload with a very
+small and a very large ``max_age``; drops must rise sharply with the small one and fall
+to about zero with the large one. When they do not move, the drop code is never called
+(another consumption path, another buffer, or the ``wait`` strategy). ``perturb(run)`` is
+the Python face; ``run`` receives a factory that builds the buffers of the workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import random
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+from .buffer import StalenessBuffer
+
+SMALL_MAX_AGE = 0
+LARGE_MAX_AGE = 10**9
+#: Drops with the large max_age count as "about zero" at or below this share of sampled_total.
+ABOUT_ZERO = 0.01
+#: Drops with the small max_age must be at least this many times those with the large one.
+SHARP = 10
+LEDGER_ROWS = ("sampled_total", "taken", "retired", "dropped_stale", "evicted", "buffer_left", "in_flight")
+
+class _PerturbError(ValueError):
+    """perturb's own refusal (bad ages, or a workload that built no buffer), told apart from the workload's errors."""
+
+
+Factory = Callable[..., Any]
+Workload = Callable[[Factory], Any]
+
+
+@dataclass
+class PerturbResult:
+    """Both ledgers (summed over every buffer the workload built), the verdict and its exit code."""
+
+    small_max_age: int
+    large_max_age: int
+    small: Dict[str, int]
+    large: Dict[str, int]
+    strategies: List[str]
+    verdict: str
+    moved: bool  # drops rose with the small max_age and fell to about zero with the large one
+    exit_code: int  # 0 moved, 1 drops did not move at all, 3 they moved but not cleanly
+
+
+def perturb(run: Workload, small_max_age: int = SMALL_MAX_AGE, large_max_age: int = LARGE_MAX_AGE,
+            buffer_class: type = StalenessBuffer) -> PerturbResult:
+    """Runs ``run(factory)`` twice, forcing ``max_age`` to ``small_max_age`` then ``large_max_age``.
+
+    ``factory(**kwargs)`` builds ``buffer_class(**kwargs)`` with ``max_age`` replaced; the
+    workload may build several buffers and the ledgers are summed. Raises ValueError when
+    the workload never calls the factory (nothing was measured) or the ages are not small < large.
+    """
+    if not 0 <= small_max_age < large_max_age:
+        raise _PerturbError(f"small_max_age={small_max_age}, large_max_age={large_max_age}: need 0 <= small < large")
+    ledgers, strategies = [], set()
+    for max_age in (small_max_age, large_max_age):
+        built: List[Any] = []
+
+        def factory(**kwargs: Any) -> Any:
+            buf = buffer_class(**{**kwargs, "max_age": max_age})
+            built.append(buf)
+            return buf
+
+        run(factory)
+        if not built:
+            raise _PerturbError("the workload never called the buffer factory; build its buffer with factory(capacity=..., ...)")
+        strategies.update(b.config.strategy for b in built if hasattr(b, "config"))
+        ledgers.append(_sum_ledgers(b.ledger() for b in built))
+    small, large = ledgers
+    verdict, moved, code = _verdict(small, large, small_max_age, large_max_age, sorted(strategies))
+    return PerturbResult(small_max_age, large_max_age, small, large, sorted(strategies), verdict, moved, code)
+
+
+def _sum_ledgers(ledgers: Any) -> Dict[str, int]:
+    total: Dict[str, int] = {}
+    for led in ledgers:
+        for k, v in led.items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
+
+
+def _verdict(small: Dict[str, int], large: Dict[str, int], lo: int, hi: int, strategies: List[str]):
+    ds, dl = small.get("dropped_stale", 0), large.get("dropped_stale", 0)
+    if ds == dl:
+        hint = (" (strategy 'wait' never drops for staleness)" if strategies == ["wait"] else
+                "; the drop code is never called: check that the trainer takes from this buffer with strategy 'drop'")
+        return f"drops do not move: dropped_stale={ds} with max_age={lo} and with max_age={hi}{hint}", False, 1
+    about_zero = dl <= ABOUT_ZERO * max(1, large.get("sampled_total", 0))
+    sharp = ds >= SHARP * max(1, dl)
+    if about_zero and sharp:
+        share = ds / max(1, small.get("sampled_total", 0))
+        return (f"drop path runs: dropped_stale={ds} ({share:.1%} of sampled) with max_age={lo}, "
+                f"{dl} with max_age={hi}"), True, 0
+    return (f"drops moved but not cleanly: dropped_stale={ds} with max_age={lo}, {dl} with max_age={hi} "
+            f"(want >= {SHARP}x and about zero with the large one)"), False, 3
+
+
+def simulated_workload(produced_per_step: int, consumed_per_step: int, capacity: int, parameter_sync_step: int = 1,
+                       steps: int = 200, seed: int = 0, max_latency: int = 4) -> Workload:
+    """Returns a seeded producer/consumer workload for ``perturb``.
+
+    Each trainer step produces ``produced_per_step`` trajectories with the weights of the last
+    push, each finishing 1..``max_latency`` steps later (so every age is >= 1), and takes
+    ``consumed_per_step``. The schedule depends only on the seed, so both runs see the same one.
+    """
+    for name, value in (("produced_per_step", produced_per_step), ("consumed_per_step", consumed_per_step),
+                        ("capacity", capacity), ("parameter_sync_step", parameter_sync_step), ("steps", steps),
+                        ("max_latency", max_latency)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an int >= 1")
+
+    def workload(factory: Factory) -> None:
+        rng = random.Random(seed)
+        buf = factory(capacity=capacity, strategy="drop", parameter_sync_step=parameter_sync_step)
+        finishing: Dict[int, List[int]] = {}  # step -> sample steps of trajectories finishing then
+        next_id = 0
+        for step in range(steps):
+            weights = step - step % parameter_sync_step
+            for _ in range(produced_per_step):
+                finishing.setdefault(step + rng.randint(1, max_latency), []).append(weights)
+            done = finishing.pop(step, [])
+            if done:
+                buf.put(list(range(next_id, next_id + len(done))), done)
+                next_id += len(done)
+            buf.take(consumed_per_step, step)
+
+    return workload
+
+
+def load_workload(spec: str) -> Workload:
+    """Returns the function named by ``module:function`` or ``path/to/file.py:function``; raises ValueError."""
+    module_name, sep, func_name = spec.rpartition(":")
+    if not sep or not module_name or not func_name:
+        raise ValueError(f"--workload {spec!r} is not module:function; write e.g. my_pkg.train:workload")
+    try:
+        if module_name.endswith(".py"):
+            if not os.path.isfile(module_name):
+                raise ValueError(f"--workload {spec!r}: no file {module_name}")
+            loaded = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
+            module = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--workload {spec!r}: cannot import {module_name} ({exc}); check PYTHONPATH") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ValueError(f"--workload {spec!r}: {module_name} has no function {func_name}")
+    return func
+
+
+def rates_from_rhythm(path: str) -> Dict[str, int]:
+    """Returns the simulation rates from a ``rhythm --json`` file; raises ValueError naming what is missing."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+        values = report["rhythm"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--rhythm {path}: not the JSON of `pyfast-buffer rhythm --json` ({exc})") from None
+    missing = [k for k in ("produced_per_step", "consumed_per_step", "capacity") if values.get(k) is None]
+    if missing:
+        raise ValueError(f"--rhythm {path}: missing {', '.join(missing)}; rerun rhythm with --set {missing[0]}=N")
+    rates = {k: max(1, round(values[k])) for k in ("produced_per_step", "consumed_per_step", "capacity")}
+    rates["parameter_sync_step"] = max(1, round(values.get("parameter_sync_step") or 1))
+    return rates
+
+
+def format_result(result: PerturbResult, title: str) -> str:
+    """Returns both ledgers side by side and the verdict."""
+    a, b = f"max_age={result.small_max_age}", f"max_age={result.large_max_age}"
+    width = max(len(a), len(b), 12)
+    out = [title, f"{'ledger':<15} {a:>{width}} {b:>{width}}"]
+    for row in LEDGER_ROWS:
+        out.append(f"{row:<15} {result.small.get(row, 0):>{width}} {result.large.get(row, 0):>{width}}")
+    shares = [led.get("dropped_stale", 0) / max(1, led.get("sampled_total", 0)) for led in (result.small, result.large)]
+    out.append(f"{'drop share':<15} {shares[0]:>{width}.1%} {shares[1]:>{width}.1%}")
+    bal = [_balanced(led) for led in (result.small, result.large)]
+    out.append(f"{'balanced':<15} {str(bal[0]):>{width}} {str(bal[1]):>{width}}")
+    out.append(f"verdict: {result.verdict}")
+    return "\n".join(out)
+
+
+def _balanced(led: Dict[str, int]) -> bool:
+    return led.get("sampled_total", 0) == sum(led.get(k, 0) for k in ("retired", "dropped_stale", "evicted", "buffer_left"))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        workload, title = _workload_from_args(args)
+    except ValueError as exc:
+        print(f"perturb: {exc}", file=sys.stderr)
+        return 2
+    # Exceptions raised by a user's workload propagate with their traceback.
+    try:
+        result = perturb(workload, args.small, args.large)
+    except _PerturbError as exc:
+        print(f"perturb: {exc}", file=sys.stderr)
+        return 2
+    print(format_result(result, title))
+    return result.exit_code
+
+
+def _workload_from_args(args: argparse.Namespace):
+    if args.workload:
+        return load_workload(args.workload), f"perturb: workload {args.workload}"
+    rates = {k: getattr(args, flag) for k, flag in _FLAG.items()}
+    if args.rhythm:  # flags given explicitly win over the rhythm file
+        rates.update({k: v for k, v in rates_from_rhythm(args.rhythm).items() if rates[k] is None})
+    rates = {k: (v if v is not None else _DEFAULTS[k]) for k, v in rates.items()}
+    workload = simulated_workload(**rates, steps=args.steps, seed=args.seed)
+    title = ("perturb: built-in simulation, " + ", ".join(f"{k} {v}" for k, v in rates.items())
+             + f", {args.steps} steps, seed {args.seed}")
+    return workload, title
+
+
+_FLAG = {"produced_per_step": "produced", "consumed_per_step": "consumed", "capacity": "capacity",
+         "parameter_sync_step": "sync"}
+_DEFAULTS = {"produced_per_step": 64, "consumed_per_step": 64, "capacity": 512, "parameter_sync_step": 1}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("perturb", help="run a workload with a tiny and a huge max_age and check that drops move")
+    src = p.add_argument_group("workload (a user function, or the built-in simulation)")
+    src.add_argument("--workload", metavar="MODULE:FUNCTION",
+                     help="function(factory) to run; factory(**kwargs) builds a StalenessBuffer with max_age forced")
+    src.add_argument("--rhythm", metavar="FILE", help="rates from the JSON of `pyfast-buffer rhythm --json`")
+    src.add_argument("--produced", type=int, help=f"trajectories produced per step (default {_DEFAULTS['produced_per_step']})")
+    src.add_argument("--consumed", type=int, help=f"trajectories taken per step (default {_DEFAULTS['consumed_per_step']})")
+    src.add_argument("--capacity", type=int, help=f"buffer capacity (default {_DEFAULTS['capacity']})")
+    src.add_argument("--sync", type=int, help="parameter_sync_step (default 1)")
+    p.add_argument("--steps", type=int, default=200, help="simulated trainer steps (default 200)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--small", type=int, default=SMALL_MAX_AGE, help=f"the very small max_age (default {SMALL_MAX_AGE})")
+    p.add_argument("--large", type=int, default=LARGE_MAX_AGE, help=f"the very large max_age (default {LARGE_MAX_AGE})")
+    p.set_defaults(run=run)
