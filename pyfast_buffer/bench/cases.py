@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Callable, Dict, List, Optional
@@ -294,8 +295,11 @@ def memory_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     """Peak resident bytes per stored entry (all columns), and growth over 2,000 takes."""
     rows = []
     for name, capacity in (("pyfast_buffer", plan.memory_capacity), ("reference", 100_000)):
+        # A fresh process, started outside any source tree so it imports the installed package.
         out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, name, str(capacity)], capture_output=True,
-                             text=True, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                             text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, cwd=tempfile.gettempdir())
+        if out.returncode:
+            raise RuntimeError(f"memory probe failed: {out.stderr.strip()[-2000:]}")
         m = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append({"case": "memory", "contender": name, "capacity": capacity,
                      "bytes_per_entry": m["peak"] / capacity,

@@ -1,0 +1,56 @@
+"""The benchmark suite runs end to end on a tiny plan (no timing is asserted here: that is bench/'s job)."""
+
+import dataclasses
+import json
+
+import pytest
+
+from pyfast_buffer.bench import main as bench_main
+from pyfast_buffer.bench import report
+from pyfast_buffer.bench.cases import CASES, Plan
+
+TINY = Plan(capacities=(2_000,), batches=(64,), stale=(0.0, 0.99), repeat=2, wake_rounds=4,
+            throughput_seconds=0.05, memory_capacity=20_000, reference_limit=2_000)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_case_measures_real_work(case):
+    skipped = {}
+    rows = CASES[case](TINY, skipped)
+    assert rows and {r["case"] for r in rows} == {case}
+    ours = [r for r in rows if r["contender"] == "pyfast_buffer"]
+    assert ours, rows
+    for r in rows:
+        assert r["runs"] >= 1
+        if "median_s" in r:
+            assert r["median_s"] > 0
+    if case == "take":
+        assert all(r["returned_mean"] == 64 for r in ours if r["stale"] == 0.0)
+    if case == "memory":
+        assert ours[0]["bytes_per_entry"] > 0
+    if case == "throughput_2p1c":
+        assert all(r["entries_per_s"] > 0 for r in rows)
+
+
+def test_ratios_and_targets_are_computed_from_the_rows():
+    rows = [
+        {"case": "put", "capacity": 100_000, "batch": 512, "contender": "pyfast_buffer", "median_s": 1e-5},
+        {"case": "put", "capacity": 100_000, "batch": 512, "contender": "reference", "median_s": 1e-3},
+        {"case": "put", "capacity": 100_000, "batch": 512, "contender": "cpprb", "median_s": 2e-5},
+    ]
+    report.add_ratios(rows)
+    assert rows[0]["x_reference"] == pytest.approx(100)
+    goals = {g["target"]: g for g in report.targets(rows)}
+    assert goals["put(512) vs reference"]["met"] is True
+    assert goals["put(512) vs cpprb add"]["met"] is False and goals["put(512) vs cpprb add"]["measured"] == 2
+    assert goals["take(512) drop, 0% stale vs reference"]["met"] is None  # not run: says so
+
+
+def test_cli_writes_table_json_and_says_what_it_skipped(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("pyfast_buffer.bench.cases.Plan.quick", classmethod(lambda cls: dataclasses.replace(TINY)))
+    assert bench_main(["--quick", "--cases", "put,evict_stale", "--out", str(tmp_path), "--no-chart"]) == 0
+    out = capsys.readouterr().out
+    assert "targets:" in out and "pyfast_buffer" in out
+    data = json.loads((tmp_path / "bench-results.json").read_text())
+    assert data["mode"] == "quick" and data["rows"] and data["environment"]["pyfast_buffer"]
+    assert bench_main(["--cases", "nope"]) == 2
