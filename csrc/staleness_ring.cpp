@@ -466,22 +466,23 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   check_clock(current_step);
   clock_ = current_step;
   const int64_t cutoff = current_step - config_.max_age;
-  const ColumnPointers& c = columns_.get();
   int64_t removed = 0;
   if (sorted_) {
+    const int64_t* steps = columns_.get().sample_step;
     // Stamps are non-decreasing in ring order: the stale entries are a prefix.
     int64_t lo = 0, hi = size_;
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
-      if (c.sample_step[phys(mid)] < cutoff) lo = mid + 1; else hi = mid;
+      if (steps[phys(mid)] < cutoff) lo = mid + 1; else hi = mid;
     }
     removed = lo;
     remove_prefix(removed);
   } else {
     // One branch-free pass: every row is copied to the write cursor, which advances only for fresh rows.
+    const ColumnPointers c = columns_.get();  // local copies: column stores cannot alias them
+    const int64_t cap = config_.capacity, total = size_;
     int64_t read = head_, write = head_, kept = 0, descents = 0, previous = std::numeric_limits<int64_t>::min();
-    const int64_t cap = config_.capacity;
-    for (int64_t i = 0; i < size_; ++i) {
+    for (int64_t i = 0; i < total; ++i) {
       const int64_t step = c.sample_step[read];
       const int64_t keep = step >= cutoff;
       c.traj_id[write] = c.traj_id[read];
