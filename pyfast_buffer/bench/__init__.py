@@ -41,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {json_path}" + ("" if args.no_chart or why_not else f" and {chart_path}"))
     if why_not:
         print(why_not)
+    if args.update_readme:
+        command = "pyfast-buffer bench" + (" --quick" if args.quick else "") + (f" --cases {args.cases}" if args.cases else "")
+        report.update_readme(args.update_readme, report.markdown(rows, goals, skipped, command))
+        print(f"updated {args.update_readme}")
     print(f"total {time.perf_counter() - started:.1f} s")
     return 0
 
@@ -51,6 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cases", default="", help=f"comma-separated subset of: {', '.join(CASES)}")
     p.add_argument("--out", default=".", help="directory for bench-results.json and bench-results.png")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    p.add_argument("--update-readme", metavar="PATH", default="",
+                   help="write the results between the latest-run markers of PATH (bench/README.md)")
     p.set_defaults(run=run)
 
 

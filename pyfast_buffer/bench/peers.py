@@ -69,19 +69,21 @@ class NumpyRing:
 
     def __init__(self, capacity: int, max_age: int) -> None:
         self.capacity, self.max_age = capacity, max_age
-        self.cols = {k: np.zeros(capacity, np.int64) for k in WIDE}
-        self.cols.update({k: np.zeros(capacity, np.int32) for k in NARROW})
+        self.storage = 2 * capacity  # slack, so shifting the live region left is amortised O(1) per entry
+        self.cols = {k: np.zeros(self.storage, np.int64) for k in WIDE}
+        self.cols.update({k: np.zeros(self.storage, np.int32) for k in NARROW})
         self.head = self.tail = 0
 
     def __len__(self) -> int:
         return self.tail - self.head
 
     def _make_room(self, n: int) -> None:
-        if self.tail + n <= self.capacity:
+        self.head = max(self.head, self.tail + n - self.capacity)  # a full ring drops its oldest
+        self.head = min(self.head, self.tail)
+        if self.tail + n <= self.storage:
             return
-        self.head = max(self.head, self.tail + n - self.capacity)  # overwrite the oldest
         live = slice(self.head, self.tail)
-        for col in self.cols.values():  # shift the live region to the front (amortised)
+        for col in self.cols.values():  # shift the live region to the front
             col[: self.tail - self.head] = col[live]
         self.tail -= self.head
         self.head = 0
@@ -165,8 +167,8 @@ class NumbaRing(NumpyRing):
     def __init__(self, capacity: int, max_age: int) -> None:
         super().__init__(capacity, max_age)
         # 2-D blocks so one jitted loop moves every column of a row.
-        self.block64 = np.zeros((len(WIDE), capacity), np.int64)
-        self.block32 = np.zeros((len(NARROW), capacity), np.int32)
+        self.block64 = np.zeros((len(WIDE), self.storage), np.int64)
+        self.block32 = np.zeros((len(NARROW), self.storage), np.int32)
         self.cols = {k: self.block64[i] for i, k in enumerate(WIDE)}
         self.cols.update({k: self.block32[i] for i, k in enumerate(NARROW)})
         self.kernels()

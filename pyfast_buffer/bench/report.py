@@ -95,33 +95,40 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e9:.3g} ns"
 
 
+def _cells(r: Dict) -> Tuple[str, str, str, str]:
+    """Returns the printable parameters, median, ratio and detail of one row."""
+    params = " ".join(f"{k}={r[k]:.0e}" if k == "capacity" else f"{k}={r[k]}" for k in KEYS[1:] if r.get(k) is not None)
+    extra = ""
+    if "x_memcpy" in r:
+        extra = f"{r['x_memcpy']:.2f}x memcpy"
+    elif "p50_s" in r:
+        extra = f"p50 {_fmt_time(r['p50_s'])}  p99 {_fmt_time(r['p99_s'])}"
+    elif "returned_mean" in r:
+        extra = f"returns {r['returned_mean']:.0f}"
+    elif "entries_per_s" in r:
+        extra = f"{r['entries_per_s'] / 1e6:.2f} M entries/s"
+    elif "bytes_per_entry" in r:
+        extra = f"{r['bytes_per_entry']:.1f} B/entry, +{r['growth_over_takes_bytes'] / 1e6:.1f} MB over takes"
+    median = "" if r["case"] in ("memory", "throughput_2p1c") else _fmt_time(r["median_s"])
+    ratio = f"{r['x_reference']:.1f}x" if "x_reference" in r else ""
+    return params, median, ratio, extra
+
+
+def _verdict(g: Dict) -> Tuple[str, str]:
+    value = "-" if g["measured"] is None else f"{g['measured']:.3g} {g['unit']}"
+    return {True: "MET", False: "MISSED", None: "NOT RUN"}[g["met"]], value
+
+
 def table(rows: List[Dict], goals: List[Dict], skipped: Dict[str, str]) -> str:
-    lines = [f"{'case':<16}{'params':<34}{'contender':<15}{'median':>11}{'x reference':>13}  extra"]
+    lines = [f"{'case':<16}{'params':<36}{'contender':<22}{'median':>10}{'x reference':>13}  detail"]
     for r in rows:
-        params = " ".join(f"{k}={r[k]:.0e}" if k == "capacity" else f"{k}={r[k]}" for k in KEYS[1:]
-                          if r.get(k) is not None)
-        extra = ""
-        if "x_memcpy" in r:
-            extra = f"{r['x_memcpy']:.2f}x memcpy"
-        elif "p50_s" in r:
-            extra = f"p50 {_fmt_time(r['p50_s'])}  p99 {_fmt_time(r['p99_s'])}"
-        elif "returned_mean" in r:
-            extra = f"returns {r['returned_mean']:.0f}"
-        elif "entries_per_s" in r:
-            extra = f"{r['entries_per_s'] / 1e6:.2f} M entries/s"
-        elif "bytes_per_entry" in r:
-            extra = f"{r['bytes_per_entry']:.1f} B/entry, +{r['growth_over_takes_bytes'] / 1e6:.1f} MB over takes"
-        median = "" if r["case"] in ("memory", "throughput_2p1c") else _fmt_time(r["median_s"])
-        ratio = f"{r['x_reference']:.1f}x" if "x_reference" in r else ""
-        lines.append(f"{r['case']:<16}{params:<34}{r['contender']:<15}{median:>11}{ratio:>13}  {extra}")
-    lines.append("")
-    lines.append("targets:")
+        params, median, ratio, extra = _cells(r)
+        lines.append(f"{r['case']:<16}{params:<36}{r['contender']:<22}{median:>10}{ratio:>13}  {extra}")
+    lines += ["", "targets:"]
     for g in goals:
-        verdict = {True: "MET", False: "MISSED", None: "NOT RUN"}[g["met"]]
-        value = "-" if g["measured"] is None else f"{g['measured']:.3g} {g['unit']}"
+        verdict, value = _verdict(g)
         lines.append(f"  [{verdict:>7}] {g['target']}: {value} (goal {g['goal']}){'  ' + g['note'] if g['note'] else ''}")
-    for name, reason in skipped.items():
-        lines.append(f"  skipped {name}: {reason}")
+    lines += [f"  skipped {name}: {reason}" for name, reason in skipped.items()]
     return "\n".join(lines)
 
 
@@ -155,8 +162,14 @@ def write_chart(path: str, rows: List[Dict]) -> Optional[str]:
     panels = [("put", lambda r: f"B={r['batch']} C={r['capacity']:.0e}"),
               ("take", lambda r: f"B={r['batch']} stale={r['stale']:.0%} C={r['capacity']:.0e}"),
               ("evict_stale", lambda r: f"{r['order']} C={r['capacity']:.0e}")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 6))
-    for ax, (case, label) in zip(axes, panels):
+    panels = [(case, label) for case, label in panels if any(r["case"] == case and "x_reference" in r for r in rows)]
+    if not panels:
+        return "chart skipped: no case with a reference baseline was run"
+    contenders = sorted({r["contender"] for r in rows if r["contender"] != "pyfast_buffer"})
+    colors = {name: plt.cm.tab10(i + 1) for i, name in enumerate(contenders)}
+    colors["pyfast_buffer"] = plt.cm.tab10(0)  # ours: the same colour in every panel
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 6), squeeze=False)
+    for ax, (case, label) in zip(axes[0], panels):
         rs = [r for r in rows if r["case"] == case and "x_reference" in r and r["contender"] != "reference"]
         names = sorted({r["contender"] for r in rs})
         labels = sorted({label(r) for r in rs})
@@ -164,7 +177,8 @@ def write_chart(path: str, rows: List[Dict]) -> Optional[str]:
         for i, name in enumerate(names):
             values = [next((r["x_reference"] for r in rs if r["contender"] == name and label(r) == lab), 0)
                       for lab in labels]
-            ax.barh([j + i * width for j in range(len(labels))], values, height=width, label=name)
+            ax.barh([j + i * width for j in range(len(labels))], values, height=width, label=name,
+                    color=colors[name])
         ax.set_yticks([j + 0.4 - width / 2 for j in range(len(labels))])
         ax.set_yticklabels(labels, fontsize=7)
         ax.set_xscale("log")
@@ -175,3 +189,35 @@ def write_chart(path: str, rows: List[Dict]) -> Optional[str]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+README_START, README_END = "<!-- latest-run:start -->", "<!-- latest-run:end -->"
+
+
+def markdown(rows: List[Dict], goals: List[Dict], skipped: Dict[str, str], command: str) -> str:
+    """Returns the results of a run as Markdown: environment, targets, then every row."""
+    env = environment()
+    out = [f"Measured {env['date']} on {env['machine']} ({env['cpu_count']} cores), Python {env['python']}, "
+           f"torch {env['torch']}, numpy {env['numpy']}, pyfast_buffer {env['pyfast_buffer']}, with "
+           f"`{command}`.", "", "| target | goal | measured | verdict | note |", "| --- | --- | --- | --- | --- |"]
+    for g in goals:
+        verdict, value = _verdict(g)
+        out.append(f"| {g['target']} | {g['goal']} | {value} | {verdict} | {g['note']} |")
+    out += ["", "| case | parameters | contender | median | x reference | detail |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    out += ["| {} | {} | {} | {} | {} | {} |".format(r["case"], *_cells(r)[:1], r["contender"], *_cells(r)[1:])
+            for r in rows]
+    out += [""] + [f"Skipped {name}: {reason}" for name, reason in skipped.items()]
+    return "\n".join(out)
+
+
+def update_readme(path: str, text: str) -> None:
+    """Replaces the part of ``path`` between the latest-run markers with ``text``."""
+    with open(path) as f:
+        doc = f.read()
+    if README_START not in doc or README_END not in doc:
+        raise ValueError(f"{path} lacks the markers {README_START} and {README_END}; add them where the results go")
+    head, rest = doc.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    with open(path, "w") as f:
+        f.write(f"{head}{README_START}\n{text}\n{README_END}{tail}")
