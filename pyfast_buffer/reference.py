@@ -63,6 +63,17 @@ class ReferenceBuffer:
             raise ValueError(f"current_step={current_step} is lower than step {self._clock} already seen; "
                              "the trainer's step never goes back, pass the current global step")
 
+    def _check_fits(self, n: int, fix: str) -> None:
+        if n > self.config.capacity:
+            raise ValueError(f"traj_ids: {n} trajectories exceed capacity={self.config.capacity}; "
+                             f"raise capacity or {fix} per call")
+
+    def _check_in_flight(self, prompts) -> None:
+        for p in prompts:
+            if p not in self._in_flight:
+                raise ValueError(f"prompt_ids: prompt {p} is not in flight; dispatch it first "
+                                 "(it may already be completed or failed)")
+
     def _policy_version(self, step: int) -> int:
         sync = self.config.parameter_sync_step
         return step // sync if sync else -1
@@ -136,10 +147,7 @@ class ReferenceBuffer:
             dup = self._first_duplicate(prompts)
             if dup is not None:
                 raise ValueError(f"prompt_ids: prompt {dup} appears twice; fail each prompt once")
-            for p in prompts:
-                if p not in self._in_flight:
-                    raise ValueError(f"prompt_ids: prompt {p} is not in flight; dispatch it first "
-                                     "(it may already be completed or failed)")
+            self._check_in_flight(prompts)
             for p in prompts:
                 del self._in_flight[p]
             self._counts["failed"] += len(prompts)
@@ -154,15 +162,10 @@ class ReferenceBuffer:
             self._check_open()
             if n == 0:
                 return
-            if n > self.config.capacity:
-                raise ValueError(f"traj_ids: {n} trajectories exceed capacity={self.config.capacity}; "
-                                 "raise capacity or complete fewer prompts per call")
+            self._check_fits(n, "complete fewer prompts")
             groups = self._group_stably(prompts)
             while True:
-                for p in groups:
-                    if p not in self._in_flight:
-                        raise ValueError(f"prompt_ids: prompt {p} is not in flight; dispatch it first "
-                                         "(it may already be completed or failed)")
+                self._check_in_flight(groups)
                 if self._wait_for_room(n, timeout, "complete"):
                     break
             now = time.time_ns()
@@ -189,9 +192,7 @@ class ReferenceBuffer:
             self._check_open()
             if n == 0:
                 return
-            if n > self.config.capacity:
-                raise ValueError(f"traj_ids: {n} trajectories exceed capacity={self.config.capacity}; "
-                                 "raise capacity or put fewer per call")
+            self._check_fits(n, "put fewer")
             if groups_arr is None:
                 groups = {i: [i] for i in range(n)}  # each trajectory is its own group
                 key_of = traj_list
