@@ -91,14 +91,17 @@ std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::
   int64_t* wide[6];
   for (int i = 0; i < 6; ++i) {
     auto a = py::cast<I64Array>((*columns)[i]);
-    if (a.size() < capacity) throw pfb::InvalidArgument("columns: each column needs capacity entries");
+    // The core writes through these pointers: a converted copy would silently leave the caller's memory unused.
+    if (!a.is((*columns)[i]) || a.size() < capacity)
+      throw pfb::InvalidArgument("columns: pass contiguous int64 arrays of capacity entries");
     wide[i] = a.mutable_data();
     out->borrowed_arrays.push_back(a);
   }
   int32_t* narrow[2];
   for (int i = 0; i < 2; ++i) {
     auto a = py::cast<I32Array>((*columns)[6 + i]);
-    if (a.size() < capacity) throw pfb::InvalidArgument("columns: each column needs capacity entries");
+    if (!a.is((*columns)[6 + i]) || a.size() < capacity)
+      throw pfb::InvalidArgument("columns: pass contiguous int32 arrays of capacity entries");
     narrow[i] = a.mutable_data();
     out->borrowed_arrays.push_back(a);
   }
