@@ -8,7 +8,7 @@ import sys
 from typing import List, Optional
 
 # Each module defines add_parser(subparsers), which sets ``run`` to a function(args) -> exit code.
-COMMAND_MODULES = ("demo", "bench", "rhythm", "audit", "verify")
+COMMAND_MODULES = ("demo", "experiment", "bench", "rhythm", "audit", "verify")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

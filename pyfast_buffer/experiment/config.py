@@ -1,0 +1,119 @@
+"""What one experiment holds fixed (ExperimentConfig), what an arm varies (ArmConfig), and presets."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Dict, List
+
+STRATEGIES = ("drop", "wait")
+MODES = ("interleave", "thread")
+
+
+@dataclass(frozen=True)
+class ArmConfig:
+    """The knobs an arm varies; everything else is the experiment's and is shared by every arm."""
+
+    reuse: int = 1          # the buffer's max_uses: times one trajectory may be trained on
+    strategy: str = "drop"  # drop stale entries at take, or wait for in-flight prompts
+    max_age: int = 4        # largest age (trainer steps) that may be trained on
+    lag: int = 0            # rollout weights are those of (sync step - lag)
+
+    def __post_init__(self) -> None:
+        for name in ("reuse", "max_age", "lag"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name}={value!r} must be an int")
+        if self.reuse < 1:
+            raise ValueError(f"reuse={self.reuse} must be >= 1 (1 = each trajectory trained on once)")
+        if self.max_age < 0:
+            raise ValueError(f"max_age={self.max_age} must be >= 0")
+        if self.lag < 0:
+            raise ValueError(f"lag={self.lag} must be >= 0 (0 = rollouts use the latest synced weights)")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r} is unknown; pass one of {', '.join(STRATEGIES)}")
+
+    @property
+    def name(self) -> str:
+        return f"reuse{self.reuse}-{self.strategy}-age{self.max_age}-lag{self.lag}"
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything held fixed across arms: seed, task, model, batch sizes, capacity, sampling budget."""
+
+    seed: int = 0
+    digits: int = 10            # task: digits in [0, digits)
+    length: int = 2             # task: response length in digits
+    group_size: int = 8         # GRPO n: samples per prompt
+    prompts_per_tick: int = 8   # prompts dispatched per sampling step
+    batch_size: int = 64        # trajectories per trainer step (a multiple of group_size)
+    capacity: int = 256         # ready trajectories the buffer holds
+    ticks: int = 300            # total sampling steps, the same for every arm
+    eval_interval: int = 25     # sampling steps between evaluations
+    eval_prompts: int = 200     # held-out prompts, greedy decoding
+    parameter_sync_step: int = 1
+    latency_mean: float = 0.5   # mean extra sampling steps a prompt stays in flight (geometric)
+    max_latency: int = 6        # longest a prompt stays in flight, in sampling steps
+    fail_prob: float = 0.02     # share of dispatched prompts that fail (never complete)
+    lr: float = 3e-3
+    clip_eps: float = 0.2
+    hidden: int = 64
+    mode: str = "interleave"    # interleave: deterministic; thread: a real producer thread
+    tick_seconds: float = 0.01  # thread mode: the producer's pause between sampling steps
+
+    def __post_init__(self) -> None:
+        positive = ("digits", "length", "group_size", "prompts_per_tick", "batch_size", "capacity", "ticks",
+                    "eval_interval", "eval_prompts", "parameter_sync_step", "hidden")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.batch_size % self.group_size:
+            raise ValueError(f"batch_size={self.batch_size} is not a multiple of group_size={self.group_size}; "
+                             "groups are never split, so pass a multiple")
+        if self.capacity < self.batch_size:
+            raise ValueError(f"capacity={self.capacity} is below batch_size={self.batch_size}; pass a capacity "
+                             "of at least one batch")
+        if not 0.0 <= self.fail_prob < 1.0:
+            raise ValueError(f"fail_prob={self.fail_prob} must be in [0, 1)")
+        if self.latency_mean < 0 or self.max_latency < 0:
+            raise ValueError("latency_mean and max_latency must be >= 0")
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r} is unknown; pass one of {', '.join(MODES)}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named experiment: its fixed configuration and its arms."""
+
+    config: ExperimentConfig
+    arms: List[ArmConfig] = field(default_factory=list)
+
+
+def _arms(*specs: tuple) -> List[ArmConfig]:
+    return [ArmConfig(reuse=r, strategy=s, max_age=a, lag=lag) for r, s, a, lag in specs]
+
+
+PRESETS: Dict[str, Preset] = {
+    # Seconds: the test suite's preset. Easy task (base reward about 0.14), a higher learning rate.
+    "tiny": Preset(ExperimentConfig(digits=5, length=2, group_size=8, prompts_per_tick=4, batch_size=32,
+                                    capacity=128, ticks=100, eval_interval=25, eval_prompts=100, hidden=32, lr=1e-2),
+                   _arms((1, "drop", 4, 1), (4, "drop", 4, 1), (4, "wait", 4, 1))),
+    # About a minute on 2 CPU cores: reuse 1/2/4 under drop and under wait, rollouts one step behind.
+    "demo": Preset(ExperimentConfig(ticks=600, eval_interval=50),
+                   _arms(*[(r, s, 4, 1) for s in ("drop", "wait") for r in (1, 2, 4)])),
+}
+
+
+def preset(name: str) -> Preset:
+    """Returns the named preset, or raises ValueError listing the names."""
+    if name not in PRESETS:
+        raise ValueError(f"preset={name!r} is unknown; pass one of {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]
+
+
+def with_overrides(config: ExperimentConfig, **overrides: Any) -> ExperimentConfig:
+    """Returns ``config`` with the non-None overrides applied (and validated again)."""
+    return replace(config, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,146 @@
+"""One arm of the experiment: the asynchronous sample -> buffer -> train loop, and its records.
+
+``interleave`` (the default) alternates one sampling step and the trainer's turn in one
+thread, so a fixed seed gives identical records; asynchrony comes from the sync interval,
+the lag, and prompts that stay in flight for several sampling steps. ``thread`` runs the
+producer in its own thread against the wall clock: real concurrency, not reproducible.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, List
+
+import torch
+
+from pyfast_buffer import StalenessBuffer
+
+from . import progress
+from .config import ArmConfig, ExperimentConfig
+from .policy import GRUPolicy
+from .producer import Producer
+from .rollout import RolloutWorker
+from .store import TrajectoryStore
+from .task import DigitSumTask
+from .trainer import Trainer
+
+Record = Dict[str, Any]
+
+
+class ArmRun:
+    """Builds everything an arm needs from the shared config; ``run()`` returns its records."""
+
+    def __init__(self, cfg: ExperimentConfig, arm: ArmConfig, show_progress: bool = False) -> None:
+        self.cfg, self.arm, self.show_progress = cfg, arm, show_progress
+        self.task = DigitSumTask(cfg.digits, cfg.length)
+        torch.manual_seed(cfg.seed)  # identical initial weights in every arm
+        self.policy = GRUPolicy(self.task.vocab_size, cfg.digits, hidden=cfg.hidden)
+        self.buf = StalenessBuffer(cfg.capacity, max_age=arm.max_age, strategy=arm.strategy, max_uses=arm.reuse,
+                                   parameter_sync_step=cfg.parameter_sync_step)
+        self.store = TrajectoryStore(cfg.ticks * cfg.prompts_per_tick * cfg.group_size, self.task.prompt_len,
+                                     cfg.length)
+        self.trainer = Trainer(self.policy, cfg.lr, cfg.clip_eps)
+        self.rollout = RolloutWorker(self.policy, cfg.parameter_sync_step, arm.lag)
+        self.producer = Producer(cfg, self.task, self.buf, self.store, self.rollout)
+        self.eval_prompts = self.task.sample_prompts(cfg.eval_prompts, torch.Generator().manual_seed(cfg.seed * 1000 + 4))
+        self.records: List[Record] = []
+        self._lock = threading.Lock()  # thread mode: records and the policy are shared with the producer
+
+    # -- records -----------------------------------------------------------------------------------
+    def _base(self, kind: str, tick: int) -> Record:
+        return {"kind": kind, "arm": self.arm.name, "tick": tick, "step": self.trainer.step}
+
+    def _ledger(self) -> Record:
+        return {f"ledger/{k}": v for k, v in self.buf.ledger().items()}
+
+    def evaluate(self, tick: int) -> None:
+        """Greedy decoding of the trainer's current weights on the fixed held-out prompts."""
+        with self._lock:
+            responses, _ = self.policy.sample(self.eval_prompts, self.cfg.length, torch.Generator(), greedy=True)
+            score = float(self.task.reward(self.eval_prompts, responses).mean())
+            self.records.append({**self._base("eval", tick), "eval_reward": score})
+
+    def train_once(self, tick: int, batch: Any) -> None:
+        step = self.trainer.step
+        stats = self.trainer.train_step(self.store, batch.traj_ids)
+        self.rollout.on_step(self.trainer.step, self.policy)
+        uses = torch.bincount(batch.uses, minlength=self.arm.reuse + 1)[1:].tolist()
+        m = batch.metrics
+        row = {**self._base("step", tick), "step": step, "batch_size": len(batch), **stats, "value_loss": None,
+               "age_mean": m["age_mean"], "age_max": m["age_max"], "dropped_stale": m["dropped_stale"],
+               "buffer_left": m["buffer_left"], "in_flight": m["in_flight"],
+               **{k: v for k, v in m.items() if k.startswith("age_hist/")},
+               **{f"uses/{i + 1}": c for i, c in enumerate(uses)}, **self._ledger()}
+        self.records.append(row)
+
+    # -- interleave --------------------------------------------------------------------------------
+    def _trainer_turn(self, tick: int) -> Record:
+        """Trains while a batch's worth is ready; returns how many steps ran and what stopped it."""
+        steps, blocked_by = 0, ""
+        while len(self.buf) >= self.cfg.batch_size:
+            batch = self.buf.take(self.cfg.batch_size, self.trainer.step)
+            if len(batch) == 0:  # wait: an in-flight prompt sits at max_age; drop: all were stale
+                blocked_by = batch.metrics["blocked_by"]
+                break
+            self.train_once(tick, batch)
+            steps += 1
+        return {"trainer_steps": steps, "blocked_by": blocked_by}
+
+    def run(self) -> List[Record]:
+        bar = progress.bar(self.cfg.ticks, self.arm.name, self.show_progress)
+        try:
+            self.evaluate(0)
+            if self.cfg.mode == "thread":
+                self._run_threaded(bar)
+            else:
+                for t in range(self.cfg.ticks):
+                    sampled = self.producer.tick(t)
+                    turn = self._trainer_turn(t)
+                    self._after_tick(t, sampled, turn, bar)
+        finally:
+            bar.close()
+        return self.records
+
+    def _after_tick(self, t: int, sampled: Record, turn: Record, bar: Any) -> None:
+        with self._lock:
+            self.records.append({**self._base("tick", t), **sampled, **turn, "buffer_left": len(self.buf),
+                                 "in_flight": self.buf.in_flight, **self._ledger()})
+        if (t + 1) % self.cfg.eval_interval == 0 or t + 1 == self.cfg.ticks:
+            self.evaluate(t + 1)
+        bar.update(1)
+        bar.set_postfix_str(f"step={self.trainer.step} reward={sampled['sample_reward']:.2f}")
+
+    # -- thread ------------------------------------------------------------------------------------
+    def _run_threaded(self, bar: Any) -> None:
+        """The producer runs in a thread at its own pace; the trainer blocks in take(timeout=...)."""
+        done = threading.Event()
+        errors: List[BaseException] = []
+        current = [0]
+
+        def produce() -> None:
+            try:
+                for t in range(self.cfg.ticks):
+                    current[0] = t
+                    sampled = self.producer.tick(t)
+                    self._after_tick(t, sampled, {"trainer_steps": None, "blocked_by": ""}, bar)
+                    time.sleep(self.cfg.tick_seconds)
+            except BaseException as exc:  # surfaced in the trainer thread below
+                errors.append(exc)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=produce, name="pyfast-buffer-producer", daemon=True)
+        worker.start()
+        while True:
+            try:
+                batch = self.buf.take(self.cfg.batch_size, self.trainer.step, timeout=0.2)
+            except TimeoutError:
+                if done.is_set():
+                    break
+                continue
+            with self._lock:
+                self.train_once(current[0], batch)
+        worker.join()
+        if errors:
+            raise errors[0]

@@ -1,0 +1,87 @@
+"""The figure: every arm's curves on one sampling-step axis, and the ledger as stacked bars.
+
+Needs matplotlib (the ``demo`` extra); ``plot`` returns a reason string instead of a path
+when it is missing, and the caller prints it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+Record = Dict[str, Any]
+#: Panels of per-trainer-step metrics: (record key, title).
+_STEP_PANELS = (("policy_loss", "policy loss (clipped surrogate)"), ("entropy", "entropy (nats/token)"),
+                ("clip_frac", "clip fraction"), ("approx_kl", "approx KL to behaviour policy"),
+                ("age_mean", "mean age of trained data (steps)"))
+_LEDGER = (("retired", "retired (taken max_uses times)"), ("dropped_stale", "dropped stale"),
+           ("evicted", "evicted"), ("buffer_left", "left in buffer"))
+
+
+def _per_tick(rows: Sequence[Record], key: str) -> Tuple[List[int], List[float]]:
+    by_tick: Dict[int, List[float]] = {}
+    for r in rows:
+        by_tick.setdefault(r["tick"], []).append(r[key])
+    ticks = sorted(by_tick)
+    return ticks, [sum(by_tick[t]) / len(by_tick[t]) for t in ticks]
+
+
+def _smooth(values: List[float], width: int) -> List[float]:
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= width:
+            acc -= values[i - width]
+        out.append(acc / min(i + 1, width))
+    return out
+
+
+def plot(records: Sequence[Record], summaries: Sequence[Dict[str, Any]], path: str, title: str) -> str:
+    """Writes the PNG to ``path`` and returns ``path``; returns a 'no figure: ...' reason without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # files only, never a window
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no figure: matplotlib is not installed (pip install 'pyfast_buffer[demo]' adds it)"
+    arms = [s["arm"] for s in summaries]
+    ticks = max(r["tick"] for r in records) + 1
+    width = max(1, ticks // 40)
+    fig, axes = plt.subplots(2, 4, figsize=(19, 8.5))
+    flat = axes.ravel()
+    colors = {a: f"C{i}" for i, a in enumerate(arms)}
+    for arm in arms:
+        mine = [r for r in records if r["arm"] == arm]
+        xs, ys = _per_tick([r for r in mine if r["kind"] == "tick"], "sample_reward")
+        flat[0].plot(xs, _smooth(ys, width), color=colors[arm], label=arm)
+        ev = [r for r in mine if r["kind"] == "eval"]
+        flat[1].plot([r["tick"] for r in ev], [r["eval_reward"] for r in ev], "o-", color=colors[arm], ms=3)
+        steps = [r for r in mine if r["kind"] == "step"]
+        for ax, (key, _) in zip(flat[2:7], _STEP_PANELS):
+            xs, ys = _per_tick(steps, key)
+            ax.plot(xs, _smooth(ys, width), color=colors[arm])
+    titles = ["sampled reward (rollout side)", "greedy eval reward (trainer weights)"] + [t for _, t in _STEP_PANELS]
+    for ax, t in zip(flat[:7], titles):
+        ax.set_title(t, fontsize=10)
+        ax.set_xlabel("sampling step")
+        ax.grid(alpha=0.3)
+    flat[0].legend(fontsize=8, loc="best")
+    _ledger_bars(flat[7], summaries, colors)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def _ledger_bars(ax: Any, summaries: Sequence[Dict[str, Any]], colors: Dict[str, str]) -> None:
+    bottoms = [0] * len(summaries)
+    xs = list(range(len(summaries)))
+    for i, (key, label) in enumerate(_LEDGER):
+        heights = [s["ledger"][key] for s in summaries]
+        ax.bar(xs, heights, bottom=bottoms, label=label, color=f"C{i + 6}" if i else "C2")
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_xticks(xs)
+    ax.set_xticklabels([s["arm"].replace("-", "\n") for s in summaries], fontsize=7)
+    ax.set_ylabel("trajectories")
+    ax.set_title("ledger: where every sampled trajectory went", fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2, frameon=False)

@@ -1,0 +1,39 @@
+"""A tqdm bar per arm when tqdm is installed (the ``demo`` extra); otherwise a silent stand-in."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+try:
+    from tqdm import tqdm as _tqdm
+except ImportError:  # optional: pip install "pyfast_buffer[demo]"
+    _tqdm = None
+
+MISSING = "tqdm is not installed, so no progress bars (pip install 'pyfast_buffer[demo]' adds them)"
+
+
+def available() -> bool:
+    return _tqdm is not None
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def bar(total: int, desc: str, enabled: bool) -> Any:
+    """Returns a tqdm bar over ``total`` sampling steps, or a no-op one when disabled or unavailable."""
+    if not enabled or _tqdm is None:
+        return _NoBar()
+    return _tqdm(total=total, desc=desc, unit="tick", leave=True, dynamic_ncols=True)
+
+
+def note_if_missing(enabled: bool, print_fn: Optional[Any] = print) -> None:
+    if enabled and _tqdm is None and print_fn is not None:
+        print_fn(MISSING)

@@ -1,0 +1,76 @@
+"""Per-arm numbers computed from the records: windows at the start and end, ledger, reuse, ages."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+#: Share of the sampling steps in the "first" and "last" windows the report compares.
+WINDOW = 0.2
+
+Record = Dict[str, Any]
+
+
+def _mean(values: Sequence[float]) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _window(rows: Sequence[Record], key: str, ticks: int, last: bool) -> Optional[float]:
+    width = max(1, int(ticks * WINDOW))
+    lo, hi = (ticks - width, ticks) if last else (0, width)
+    return _mean([r[key] for r in rows if lo <= r["tick"] < hi])
+
+
+def first_tick_below(rows: Sequence[Record], key: str, level: float) -> Optional[int]:
+    """The first sampling step whose mean ``key`` over its trainer steps is at or below ``level``."""
+    by_tick: Dict[int, List[float]] = {}
+    for r in rows:
+        by_tick.setdefault(r["tick"], []).append(r[key])
+    for tick in sorted(by_tick):
+        if sum(by_tick[tick]) / len(by_tick[tick]) <= level:
+            return tick
+    return None
+
+
+def summarise(records: Sequence[Record], arm: Any, ticks: int) -> Dict[str, Any]:
+    """Returns the numbers the report and the summary table show for one arm."""
+    mine = [r for r in records if r["arm"] == arm.name]
+    steps = [r for r in mine if r["kind"] == "step"]
+    tick_rows = [r for r in mine if r["kind"] == "tick"]
+    evals = [r for r in mine if r["kind"] == "eval"]
+    ledger = {k[len("ledger/"):]: v for k, v in tick_rows[-1].items() if k.startswith("ledger/")}
+    uses = {int(k.split("/")[1]): 0 for k in steps[0] if k.startswith("uses/")} if steps else {}
+    for r in steps:
+        for k in uses:
+            uses[k] += r[f"uses/{k}"]
+    entropy0 = steps[0]["entropy"] if steps else None
+    half = len(steps) // 2
+    return {
+        "arm": arm.name, "reuse": arm.reuse, "strategy": arm.strategy, "max_age": arm.max_age, "lag": arm.lag,
+        "trainer_steps": len(steps),
+        "stalled_ticks": sum(1 for r in tick_rows if r["blocked_by"] == "in_flight_at_max_age"),
+        "sample_reward_first": _window(tick_rows, "sample_reward", ticks, last=False),
+        "sample_reward_last": _window(tick_rows, "sample_reward", ticks, last=True),
+        "eval_first": evals[0]["eval_reward"] if evals else None,
+        "eval_last": evals[-1]["eval_reward"] if evals else None,
+        "eval_best": max(r["eval_reward"] for r in evals) if evals else None,
+        "loss_first": _window(steps, "policy_loss", ticks, last=False),
+        "loss_last": _window(steps, "policy_loss", ticks, last=True),
+        "entropy_first": entropy0,
+        "entropy_last": _window(steps, "entropy", ticks, last=True),
+        "entropy_half_tick": first_tick_below(steps, "entropy", entropy0 / 2) if steps else None,
+        "clip_frac_late": _mean([r["clip_frac"] for r in steps[half:]]),
+        "approx_kl_late": _mean([r["approx_kl"] for r in steps[half:]]),
+        "age_mean": _mean([r["age_mean"] for r in steps]),
+        "uses_hist": uses,
+        "max_uses_seen": max((k for k, c in uses.items() if c), default=0),
+        "ledger": ledger,
+        "reconciled": reconciles(ledger),
+    }
+
+
+def reconciles(ledger: Dict[str, int]) -> bool:
+    """Both ledger identities of DESIGN.md hold."""
+    return (ledger["sampled_total"] == ledger["retired"] + ledger["dropped_stale"] + ledger["evicted"]
+            + ledger["buffer_left"]
+            and ledger["dispatched"] == ledger["completed"] + ledger["failed"] + ledger["in_flight"])

@@ -1,0 +1,45 @@
+"""``pyfast-buffer experiment`` end to end with the tiny preset, and bad flags."""
+
+import importlib.util
+import os
+
+import pytest
+from _experiment_helpers import fresh_dir
+
+from pyfast_buffer.cli import main
+
+
+def test_experiment_cli_writes_records_report_and_figure(capsys):
+    out = fresh_dir()
+    rc = main(["experiment", "--preset", "tiny", "--ticks", "30", "--out", out, "--no-progress"])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    for name in ("metrics.jsonl", "steps.csv", "ticks.csv", "evals.csv", "report.txt", "summary.json"):
+        assert os.path.getsize(os.path.join(out, name)) > 0
+    assert "In this configuration and step range" in printed and "ledger" in printed
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "no figure: matplotlib is not installed" in printed
+    else:
+        with open(os.path.join(out, "figure.png"), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_experiment_cli_product_of_axes(capsys):
+    out = fresh_dir()
+    rc = main(["experiment", "--preset", "tiny", "--ticks", "8", "--reuse", "1,2", "--strategy", "drop,wait",
+               "--out", out, "--no-progress", "--no-figure"])
+    assert rc == 0
+    assert "4 arms" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--reuse", "0"], "reuse=0 must be >= 1"),
+    (["--reuse", "1,x"], "--reuse='1,x' is not a comma-separated list of ints"),
+    (["--strategy", "drop,later"], "pass drop, wait or drop,wait"),
+    (["--batch-size", "30"], "batch_size=30 is not a multiple of group_size=8"),
+    (["--arm", "reuse=2,speed=3"], "'speed=3' is not KEY=VALUE"),
+])
+def test_bad_flags_name_the_argument_and_the_fix(capsys, flags, message):
+    rc = main(["experiment", "--preset", "tiny", "--out", fresh_dir(), "--no-progress", *flags])
+    assert rc == 2
+    assert message in capsys.readouterr().err
