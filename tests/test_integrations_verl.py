@@ -28,7 +28,8 @@ def pid(tq_running):
     clear_partition(partition_id)
 
 
-def make(strategy="drop", threshold=8, sync=None, timeout=30.0, **sampler_kwargs):  # a liveness bound; tests of the timeout pass their own
+# timeout is a liveness bound for a loaded machine; the tests of the timeout pass their own.
+def make(strategy="drop", threshold=8, sync=None, timeout=30.0, **sampler_kwargs):
     trainer_config = {} if sync is None else {"parameter_sync_step": sync}
     return FastReplayBuffer(trainer_mode="separate_async", trainer_config=trainer_config,
                             max_off_policy_threshold=threshold, max_off_policy_strategy=strategy,
