@@ -17,6 +17,17 @@ CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
 # Directories a recursive search never enters: environments, caches, VCS metadata.
 _SKIP_DIRS = {".git", ".hg", ".venv", "venv", "node_modules", "__pycache__", ".tox", ".mypy_cache", "build"}
 _INTERPOLATION = re.compile(r"^\$\{([A-Za-z0-9_.\-]+)\}$")
+#: Files above this size are skipped: configs are small, and a multi-megabyte JSON is data (a tokenizer, a dataset).
+MAX_CONFIG_BYTES = 2 * 1024 * 1024
+#: Leaves read from one file at most; more is data, or a YAML alias bomb ("billion laughs").
+MAX_ENTRIES = 20_000
+#: Bytes looked at by ``is_binary``.
+BINARY_SNIFF_BYTES = 65536
+
+
+def is_binary(raw: bytes) -> bool:
+    """Returns True when ``raw`` looks binary (a NUL byte in its first 64 KiB): the check rhythm and audit share."""
+    return b"\0" in raw[:BINARY_SNIFF_BYTES]
 
 
 @dataclass(frozen=True)
@@ -56,11 +67,15 @@ def find_config_files(paths: List[str]) -> Tuple[List[str], List[Tuple[str, str]
 def read_config(path: str) -> Tuple[List[Entry], str]:
     """Returns (entries, "") for a readable config, or ([], reason) when it cannot be parsed."""
     try:
+        size = os.path.getsize(path)
+        if size > MAX_CONFIG_BYTES:
+            return [], (f"{size} bytes, above the {MAX_CONFIG_BYTES // (1024 * 1024)} MiB a config may have "
+                        "(data, not a config?); pass the config file itself")
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         return [], f"cannot open: {exc.strerror or exc}"
-    if b"\0" in raw[:8192]:
+    if is_binary(raw):
         return [], "binary file (NUL bytes), not a YAML/JSON/TOML config"
     try:
         text = raw.decode("utf-8-sig")
@@ -74,25 +89,42 @@ def read_config(path: str) -> Tuple[List[Entry], str]:
             entries = _read_toml(path, text)
         else:
             entries = _read_yaml(path, text)
+        return _resolve_interpolations(entries), ""
     except _Unreadable as exc:
         return [], str(exc)
-    return _resolve_interpolations(entries), ""
+    except RecursionError:
+        return [], "nested too deeply to read (recursion limit); flatten the config"
+    except MemoryError:
+        return [], "too large to read into memory"
+    except Exception as exc:  # a parser bug or an input no parser expected: skip the file, never crash the scan
+        return [], f"cannot be read ({type(exc).__name__}: {exc})"
 
 
 class _Unreadable(Exception):
     """A config that does not parse; the message is the reason shown to the user."""
 
 
-def _read_yaml(path: str, text: str) -> List[Entry]:
-    import yaml
+def _yaml() -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise _Unreadable("reading YAML needs PyYAML: `pip install pyyaml`") from None
+    return yaml
 
-    loader = yaml.SafeLoader(text)
+
+def _read_yaml(path: str, text: str) -> List[Entry]:
+    yaml = _yaml()
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     entries: List[Entry] = []
+    walked: set = set()  # ids of collection nodes already walked: an alias is walked once, not once per use
     try:
         while loader.check_node():
             node = loader.get_node()
             if node is not None:
-                entries += _walk_yaml(path, loader, node, "")
+                for entry in _walk_yaml(path, loader, node, "", walked):
+                    entries.append(entry)
+                    if len(entries) > MAX_ENTRIES:
+                        raise _Unreadable(f"more than {MAX_ENTRIES} keys (data, not a config?); pass the config file itself")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -103,27 +135,29 @@ def _read_yaml(path: str, text: str) -> List[Entry]:
     return entries
 
 
-def _walk_yaml(path: str, loader: Any, node: Any, prefix: str) -> Iterator[Entry]:
-    import yaml
-
+def _walk_yaml(path: str, loader: Any, node: Any, prefix: str, walked: set) -> Iterator[Entry]:
+    yaml = _yaml()
+    if id(node) in walked:  # an alias of a collection already read: its keys are listed under the anchor
+        return
+    walked.add(id(node))
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             key = str(loader.construct_object(key_node, deep=True)) if isinstance(key_node, yaml.ScalarNode) else "?"
             dotted = f"{prefix}.{key}" if prefix else key
             if isinstance(value_node, (yaml.MappingNode, yaml.SequenceNode)) and value_node.value and not _is_flat_list(value_node):
-                yield from _walk_yaml(path, loader, value_node, dotted)
-            else:
+                yield from _walk_yaml(path, loader, value_node, dotted, walked)
+            elif isinstance(value_node, yaml.ScalarNode) or not value_node.value or id(value_node) not in walked:
+                walked.add(id(value_node))
                 yield Entry(path, key_node.start_mark.line + 1, dotted, loader.construct_object(value_node, deep=True))
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             dotted = f"{prefix}.{i}" if prefix else str(i)
             if isinstance(item, (yaml.MappingNode, yaml.SequenceNode)):
-                yield from _walk_yaml(path, loader, item, dotted)
+                yield from _walk_yaml(path, loader, item, dotted, walked)
 
 
 def _is_flat_list(node: Any) -> bool:
-    import yaml
-
+    yaml = _yaml()
     return isinstance(node, yaml.SequenceNode) and all(isinstance(n, yaml.ScalarNode) for n in node.value)
 
 
@@ -132,11 +166,16 @@ def _read_json(path: str, text: str) -> List[Entry]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _Unreadable(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-    # JSON is YAML, so the YAML walk gives line numbers; fall back to none if PyYAML disagrees.
+    # Values come from json.loads (YAML would read 1e3 and NaN as strings); the YAML walk of the
+    # same text gives only line numbers, and none when PyYAML cannot follow it.
+    flat = list(_flatten(data, ""))
+    if len(flat) > MAX_ENTRIES:
+        raise _Unreadable(f"more than {MAX_ENTRIES} keys (data, not a config?); pass the config file itself")
     try:
-        return _read_yaml(path, text)
-    except _Unreadable:
-        return [Entry(path, 0, k, v) for k, v in _flatten(data, "")]
+        lines = {e.key: e.line for e in reversed(_read_yaml(path, text))}  # first line of a key wins
+    except Exception:  # noqa: BLE001 - line numbers are a nicety; the values are already read
+        lines = {}
+    return [Entry(path, lines.get(k, 0), k, v) for k, v in flat]
 
 
 def _read_toml(path: str, text: str) -> List[Entry]:
@@ -152,7 +191,10 @@ def _read_toml(path: str, text: str) -> List[Entry]:
     except Exception as exc:  # tomllib.TOMLDecodeError; tomli's has the same name but another class
         raise _Unreadable(f"invalid TOML: {exc}") from None
     lines = _toml_lines(text)
-    return [Entry(path, lines.get(k, 0), k, v) for k, v in _flatten(data, "")]
+    flat = list(_flatten(data, ""))
+    if len(flat) > MAX_ENTRIES:
+        raise _Unreadable(f"more than {MAX_ENTRIES} keys (data, not a config?); pass the config file itself")
+    return [Entry(path, lines.get(k, 0), k, v) for k, v in flat]
 
 
 _TOML_TABLE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?")

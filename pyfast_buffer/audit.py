@@ -13,19 +13,35 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import math
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import IO, Dict, Iterable, List, Optional, Tuple
 
+from ._config_files import is_binary
 from .batch import AGE_BUCKETS
 
 COUNT_FIELDS = ("dropped_stale", "taken", "retired", "evicted")  # since the previous record: summed
 RUNNING_FIELDS = ("buffer_left", "sampled_total")  # running values: the last one counts
 FIELDS = COUNT_FIELDS + RUNNING_FIELDS
-# key=N, key: N or "key": N, not preceded by a word character (so "my_taken=3" is not "taken").
-_FIELD = re.compile(r'(?<![\w/])"?(' + "|".join(FIELDS) + r')"?\s*[=:]\s*(-?\d+)')
+#: The terms of the ledger identity ``sampled_total == retired + dropped_stale + evicted + buffer_left``.
+LEDGER_TERMS = ("retired", "dropped_stale", "evicted", "buffer_left")
+# key=N, key: N or "key": N, optionally namespaced ("buffer/taken", "train.buffer.taken"), but not part of a
+# longer word ("my_taken=3" is not "taken"). Numbers may be written as floats (8.0, 1.0e1).
+_FIELD = re.compile(r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?(' + "|".join(FIELDS)
+                    + r')"?\s*[=:]\s*(-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])')
 _AGE = re.compile(r'"?age_hist/([0-9+\-]+)"?\s*[=:]\s*(\d+)')
+#: A gap of about -100% (accounted twice what was sampled) is the sign of records counted twice.
+_DOUBLED = (-110.0, -90.0)
+
+
+def ledger_gap(sampled_total: int, retired: int, dropped_stale: int, evicted: int, buffer_left: int) -> int:
+    """Returns ``sampled_total - (retired + dropped_stale + evicted + buffer_left)``: 0 when the ledger balances.
+
+    The one place the identity is written; ``audit`` applies it to log records, ``perturb`` to ledgers.
+    """
+    return sampled_total - (retired + dropped_stale + evicted + buffer_left)
 
 
 class UnreadableLog(Exception):
@@ -34,23 +50,28 @@ class UnreadableLog(Exception):
 
 @dataclass
 class Segment:
-    """One run of the counters between two restarts (a running counter going back)."""
+    """One run of the counters between two restarts (a running counter going back), of one --group."""
 
     index: int
     first: str  # source:line of its first record
+    group: str = ""  # the --group key of its records ("" without --group)
     last: str = ""
     records: int = 0
     sums: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNT_FIELDS, 0))
     running: Dict[str, Optional[int]] = field(default_factory=lambda: dict.fromkeys(RUNNING_FIELDS))
     age_hist: Dict[str, int] = field(default_factory=dict)
-    first_unbalanced: str = ""  # source:line of the first full record that does not balance
+    log: List[Tuple[str, Dict[str, int]]] = field(default_factory=list, repr=False)  # (source:line, fields)
     # Filled by reconcile():
-    sampled_total: Optional[int] = None
+    first_unbalanced: str = ""  # source:line of the first full record that does not balance from the baseline
+    baseline: str = ""  # "run start" (every count from zero) or "first record SOURCE:LINE" (the log starts mid-run)
+    gap_from_zero: Optional[int] = None  # the gap counted from zero, shown when the first record is the baseline
+    sampled_total: Optional[int] = None  # sampled since the baseline
     accounted: Optional[int] = None
     gap: Optional[int] = None
     gap_percent: Optional[float] = None
     balanced: Optional[bool] = None
     drop_rate: Optional[float] = None
+    unreconciled: str = ""  # why gap is None
 
 
 @dataclass
@@ -84,24 +105,53 @@ def open_log(source: str, stdin: Optional[IO[bytes]] = None) -> List[str]:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as exc:
             raise UnreadableLog(f"{source}: broken gzip ({exc}); decompress it or pass the plain log") from None
-    if b"\0" in raw[:65536]:
+    if is_binary(raw):
         raise UnreadableLog(f"{source}: binary data (NUL bytes), not a text log; pass the training log")
     return raw.decode("utf-8", errors="replace").splitlines()
 
 
-def parse_record(line: str) -> Tuple[Dict[str, int], Dict[str, int]]:
-    """Returns ({field: value}, {age bucket: count}) of one log line; both empty when it is no record."""
-    fields = {k: int(v) for k, v in _FIELD.findall(line)}
+def parse_record(line: str, problems: Optional[List[str]] = None) -> Tuple[Dict[str, int], Dict[str, int]]:
+    """Returns ({field: value}, {age bucket: count}) of one log line; both empty when it is no record.
+
+    Integer-valued floats (``taken=8.0``, ``sampled_total=1.0e1``) are read as ints. A value that is
+    not a whole number is left out, and a negative count kept; each is described in ``problems``.
+    """
+    fields: Dict[str, int] = {}
+    for key, text in _FIELD.findall(line):
+        value = _whole(text)
+        if value is None:
+            if problems is not None:
+                problems.append(f"{key}={text} is not a whole number; left out")
+            continue
+        if value < 0 and problems is not None:
+            problems.append(f"{key}={value} is negative; counts and totals are >= 0 (kept as written)")
+        fields[key] = value
     ages = {b: int(v) for b, v in _AGE.findall(line)} if fields else {}
     return fields, ages
 
 
-def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None) -> AuditResult:
+def _whole(text: str) -> Optional[int]:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    value = float(text)
+    return int(value) if math.isfinite(value) and value.is_integer() else None
+
+
+def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Optional[str] = None) -> AuditResult:
     """Reads every source in order as one stream and reconciles each segment of it.
 
     Sources are paths, gzip paths or ``-`` for stdin (``stdin`` replaces sys.stdin in tests).
-    Never raises on bad input: an unreadable source gives exit_code 2 with a note.
+    ``group`` is a regular expression: records whose lines match it differently (its first group,
+    or the whole match) are reconciled apart, e.g. ``^\\[rank\\d+\\]`` for several writers in one log.
+    Never raises on bad input: an unreadable source gives exit_code 2 with a note. Raises
+    ValueError only for a ``group`` that is not a regular expression.
     """
+    try:
+        group_re = re.compile(group) if group else None
+    except re.error as exc:
+        raise ValueError(f"--group {group!r} is not a regular expression ({exc})") from None
     sources = list(sources)
     notes: List[str] = []
     lines: List[Tuple[str, str]] = []  # (source:line, text)
@@ -117,7 +167,11 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None) -> AuditRes
         lines += [(f"{src}:{i}", t) for i, t in enumerate(text, 1)]
         if not any(parse_record(t)[0] for _, t in lines[before:]):
             notes.append(f"{src}: no records (no dropped_stale=, taken=, buffer_left= or sampled_total= fields)")
-    segments, seen = _segments(lines)
+    problems: List[str] = []
+    segments, seen = _segments(lines, group_re, problems)
+    notes += problems[:_MAX_PROBLEM_NOTES]
+    if len(problems) > _MAX_PROBLEM_NOTES:
+        notes.append(f"... and {len(problems) - _MAX_PROBLEM_NOTES} more values like these")
     absent = [f for f in FIELDS if f not in seen]
     assumptions = _assumptions(absent)
     for seg in segments:
@@ -132,22 +186,34 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None) -> AuditRes
     return AuditResult(sources, segments, absent, assumptions, notes, code == 0, code)
 
 
-def _segments(lines: List[Tuple[str, str]]) -> Tuple[List[Segment], set]:
+_MAX_PROBLEM_NOTES = 5
+
+
+def _segments(lines: List[Tuple[str, str]], group_re: Optional["re.Pattern[str]"],
+              problems: List[str]) -> Tuple[List[Segment], set]:
     segments: List[Segment] = []
     seen: set = set()
-    seg: Optional[Segment] = None
+    current: Dict[str, Segment] = {}  # group key -> its open segment
     for where, text in lines:
-        fields, ages = parse_record(text)
+        found: List[str] = []
+        fields, ages = parse_record(text, found)
+        problems += [f"{where}: {p}" for p in found]
         if not fields:
             continue
+        key = ""
+        if group_re is not None:
+            m = group_re.search(text)
+            key = "" if m is None else (m.group(1) if m.re.groups else m.group(0)) or ""
         seen.update(fields)
+        seg = current.get(key)
         back = seg is not None and "sampled_total" in fields and seg.running["sampled_total"] is not None \
             and fields["sampled_total"] < seg.running["sampled_total"]
         if seg is None or back:
-            seg = Segment(len(segments) + 1, where)
+            seg = current[key] = Segment(len(segments) + 1, where, key)
             segments.append(seg)
         seg.records += 1
         seg.last = where
+        seg.log.append((where, fields))
         for k in COUNT_FIELDS:
             seg.sums[k] += fields.get(k, 0)
         for k in RUNNING_FIELDS:
@@ -155,9 +221,6 @@ def _segments(lines: List[Tuple[str, str]]) -> Tuple[List[Segment], set]:
                 seg.running[k] = fields[k]
         for b, n in ages.items():
             seg.age_hist[b] = seg.age_hist.get(b, 0) + n
-        # A record with every field (the buffer's own line) must balance on its own line.
-        if not seg.first_unbalanced and all(k in fields for k in FIELDS) and _gap(seg.sums, seg.running, []) != 0:
-            seg.first_unbalanced = where
     return segments, seen
 
 
@@ -178,28 +241,80 @@ def _assumptions(absent: List[str]) -> List[str]:
     return out
 
 
-def _gap(sums: Dict[str, int], running: Dict[str, Optional[int]], absent: List[str]) -> Optional[int]:
-    if running["sampled_total"] is None:
-        return None
-    retired = sums["taken"] if "retired" in absent else sums["retired"]
-    return running["sampled_total"] - (retired + sums["dropped_stale"] + sums["evicted"] + (running["buffer_left"] or 0))
 
 
 def _reconcile(seg: Segment, absent: List[str]) -> None:
+    """Fills the segment's baseline, gap and verdict.
+
+    The baseline is the run's start (every count from zero) unless the first record with a
+    sampled_total already carries history: a full record (the buffer's own line) that does not
+    balance from zero, or a partial one from which the rest balances while it does not from zero.
+    Then the log starts mid-run (a rotated log, an excerpt) and the identity is checked on the
+    changes after that record: delta(sampled_total) == retired + dropped_stale + evicted (summed
+    over the later records) + delta(buffer_left).
+    """
     s = seg.sums
     trained = s["taken"] if "taken" not in absent else s["retired"]
     seg.drop_rate = s["dropped_stale"] / (s["dropped_stale"] + trained) if s["dropped_stale"] + trained else 0.0
     if "sampled_total" in absent or ("taken" in absent and "retired" in absent):
         seg.balanced = False
+        seg.unreconciled = ("sampled_total is absent from every input" if "sampled_total" in absent
+                            else "taken and retired are absent from every input")
         return
-    seg.gap = _gap(s, seg.running, absent)
-    seg.sampled_total = seg.running["sampled_total"]
-    if seg.gap is None:  # this segment never logged sampled_total (only other segments did)
+    if seg.running["sampled_total"] is None:
         seg.balanced = False
+        seg.unreconciled = "this segment has no sampled_total"
         return
+    retired_key = "taken" if "retired" in absent else "retired"
+
+    def gap(sampled: int, counts: Dict[str, int], left: int) -> int:
+        return ledger_gap(sampled, counts[retired_key], counts["dropped_stale"], counts["evicted"], left)
+
+    # The anchor: the first record with a sampled_total, and the counts up to and including it.
+    pre = dict.fromkeys(COUNT_FIELDS, 0)
+    left_at_anchor = 0
+    anchor = 0
+    for anchor, (where, fields) in enumerate(seg.log):
+        for k in COUNT_FIELDS:
+            pre[k] += fields.get(k, 0)
+        left_at_anchor = fields.get("buffer_left", left_at_anchor)
+        if "sampled_total" in fields:
+            break
+    anchor_where, anchor_fields = seg.log[anchor]
+    sampled_last, left_last = seg.running["sampled_total"], seg.running["buffer_left"] or 0
+    after = {k: s[k] - pre[k] for k in COUNT_FIELDS}
+    zero_gap = gap(sampled_last, s, left_last)
+    anchor_gap = gap(sampled_last - anchor_fields["sampled_total"], after, left_last - left_at_anchor)
+    anchor_carries_history = gap(anchor_fields["sampled_total"], pre, left_at_anchor) != 0
+    full = all(k in anchor_fields for k in FIELDS if k not in absent)
+    mid_run = anchor_carries_history and (full or (zero_gap != 0 and anchor_gap == 0))
+    if mid_run and anchor == len(seg.log) - 1:
+        seg.balanced = False
+        seg.baseline = f"first record {anchor_where}"
+        seg.unreconciled = (f"the log starts mid-run ({anchor_where} already carries history) and has no record "
+                            "after it; pass a longer log")
+        return
+    if mid_run:
+        seg.baseline, seg.gap_from_zero = f"first record {anchor_where}", zero_gap
+        seg.sampled_total, seg.gap = sampled_last - anchor_fields["sampled_total"], anchor_gap
+    else:
+        seg.baseline = "run start"
+        seg.sampled_total, seg.gap = sampled_last, zero_gap
     seg.accounted = seg.sampled_total - seg.gap
     seg.gap_percent = 100.0 * seg.gap / seg.sampled_total if seg.sampled_total else (0.0 if seg.gap == 0 else 100.0)
     seg.balanced = seg.gap == 0
+    # A record with every field (the buffer's own line) must balance on its own line, from the baseline.
+    counts = dict.fromkeys(COUNT_FIELDS, 0)
+    start = anchor + 1 if mid_run else 0
+    base_sampled = anchor_fields["sampled_total"] if mid_run else 0
+    base_left = left_at_anchor if mid_run else 0
+    for where, fields in seg.log[start:]:
+        for k in COUNT_FIELDS:
+            counts[k] += fields.get(k, 0)
+        if all(k in fields for k in FIELDS) and gap(fields["sampled_total"] - base_sampled, counts,
+                                                     fields["buffer_left"] - base_left) != 0:
+            seg.first_unbalanced = where
+            break
 
 
 def format_result(result: AuditResult) -> str:
@@ -213,16 +328,29 @@ def format_result(result: AuditResult) -> str:
     for seg in result.segments:
         s = seg.sums
         out.append("")
-        out.append(f"segment {seg.index}: {seg.records} records, {seg.first} .. {seg.last}")
+        group = f" [group {seg.group}]" if seg.group else ""
+        out.append(f"segment {seg.index}{group}: {seg.records} records, {seg.first} .. {seg.last}")
         sums = " ".join(f"{k}={'-' if k in result.absent else s[k]}" for k in COUNT_FIELDS)
         out.append(f"  sums: {sums}; last: buffer_left={_opt(seg.running['buffer_left'])}"
                    f" sampled_total={_opt(seg.running['sampled_total'])}")
+        if seg.baseline.startswith("first record"):
+            out.append(f"  baseline: {seg.baseline}: it already carries history (the log starts mid-run: rotated or "
+                       "an excerpt), so only the changes after it are reconciled"
+                       + (f"; counted from zero the gap would be {seg.gap_from_zero}" if seg.gap_from_zero is not None
+                          else ""))
+        elif seg.baseline:
+            out.append("  baseline: run start (every count from zero)")
         if seg.gap is not None:
-            out.append(f"  sampled_total {seg.sampled_total} vs retired + dropped_stale + evicted + buffer_left {seg.accounted}:"
-                       f" gap {seg.gap} ({seg.gap_percent:.2f}%) -> {'balanced' if seg.balanced else 'NOT balanced'}")
+            since = " since the baseline" if seg.baseline.startswith("first record") else ""
+            out.append(f"  sampled_total{since} {seg.sampled_total} vs retired + dropped_stale + evicted + buffer_left"
+                       f"{since} {seg.accounted}: gap {seg.gap} ({seg.gap_percent:.2f}%) -> "
+                       f"{'balanced' if seg.balanced else 'NOT balanced'}")
+            if _DOUBLED[0] <= seg.gap_percent <= _DOUBLED[1]:
+                out.append("  hint: about twice as much accounted as sampled: the same records are probably counted "
+                           "twice (several ranks or writers in one log, or a duplicated log handler); audit one "
+                           "writer's log, or split them with --group REGEX (e.g. --group '^\\[rank\\d+\\]')")
         else:
-            out.append("  cannot reconcile: " + ("this segment has no sampled_total" if "sampled_total" not in result.absent
-                                                   else "sampled_total is absent from every input"))
+            out.append(f"  cannot reconcile: {seg.unreconciled}")
         if seg.first_unbalanced:
             out.append(f"  first record that does not balance on its own line: {seg.first_unbalanced}")
         out.append(f"  drop rate: {seg.drop_rate:.2%} (dropped_stale / (dropped_stale + taken))")
@@ -248,12 +376,21 @@ def _opt(value: Optional[int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = audit(args.logs)
-    print(format_result(result))
+    from .rhythm import print_output
+
+    try:
+        result = audit(args.logs, group=args.group)
+    except ValueError as exc:
+        print(f"audit: {exc}", file=sys.stderr)
+        return 2
+    print_output(format_result(result))
     return result.exit_code
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help="reconcile dropped_stale/taken/buffer_left/sampled_total records in logs")
     p.add_argument("logs", nargs="+", metavar="LOG", help="log files, .gz logs, or - for stdin; read in order as one stream")
+    p.add_argument("--group", metavar="REGEX",
+                   help="reconcile records apart by what this regular expression matches on their line (its first "
+                        "group, or the whole match), e.g. '^\\[rank\\d+\\]' for several writers in one log")
     p.set_defaults(run=run)

@@ -18,11 +18,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ._config_files import find_config_files, read_config
 from ._known_keys import GENERIC_CAPACITY, match_keyword, match_known
-from .config import DEFAULT_VERL_CAPACITY
+from .config import DEFAULT_VERL_CAPACITY, max_age_from_threshold
 
 #: Names ``--set`` accepts for the rhythm itself (anything else is a dotted config key).
 RHYTHM_KEYS = ("produced_per_step", "consumed_per_step", "capacity", "parameter_sync_step", "max_age", "strategy",
                "latency_steps")
+#: The rates a plan needs (rhythm's ``missing`` and perturb's ``--rhythm`` both check these).
+REQUIRED_RATES = ("produced_per_step", "consumed_per_step", "capacity")
 #: Capacity at or above this many steps of consumption is "far above" it (the procedure's first flag).
 FAR_ABOVE_STEPS = 4
 _MAX_SIMULATED_STEPS = 200_000
@@ -70,6 +72,9 @@ class Plan:
     drop_share_at_max_age: Optional[float] = None  # share of trajectories it drops in steady state
     strategy: Optional[str] = None
     latency_steps: int = 0
+    # The suggestion assumes a buffer that has filled once (the worst case); from an empty start at the
+    # same rates the oldest trajectory trained on is this old (equal when production outruns consumption).
+    age_max_empty_start: Optional[int] = None
 
 
 def scan(paths: List[str]) -> ScanResult:
@@ -133,8 +138,18 @@ def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) ->
     values: Dict[str, Any] = {}
     how: Dict[str, str] = {}
 
+    unusable: set = set()
+
     def num(role: str) -> Optional[float]:
-        return _number(roles[role].value) if role in roles else None
+        if role not in roles:
+            return None
+        f = roles[role]
+        value = _number(f.value)
+        if value is None and f.value is not None and role not in unusable and notes is not None:
+            unusable.add(role)
+            notes.append(f"{f.key}={_show(f.value)} ({f.path}:{f.line}) is not a finite number; ignored "
+                         f"(write a number, or --set {f.key}=N)")
+        return value
 
     def put(key: str, value: Any, text: str) -> None:
         if value is not None and key not in values:
@@ -150,7 +165,7 @@ def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) ->
         put("parameter_sync_step", sync, ref("parameter_sync_step"))
     if "strategy" in roles and roles["strategy"].value in ("drop", "wait"):
         put("strategy", roles["strategy"].value, ref("strategy"))
-    _derive_verl(roles, num, put, ref, sync)
+    _derive_verl(roles, num, put, ref, sync, notes)
     _derive_areal(roles, num, put, ref)
     _derive_trl(roles, num, put, ref)
     cap = num("capacity")
@@ -159,7 +174,7 @@ def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) ->
     return values, how
 
 
-def _derive_verl(roles, num, put, ref, sync) -> None:
+def _derive_verl(roles, num, put, ref, sync, notes) -> None:
     prompts, n = num("verl.prompts_per_step"), num("verl.samples_per_prompt")
     n_text = ref("verl.samples_per_prompt") if n is not None else "rollout.n=1 (verl's default)"
     n = n if n is not None else 1
@@ -184,10 +199,20 @@ def _derive_verl(roles, num, put, ref, sync) -> None:
         put("consumed_per_step", prompts * n, text + "; the trainer takes train_batch_size prompts a step")
     threshold = num("verl.threshold")
     if threshold is not None:
-        put("max_age", threshold * (sync or 1) - 1,
-            f"{ref('verl.threshold')} x parameter_sync_step {sync or 1} - 1 (verl's cutoff)")
+        try:
+            max_age = max_age_from_threshold(_as_int(threshold), _as_int(sync or 1))
+        except (TypeError, ValueError) as exc:
+            if notes is not None:
+                notes.append(f"{ref('verl.threshold')}: no max_age derived ({exc})")
+        else:
+            put("max_age", max_age, f"{ref('verl.threshold')} x parameter_sync_step {sync or 1:g} - 1 (verl's cutoff)")
     if "capacity" not in roles and ("verl.threshold" in roles or "strategy" in roles):
         put("capacity", DEFAULT_VERL_CAPACITY, f"{DEFAULT_VERL_CAPACITY} (from_verl's default: no sampler_kwargs.capacity)")
+
+
+def _as_int(value: Any) -> Any:
+    """Returns an integer-valued float as an int (JSON's 2.0); anything else unchanged, for as_count to judge."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _derive_areal(roles, num, put, ref) -> None:
@@ -246,14 +271,22 @@ def plan(produced_per_step: float, consumed_per_step: float, capacity: int, para
     add the share the configured threshold drops and the ``wait`` warning. Raises ValueError on
     non-positive rates, capacity or sync step.
     """
-    for name, value in (("produced_per_step", produced_per_step), ("consumed_per_step", consumed_per_step),
-                        ("capacity", capacity), ("parameter_sync_step", parameter_sync_step)):
+    for name, value in (("produced_per_step", produced_per_step), ("consumed_per_step", consumed_per_step)):
         if _number(value) is None or value <= 0:
             raise ValueError(f"{name}={value!r} must be a number > 0; pass it or supply it with --set {name}=N")
-    if latency_steps is None or _number(latency_steps) is None or latency_steps < 0:
-        raise ValueError(f"latency_steps={latency_steps!r} must be an int >= 0 (generation time in trainer steps)")
-    capacity, sync, latency = int(capacity), int(parameter_sync_step), int(latency_steps)
+    capacity = _whole(capacity, "capacity", 1)
+    sync = _whole(parameter_sync_step, "parameter_sync_step", 1)
+    latency = _whole(latency_steps, "latency_steps", 0, exact=True)
+    if max_age is not None:
+        max_age = _whole(max_age, "max_age", 0, exact=True)
     ages = _fifo_ages(produced_per_step, consumed_per_step, capacity, sync)
+    if strategy not in (None, "drop", "wait"):
+        raise ValueError(f"strategy={strategy!r} is unknown; use 'drop' or 'wait'")
+    try:
+        empty_max: Optional[int] = max(_fifo_ages(produced_per_step, consumed_per_step, capacity, sync,
+                                                  start_full=False)) + latency
+    except ValueError:
+        empty_max = None
     total = sum(ages.values())
     dist = {a + latency: n / total for a, n in sorted(ages.items())}
     age_max = max(dist)
@@ -277,16 +310,35 @@ def plan(produced_per_step: float, consumed_per_step: float, capacity: int, para
     if max_age is not None:
         drop_share = sum(s for a, s in dist.items() if a > max_age)
     return Plan(produced_per_step, consumed_per_step, capacity, sync, turnover, dist, age_mean, age_max, age_max,
-                reasoning, warnings, max_age, drop_share, strategy, latency)
+                reasoning, warnings, max_age, drop_share, strategy, latency, empty_max)
 
 
-def _fifo_ages(produced: float, consumed: float, capacity: int, sync: int) -> Dict[int, int]:
-    """Simulates a full FIFO until it is periodic and counts the age of every trajectory taken."""
-    queue: collections.deque = collections.deque([[None, capacity]])  # [sample_step, count]; None = filled before
-    level, made, taken_so_far = capacity, 0.0, 0.0
+def _whole(value: Any, name: str, minimum: int, exact: bool = False) -> int:
+    """Returns ``value`` as an int >= ``minimum`` (rounded down unless ``exact``), or raises ValueError saying why."""
+    if _number(value) is None:
+        raise ValueError(f"{name}={value!r} is not a number; supply it with --set {name}=N")
+    if exact and value != int(value):
+        raise ValueError(f"{name}={value!r} is not a whole number; supply it with --set {name}=N")
+    if int(value) < minimum:
+        raise ValueError(f"{name}={value!r} is below {minimum}" + (" once rounded down to a whole number" if
+                         value != int(value) else "") + f"; supply it with --set {name}=N (N >= {minimum})")
+    return int(value)
+
+
+def _fifo_ages(produced: float, consumed: float, capacity: int, sync: int, start_full: bool = True) -> Dict[int, int]:
+    """Simulates a FIFO (full, or empty) until it is periodic and counts the age of every trajectory taken.
+
+    Raises ValueError when that takes more than _MAX_SIMULATED_STEPS steps, or when nothing is taken.
+    """
     drain = consumed - produced if consumed > produced else produced  # rate the prefill leaves the head
-    warm = min(_MAX_SIMULATED_STEPS, math.ceil(capacity / max(drain, 1e-9)) + 2 * sync + 2)
+    warm = math.ceil(capacity / max(drain, 1e-9)) + 2 * sync + 2
     window = 8 * sync + 16
+    if warm + window > _MAX_SIMULATED_STEPS:
+        raise ValueError(f"too large to simulate: reaching the steady state takes about {warm + window:.3g} steps "
+                         f"(capacity {capacity}, parameter_sync_step {sync}, {drain:g} trajectories a step), "
+                         f"above the {_MAX_SIMULATED_STEPS} simulated; check the values, or --set smaller ones")
+    queue: collections.deque = collections.deque([[None, capacity]] if start_full else [])  # [sample_step, count]
+    level, made, taken_so_far = (capacity if start_full else 0), 0.0, 0.0
     ages: Dict[int, int] = collections.Counter()
     for t in range(warm + window):
         # Whole trajectories only: accumulate fractional rates (TRL's batch / num_iterations).
@@ -314,26 +366,37 @@ def _fifo_ages(produced: float, consumed: float, capacity: int, sync: int) -> Di
             want -= k
             if not head[1]:
                 queue.popleft()
-    return ages or {0: 1}
+    if not ages:
+        raise ValueError(f"no trajectory reached the trainer in {window} simulated steps (production {produced:g}, "
+                         f"consumption {consumed:g} a step); check the rates")
+    return ages
 
 
 # ---------------------------------------------------------------- the command
 
 
 def parse_set(items: List[str]) -> Dict[str, Any]:
-    """Parses ``--set key=value`` items (values as YAML scalars); raises ValueError naming a bad item."""
-    import yaml
+    """Parses ``--set key=value`` items; raises ValueError naming a bad item.
 
-    out = {}
+    A value is an int if int() reads it, else a float if float() does (so 1e4 is a number, not YAML 1.1's
+    string), else true/false/null, else the text itself.
+    """
+    out: Dict[str, Any] = {}
     for item in items or []:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set {item!r} is not key=value; write e.g. --set capacity=4096")
-        try:
-            out[key.strip()] = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
-            out[key.strip()] = text
+        out[key.strip()] = _scalar(text.strip())
     return out
+
+
+def _scalar(text: str) -> Any:
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return {"": None, "null": None, "none": None, "true": True, "false": False}.get(text.lower(), text)
 
 
 def analyse(paths: List[str], overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -360,7 +423,7 @@ def analyse(paths: List[str], overrides: Optional[Dict[str, Any]] = None) -> Dic
         "rhythm": values,
         "derived_from": how,
         "plan": None,
-        "missing": [k for k in ("produced_per_step", "consumed_per_step", "capacity") if k not in values],
+        "missing": [k for k in REQUIRED_RATES if k not in values],
         "notes": notes,
     }
     if not report["missing"]:
@@ -406,6 +469,10 @@ def format_report(report: Dict[str, Any]) -> str:
                 f"strategy 'wait' drops nothing; under 'drop' it would drop {share}" if p["strategy"] == "wait"
                 else f"drops {share}"))
         out.append(f"suggested {p['reasoning']}")
+        empty = p["age_max_empty_start"]
+        out.append("assumed: the buffer has filled once (the worst case)" + (
+            "" if empty is None else f"; from an empty start at these rates the oldest trajectory trained on is "
+            f"{empty} step(s) old"))
         out += ["", "warnings:"] + [f"  - {w}" for w in p["warnings"]] if p["warnings"] else ["", "warnings: none"]
     elif report["missing"]:
         out += ["", "turnover: not computed; missing " + ", ".join(report["missing"])
@@ -426,6 +493,21 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def to_json(report: Dict[str, Any]) -> str:
+    """Returns ``report`` as strict JSON: NaN and infinities (a config may hold them) become the strings "NaN", "inf"."""
+    return json.dumps(_finite(report), indent=2, default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value).replace("nan", "NaN")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         overrides = parse_set(args.set)
@@ -433,9 +515,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"rhythm: {exc}", file=sys.stderr)
         return 2
     report = analyse(args.paths, overrides)
-    print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
+    print_output(to_json(report) if args.json else format_report(report))
     # 2 when nothing could be read or planned; warnings alone do not fail the command.
     return 0 if report["files"] or report["findings"] or report["plan"] else 2
+
+
+def print_output(text: str) -> None:
+    """Prints ``text``; a reader that went away (``| head``) ends the output quietly."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Point stdout at devnull so the interpreter's final flush does not raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

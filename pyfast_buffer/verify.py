@@ -13,13 +13,17 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import os
 import random
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
+from ._args import MAX_CAPACITY
+from .audit import ledger_gap
 from .buffer import StalenessBuffer
+from .rhythm import REQUIRED_RATES, print_output
 
 SMALL_MAX_AGE = 0
 LARGE_MAX_AGE = 10**9
@@ -28,6 +32,12 @@ ABOUT_ZERO = 0.01
 #: Drops with the small max_age must be at least this many times those with the large one.
 SHARP = 10
 LEDGER_ROWS = ("sampled_total", "taken", "retired", "dropped_stale", "evicted", "buffer_left", "in_flight")
+#: Largest max_age the buffer takes (int64).
+MAX_AGE_LIMIT = 2**63 - 1
+#: Most trajectories the built-in simulation makes (produced_per_step x steps), to stay a quick check.
+MAX_SIMULATED_TRAJECTORIES = 10_000_000
+#: Exit codes: drops moved cleanly / did not move / inconclusive (nothing old enough) / moved but not cleanly.
+EXIT_MOVED, EXIT_NOT_MOVED, EXIT_USAGE, EXIT_NOT_CLEAN, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
 
 class _PerturbError(ValueError):
     """perturb's own refusal (bad ages, or a workload that built no buffer), told apart from the workload's errors."""
@@ -48,7 +58,7 @@ class PerturbResult:
     strategies: List[str]
     verdict: str
     moved: bool  # drops rose with the small max_age and fell to about zero with the large one
-    exit_code: int  # 0 moved, 1 drops did not move at all, 3 they moved but not cleanly
+    exit_code: int  # 0 moved, 1 drops did not move at all, 3 they moved but not cleanly, 4 inconclusive
 
 
 def perturb(run: Workload, small_max_age: int = SMALL_MAX_AGE, large_max_age: int = LARGE_MAX_AGE,
@@ -59,8 +69,9 @@ def perturb(run: Workload, small_max_age: int = SMALL_MAX_AGE, large_max_age: in
     workload may build several buffers and the ledgers are summed. Raises ValueError when
     the workload never calls the factory (nothing was measured) or the ages are not small < large.
     """
-    if not 0 <= small_max_age < large_max_age:
-        raise _PerturbError(f"small_max_age={small_max_age}, large_max_age={large_max_age}: need 0 <= small < large")
+    if not 0 <= small_max_age < large_max_age <= MAX_AGE_LIMIT:
+        raise _PerturbError(f"small_max_age={small_max_age}, large_max_age={large_max_age}: need "
+                            f"0 <= small < large <= {MAX_AGE_LIMIT} (int64)")
     ledgers, strategies = [], set()
     for max_age in (small_max_age, large_max_age):
         built: List[Any] = []
@@ -90,6 +101,14 @@ def _sum_ledgers(ledgers: Any) -> Dict[str, int]:
 
 def _verdict(small: Dict[str, int], large: Dict[str, int], lo: int, hi: int, strategies: List[str]):
     ds, dl = small.get("dropped_stale", 0), large.get("dropped_stale", 0)
+    if ds == dl == 0 and small.get("taken", 0) > 0 and strategies != ["wait"]:
+        # The trainer does take from this buffer, but nothing it took was older than the small max_age:
+        # the drop path had nothing to drop, so this run cannot show whether it works.
+        fix = (f"run again with --small {lo - 1} or lower" if lo > 0 else
+               "every trajectory is taken in the step it was sampled (age 0), so no max_age can drop it; "
+               "let the workload take trajectories a step or more after their sample step (as a real async run does)")
+        return (f"inconclusive: taken={small.get('taken', 0)} with max_age={lo} and nothing was dropped, so no "
+                f"trajectory taken was older than {lo}; {fix}"), False, EXIT_INCONCLUSIVE
     if ds == dl:
         hint = (" (strategy 'wait' never drops for staleness)" if strategies == ["wait"] else
                 "; the drop code is never called: check that the trainer takes from this buffer with strategy 'drop'")
@@ -117,6 +136,11 @@ def simulated_workload(produced_per_step: int, consumed_per_step: int, capacity:
                         ("max_latency", max_latency)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
+    if capacity > MAX_CAPACITY:
+        raise ValueError(f"capacity={capacity} is above the buffer's largest, {MAX_CAPACITY}")
+    if produced_per_step * steps > MAX_SIMULATED_TRAJECTORIES:
+        raise ValueError(f"produced_per_step {produced_per_step} x steps {steps} is too large to simulate (at most "
+                         f"{MAX_SIMULATED_TRAJECTORIES} trajectories); lower --produced or --steps")
 
     def workload(factory: Factory) -> None:
         rng = random.Random(seed)
@@ -150,26 +174,45 @@ def load_workload(spec: str) -> Workload:
             loaded.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
+    except ValueError:
+        raise
     except ImportError as exc:
         raise ValueError(f"--workload {spec!r}: cannot import {module_name} ({exc}); check PYTHONPATH") from None
+    except Exception as exc:  # noqa: BLE001 - a SyntaxError or an error at import time in the user's module
+        raise ValueError(f"--workload {spec!r}: importing {module_name} failed ({type(exc).__name__}: {exc})") from None
     func = getattr(module, func_name, None)
     if not callable(func):
         raise ValueError(f"--workload {spec!r}: {module_name} has no function {func_name}")
     return func
 
 
-def rates_from_rhythm(path: str) -> Dict[str, int]:
-    """Returns the simulation rates from a ``rhythm --json`` file; raises ValueError naming what is missing."""
+def read_rhythm(path: str) -> Dict[str, Any]:
+    """Returns the ``rhythm`` values of a ``rhythm --json`` file; raises ValueError saying what is wrong."""
     try:
         with open(path, encoding="utf-8") as f:
             report = json.load(f)
-        values = report["rhythm"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         raise ValueError(f"--rhythm {path}: not the JSON of `pyfast-buffer rhythm --json` ({exc})") from None
-    missing = [k for k in ("produced_per_step", "consumed_per_step", "capacity") if values.get(k) is None]
+    values = report.get("rhythm") if isinstance(report, dict) else None
+    if not isinstance(values, dict):
+        raise ValueError(f"--rhythm {path}: not the JSON of `pyfast-buffer rhythm --json` (no \"rhythm\" object)")
+    return values
+
+
+def rates_from_rhythm(path: str) -> Dict[str, int]:
+    """Returns the simulation rates from a ``rhythm --json`` file; raises ValueError naming what is missing or bad."""
+    values = read_rhythm(path)
+    missing = [k for k in REQUIRED_RATES if values.get(k) is None]
     if missing:
         raise ValueError(f"--rhythm {path}: missing {', '.join(missing)}; rerun rhythm with --set {missing[0]}=N")
-    rates = {k: max(1, round(values[k])) for k in ("produced_per_step", "consumed_per_step", "capacity")}
+    for key in REQUIRED_RATES + ("parameter_sync_step",):
+        value = values.get(key)
+        if value is None and key == "parameter_sync_step":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"--rhythm {path}: {key}={value!r} is not a finite number > 0; rerun rhythm with "
+                             f"--set {key}=N")
+    rates = {k: max(1, round(values[k])) for k in REQUIRED_RATES}
     rates["parameter_sync_step"] = max(1, round(values.get("parameter_sync_step") or 1))
     return rates
 
@@ -190,10 +233,15 @@ def format_result(result: PerturbResult, title: str) -> str:
 
 
 def _balanced(led: Dict[str, int]) -> bool:
-    return led.get("sampled_total", 0) == sum(led.get(k, 0) for k in ("retired", "dropped_stale", "evicted", "buffer_left"))
+    return ledger_gap(led.get("sampled_total", 0), led.get("retired", 0), led.get("dropped_stale", 0),
+                      led.get("evicted", 0), led.get("buffer_left", 0)) == 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.small < args.large <= MAX_AGE_LIMIT:
+        print(f"perturb: --small {args.small} and --large {args.large}: need 0 <= small < large <= {MAX_AGE_LIMIT}"
+              " (int64)", file=sys.stderr)
+        return 2
     try:
         workload, title = _workload_from_args(args)
     except ValueError as exc:
@@ -205,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     except _PerturbError as exc:
         print(f"perturb: {exc}", file=sys.stderr)
         return 2
-    print(format_result(result, title))
+    print_output(format_result(result, title))
     return result.exit_code
 
 
@@ -213,12 +261,18 @@ def _workload_from_args(args: argparse.Namespace):
     if args.workload:
         return load_workload(args.workload), f"perturb: workload {args.workload}"
     rates = {k: getattr(args, flag) for k, flag in _FLAG.items()}
+    ignored = ""
     if args.rhythm:  # flags given explicitly win over the rhythm file
         rates.update({k: v for k, v in rates_from_rhythm(args.rhythm).items() if rates[k] is None})
+        values = read_rhythm(args.rhythm)
+        kept = [f"{k} {values[k]!r}" for k in ("strategy", "max_age") if values.get(k) is not None]
+        if kept:
+            ignored = (f"\nnote: the rhythm's {' and '.join(kept)} {'are' if len(kept) > 1 else 'is'} not used: perturb forces max_age to --small and "
+                       "--large, and the simulation takes with strategy 'drop' (under 'wait' nothing is dropped)")
     rates = {k: (v if v is not None else _DEFAULTS[k]) for k, v in rates.items()}
     workload = simulated_workload(**rates, steps=args.steps, seed=args.seed)
     title = ("perturb: built-in simulation, " + ", ".join(f"{k} {v}" for k, v in rates.items())
-             + f", {args.steps} steps, seed {args.seed}")
+             + f", {args.steps} steps, seed {args.seed}" + ignored)
     return workload, title
 
 
@@ -228,7 +282,11 @@ _DEFAULTS = {"produced_per_step": 64, "consumed_per_step": 64, "capacity": 512, 
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("perturb", help="run a workload with a tiny and a huge max_age and check that drops move")
+    p = sub.add_parser("perturb", help="run a workload with a tiny and a huge max_age and check that drops move",
+                       epilog="exit status: 0 drops rose with the small max_age and fell to about zero with the large "
+                              "one; 1 they did not move (the drop path never runs); 2 usage error; 3 they moved but "
+                              "not cleanly; 4 inconclusive: trajectories were taken but none was older than the small "
+                              "max_age, so nothing could be dropped")
     src = p.add_argument_group("workload (a user function, or the built-in simulation)")
     src.add_argument("--workload", metavar="MODULE:FUNCTION",
                      help="function(factory) to run; factory(**kwargs) builds a StalenessBuffer with max_age forced")

@@ -125,3 +125,100 @@ def test_toml_without_tomllib_is_skipped_with_a_fix(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "tomli", None)
     result = rhythm.scan([fixture("rhythm", "homegrown.toml")])
     assert result.files == [] and "Python 3.11+" in result.skipped[0][1]
+
+
+def test_deeply_nested_configs_are_skipped_not_crashing(tmp_path):
+    (tmp_path / "deep.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    (tmp_path / "deep.yaml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp_path / "ok.yaml").write_text("replay:\n  capacity: 64\n")
+    result = rhythm.scan([str(tmp_path)])
+    reasons = dict(result.skipped)
+    assert "nested too deeply" in reasons[str(tmp_path / "deep.json")]
+    assert str(tmp_path / "deep.yaml") in reasons
+    assert result.files == [str(tmp_path / "ok.yaml")]
+
+
+def test_yaml_alias_bomb_is_walked_once():
+    result = rhythm.scan([fixture("configs_bad", "laughs.yaml")])  # 10**9 leaves if aliases were expanded
+    assert result.skipped == [] and result.findings == []
+
+
+def test_too_many_keys_and_too_large_files_are_skipped(tmp_path):
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("".join(f"buffer_{i}: {i}\n" for i in range(20_001)))
+    big = tmp_path / "tokenizer.json"
+    big.write_text('{"vocab": "' + "x" * (2 * 1024 * 1024) + '"}')
+    reasons = dict(rhythm.scan([str(wide), str(big)]).skipped)
+    assert "more than 20000 keys" in reasons[str(wide)] and "above the 2 MiB" in reasons[str(big)]
+
+
+def test_json_values_come_from_json_not_yaml():
+    report = rhythm.analyse([fixture("configs_bad", "exponent_values.json")])
+    found = {f["key"]: f for f in report["findings"]}
+    assert found["data.train_batch_size"]["value"] == 1000.0 and found["data.train_batch_size"]["line"] == 1
+    assert report["rhythm"]["produced_per_step"] == 1000 and report["rhythm"]["capacity"] == 4000
+
+
+def test_non_finite_known_keys_are_noted_and_json_output_stays_valid(capsys):
+    report = rhythm.analyse([fixture("configs_bad", "nan_values.json")])
+    assert "capacity" not in report["rhythm"]  # NaN is not silently replaced
+    notes = " ".join(report["notes"])
+    assert "replay.capacity=nan" in notes and "actor_rollout_ref.rollout.n=nan" in notes and "not a finite number" in notes
+    code, out, _ = run_cli(capsys, "rhythm", fixture("configs_bad", "nan_values.json"), "--json")
+    assert "NaN" in out and "Infinity" not in out
+    parsed = json.loads(out, parse_constant=lambda c: pytest.fail(f"bare {c} in --json output"))
+    assert {f["key"]: f["value"] for f in parsed["findings"]}["replay.capacity"] == "NaN"
+
+
+@pytest.mark.parametrize("text, words", [
+    ("data:\n  train_batch_size: 8\nparameter_sync_step: 0.5\nreplay:\n  capacity: 64\n",
+     "parameter_sync_step=0.5 is below 1"),
+    ("data:\n  train_batch_size: 8\nreplay:\n  capacity: 0.5\n", "capacity=0.5 is below 1"),
+    ("data:\n  train_batch_size: 8\nparameter_sync_step: 1000000000\nreplay:\n  capacity: 64\n",
+     "too large to simulate"),
+    ("data:\n  train_batch_size: 0.000001\nreplay:\n  capacity: 1000000\n", "too large to simulate"),
+])
+def test_numbers_that_cannot_be_planned_say_why(capsys, tmp_path, text, words):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    report = rhythm.analyse([str(path)])
+    assert report["plan"] is None and words in report["plan_error"]
+    code, out, _ = run_cli(capsys, "rhythm", path)
+    assert code == 0 and "turnover: not computed: " + words in out and "suggested max_age" not in out
+
+
+@pytest.mark.parametrize("value, words", [("abc", "max_age='abc' is not a number"),
+                                          ("2.5", "max_age=2.5 is not a whole number"),
+                                          ("-1", "max_age=-1 is below 0")])
+def test_set_max_age_must_be_a_whole_number(capsys, value, words):
+    code, out, _ = run_cli(capsys, "rhythm", fixture("rhythm", "trl_grpo.yaml"), "--set", f"max_age={value}")
+    assert code == 0 and words in out
+
+
+def test_set_reads_numbers_before_yaml():
+    assert rhythm.parse_set(["capacity=1e4", "produced_per_step=12", "strategy=wait", "max_age=null"]) == {
+        "capacity": 10000.0, "produced_per_step": 12, "strategy": "wait", "max_age": None}
+    report = rhythm.analyse([fixture("rhythm", "homegrown.toml")],
+                            rhythm.parse_set(["capacity=1e4", "produced_per_step=5e2", "consumed_per_step=5e2"]))
+    assert report["plan"]["capacity"] == 10000 and report["plan"]["turnover_steps"] == 20
+
+
+def test_threshold_goes_through_the_config_helper():
+    report = rhythm.analyse([fixture("rhythm", "verl_ppo_trainer.yaml")],
+                            rhythm.parse_set(["trainer.v1.sampler.max_off_policy_threshold=0.5"]))
+    assert "max_age" not in report["rhythm"]
+    assert any("no max_age derived" in n for n in report["notes"])
+
+
+def test_the_full_buffer_assumption_is_printed(capsys):
+    plan = rhythm.plan(10, 10, 30, 1)
+    assert (plan.suggested_max_age, plan.age_max_empty_start) == (2, 0)
+    code, out, _ = run_cli(capsys, "rhythm", fixture("rhythm", "verl_ppo_trainer.yaml"))
+    assert "assumed: the buffer has filled once (the worst case); from an empty start at these rates the oldest " \
+           "trajectory trained on is 1 step(s) old" in out
+
+
+def test_yaml_without_pyyaml_is_skipped_with_a_fix(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "yaml", None)
+    result = rhythm.scan([fixture("rhythm", "trl_grpo.yaml")])
+    assert result.files == [] and "pip install pyyaml" in result.skipped[0][1]
