@@ -1,5 +1,7 @@
 #include "staleness_ring.hpp"
 
+#include "compact_rows.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -478,32 +480,51 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     removed = lo;
     remove_prefix(removed);
   } else {
-    // One branch-free pass: every row is copied to the write cursor, which advances only for fresh rows.
+    // One branch-free pass: every row is copied to the write cursor, which advances only for fresh
+    // rows; where neither cursor is near the wrap point, eight rows at a time with AVX-512 if present.
     const ColumnPointers c = columns_.get();  // local copies: column stores cannot alias them
     const int64_t cap = config_.capacity, total = size_;
-    int64_t read = head_, write = head_, kept = 0, descents = 0, previous = std::numeric_limits<int64_t>::min();
-    for (int64_t i = 0; i < total; ++i) {
-      const int64_t step = c.sample_step[read];
-      const int64_t keep = step >= cutoff;
-      c.traj_id[write] = c.traj_id[read];
-      c.group_id[write] = c.group_id[read];
-      c.sample_step[write] = step;
-      c.policy_version[write] = c.policy_version[read];
-      c.dispatch_ns[write] = c.dispatch_ns[read];
-      c.complete_ns[write] = c.complete_ns[read];
-      c.uses[write] = c.uses[read];
-      c.group_len[write] = c.group_len[read];
-      descents += keep & (step < previous);
-      previous = keep ? step : previous;
-      kept += keep;
-      write += keep;
-      write -= (write == cap) ? cap : 0;
-      read += 1;
-      read -= (read == cap) ? cap : 0;
+    const bool simd = simd_compaction_available();
+    int64_t read = head_, write = head_, kept = 0;
+    for (int64_t done = 0; done < total;) {
+      if (simd) {
+        const int64_t span = std::min({total - done, cap - read, cap - write}) / 8 * 8;
+        if (span > 0) {
+          const int64_t n_kept = compact_rows_simd(c, read, write, span, cutoff);
+          kept += n_kept, done += span, read += span, write += n_kept;
+          read -= (read == cap) ? cap : 0;
+          write -= (write == cap) ? cap : 0;
+          if (span >= 64) continue;  // near the wrap point: fall through to a few scalar rows
+        }
+      }
+      for (const int64_t stop = std::min(total, done + 64); done < stop; ++done) {
+        const int64_t step = c.sample_step[read];
+        const int64_t keep = step >= cutoff;
+        c.traj_id[write] = c.traj_id[read];
+        c.group_id[write] = c.group_id[read];
+        c.sample_step[write] = step;
+        c.policy_version[write] = c.policy_version[read];
+        c.dispatch_ns[write] = c.dispatch_ns[read];
+        c.complete_ns[write] = c.complete_ns[read];
+        c.uses[write] = c.uses[read];
+        c.group_len[write] = c.group_len[read];
+        kept += keep;
+        write += keep;
+        write -= (write == cap) ? cap : 0;
+        read += 1;
+        read -= (read == cap) ? cap : 0;
+      }
+    }
+    // The survivors are sorted iff no kept stamp is below its predecessor; stop at the first descent.
+    bool sorted = true;
+    for (int64_t i = 1, prev = c.sample_step[head_], p = phys(1); i < kept && sorted; ++i) {
+      sorted = c.sample_step[p] >= prev;
+      prev = c.sample_step[p];
+      p = p + 1 == cap ? 0 : p + 1;
     }
     removed = size_ - kept;
     size_ = kept;
-    sorted_ = descents == 0;
+    sorted_ = sorted;
     if (size_ == 0) head_ = 0;
   }
   ledger_.dropped_stale += removed;
