@@ -49,19 +49,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark against the pure-Python twin and peers (table, JSON, PNG)")
+def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small configurations, under a minute on 2 cores")
     p.add_argument("--cases", default="", help=f"comma-separated subset of: {', '.join(CASES)}")
     p.add_argument("--out", default=".", help="directory for bench-results.json and bench-results.png")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG")
     p.add_argument("--update-readme", metavar="PATH", default="",
                    help="write the results between the latest-run markers of PATH (bench/README.md)")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark against the pure-Python twin and peers (table, JSON, PNG)")
+    _add_arguments(p)
     p.set_defaults(run=run)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pyfast_buffer.bench")
-    sub = parser.add_subparsers(dest="command")
-    add_parser(sub)
-    return run(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))
+    parser = argparse.ArgumentParser(prog="python -m pyfast_buffer.bench", description=__doc__)
+    _add_arguments(parser)
+    return run(parser.parse_args(sys.argv[1:] if argv is None else argv))
