@@ -43,3 +43,8 @@ def test_thread_mode_runs_and_reconciles():
     result = run_small(ticks=15, mode="thread", tick_seconds=0.002)
     for s in result.summaries:
         assert s["reconciled"] and s["ledger"]["sampled_total"] > 0
+    for arm in preset("tiny").arms:
+        evals, steps = rows(result, "eval", arm), rows(result, "step", arm)
+        # the final evaluation runs after the trainer drained, on its last weights
+        assert evals[-1]["tick"] == 15 and evals[-1]["step"] == len(steps)
+        assert sum(1 for r in evals if r["tick"] == 15) == 1

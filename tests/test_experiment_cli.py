@@ -38,8 +38,32 @@ def test_experiment_cli_product_of_axes(capsys):
     (["--strategy", "drop,later"], "pass drop, wait or drop,wait"),
     (["--batch-size", "30"], "batch_size=30 is not a multiple of group_size=8"),
     (["--arm", "reuse=2,speed=3"], "'speed=3' is not KEY=VALUE"),
+    (["--lr", "-1"], "--lr=-1.0 must be a finite number > 0"),
+    (["--lr", "nan"], "--lr=nan must be a finite number > 0"),
+    (["--digits", "1"], "--digits=1 leaves nothing to learn"),
+    (["--length", "1"], "--length=1 cannot reach every sum"),
+    (["--arm", "reuse=2", "--arm", "reuse=2"], "--arm: arm reuse2-drop-age4-lag0 is listed twice"),
+    (["--tick-seconds", "-1"], "--tick-seconds=-1.0 must be a finite number >= 0"),
+    (["--out", "/etc/passwd/x"], "--out='/etc/passwd/x' is not a writable directory"),
+    (["--clip-eps", "-0.5"], "--clip-eps=-0.5 must be a finite number > 0"),
+    (["--latency-mean", "nan"], "--latency-mean=nan must be a finite number >= 0"),
+    (["--reuse", ""], "--reuse is empty"),
+    (["--strategy", ""], "--strategy is empty"),
 ])
 def test_bad_flags_name_the_argument_and_the_fix(capsys, flags, message):
     rc = main(["experiment", "--preset", "tiny", "--out", fresh_dir(), "--no-progress", *flags])
     assert rc == 2
     assert message in capsys.readouterr().err
+
+
+def test_one_axis_flag_keeps_the_presets_other_axes():
+    import argparse
+
+    from pyfast_buffer.experiment.cli import add_parser, resolve
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["experiment", "--preset", "demo", "--reuse", "1,4"])
+    _, arms = resolve(args)
+    assert sorted((a.reuse, a.strategy, a.max_age, a.lag) for a in arms) == [
+        (1, "drop", 4, 1), (1, "wait", 4, 1), (4, "drop", 4, 1), (4, "wait", 4, 1)]

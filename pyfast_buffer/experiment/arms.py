@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Callable, List, Optional, Sequence, TypeVar
+from typing import Callable, Dict, List, Optional, Sequence, TypeVar
 
 from .config import STRATEGIES, ArmConfig
 
@@ -13,6 +13,9 @@ AXIS_DEFAULTS = {"reuse": "1,2,4", "strategy": "drop", "max_age": "4", "lag": "0
 
 def parse_list(text: str, name: str, convert: Callable[[str], T]) -> List[T]:
     """Parses ``"1,2,4"`` into ``[1, 2, 4]``; raises ValueError naming ``--name`` and the expected form."""
+    if not str(text).strip():
+        raise ValueError(f"--{name.replace('_', '-')} is empty; pass a comma-separated list such as "
+                         f"{AXIS_DEFAULTS[name]!r}")
     items = [part.strip() for part in str(text).split(",")]
     if not items or any(not part for part in items):
         raise ValueError(f"--{name.replace('_', '-')}={text!r} has an empty item; pass a comma-separated list "
@@ -27,15 +30,27 @@ def parse_list(text: str, name: str, convert: Callable[[str], T]) -> List[T]:
     return values
 
 
+def axis_values(arms: Sequence[ArmConfig]) -> Dict[str, str]:
+    """Each axis's values among ``arms`` as a comma list, in first-seen order (a preset's unset axes)."""
+    out = {}
+    for axis in AXIS_DEFAULTS:
+        values = list(dict.fromkeys(str(getattr(a, axis)) for a in arms))
+        out[axis] = ",".join(values)
+    return out
+
+
 def product_arms(reuse: Optional[str] = None, strategy: Optional[str] = None, max_age: Optional[str] = None,
-                 lag: Optional[str] = None) -> List[ArmConfig]:
-    """Every combination of the four axes (unset axes take AXIS_DEFAULTS), reuse varying slowest."""
+                 lag: Optional[str] = None, defaults: Optional[Dict[str, str]] = None) -> List[ArmConfig]:
+    """Every combination of the four axes, reuse varying slowest. An unset (None) axis takes
+    ``defaults`` (a preset's values) or AXIS_DEFAULTS; an empty string is an error."""
+    fallback = {**AXIS_DEFAULTS, **(defaults or {})}
     axes = {
-        "reuse": parse_list(reuse or AXIS_DEFAULTS["reuse"], "reuse", int),
-        "strategy": parse_list(strategy or AXIS_DEFAULTS["strategy"], "strategy", str),
-        "max_age": parse_list(max_age or AXIS_DEFAULTS["max_age"], "max_age", int),
-        "lag": parse_list(lag or AXIS_DEFAULTS["lag"], "lag", int),
+        "reuse": parse_list(fallback["reuse"] if reuse is None else reuse, "reuse", int),
+        "strategy": parse_list(fallback["strategy"] if strategy is None else strategy, "strategy", str),
+        "max_age": parse_list(fallback["max_age"] if max_age is None else max_age, "max_age", int),
+        "lag": parse_list(fallback["lag"] if lag is None else lag, "lag", int),
     }
+
     for s in axes["strategy"]:
         if s not in STRATEGIES:
             raise ValueError(f"--strategy has {s!r}; pass drop, wait or drop,wait")
@@ -64,5 +79,5 @@ def unique(arms: Sequence[ArmConfig]) -> List[ArmConfig]:
     names = [a.name for a in arms]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ValueError(f"arm {dupes[0]} is listed twice; list each arm once")
+        raise ValueError(f"--arm: arm {dupes[0]} is listed twice; list each arm once")
     return list(arms)

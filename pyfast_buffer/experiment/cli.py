@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Dict, List
 
-from .arms import parse_arm, product_arms
+from .arms import axis_values, parse_arm, product_arms, unique
 from .config import MODES, PRESETS, ArmConfig, ExperimentConfig, preset, with_overrides
 from .runner import run_experiment
 
@@ -21,7 +22,7 @@ CONFIG_FLAGS = (
     ("--batch-size", "batch_size", int, "trajectories per trainer step (a multiple of --group-size)"),
     ("--capacity", "capacity", int, "ready trajectories the buffer holds"),
     ("--eval-interval", "eval_interval", int, "sampling steps between greedy evaluations"),
-    ("--eval-prompts", "eval_prompts", int, "held-out prompts per evaluation"),
+    ("--eval-prompts", "eval_prompts", int, "fixed eval prompts per evaluation (drawn from the training distribution)"),
     ("--parameter-sync-step", "parameter_sync_step", int, "trainer steps between weight pushes to the rollout side"),
     ("--latency-mean", "latency_mean", float, "mean extra sampling steps a prompt stays in flight"),
     ("--max-latency", "max_latency", int, "longest a prompt stays in flight, in sampling steps"),
@@ -68,11 +69,12 @@ def resolve(args: argparse.Namespace) -> "tuple[ExperimentConfig, List[ArmConfig
     cfg = with_overrides(base.config if base else ExperimentConfig(), **overrides)
     if getattr(args, "arm", None):
         arms = [parse_arm(spec) for spec in args.arm]
-    elif base and not any(getattr(args, a, None) for a in AXES):
+    elif base and all(getattr(args, a, None) is None for a in AXES):
         arms = list(base.arms)
-    else:
-        arms = product_arms(*(getattr(args, a, None) for a in AXES))
-    return cfg, arms
+    else:  # unset axes keep the preset's values (or the defaults without a preset)
+        arms = product_arms(*(getattr(args, a, None) for a in AXES),
+                            defaults=axis_values(base.arms) if base else None)
+    return cfg, unique(arms)
 
 
 def execute(args: argparse.Namespace, label: str) -> int:
@@ -81,6 +83,16 @@ def execute(args: argparse.Namespace, label: str) -> int:
         cfg, arms = resolve(args)
     except (ValueError, TypeError) as exc:
         print(f"pyfast-buffer {label}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        probe = os.path.join(args.out, ".pyfast-buffer-write-test")
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        print(f"pyfast-buffer {label}: error: --out={args.out!r} is not a writable directory "
+              f"({exc.strerror or exc}); pass a directory you can write to", file=sys.stderr)
         return 2
     print(f"{label}: {len(arms)} arms x {cfg.ticks} sampling steps ({cfg.mode} mode): "
           + ", ".join(a.name for a in arms), flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List
 
@@ -15,7 +16,8 @@ class ArmConfig:
 
     reuse: int = 1          # the buffer's max_uses: times one trajectory may be trained on
     strategy: str = "drop"  # drop stale entries at take, or wait for in-flight prompts
-    max_age: int = 4        # largest age (trainer steps) that may be trained on
+    max_age: int = 4        # drop: entries older than this (trainer steps) are dropped; wait: blocks on in-flight
+                            # prompts at this age but still trains ready entries past it
     lag: int = 0            # rollout weights are those of (sync step - lag)
 
     def __post_init__(self) -> None:
@@ -50,7 +52,7 @@ class ExperimentConfig:
     capacity: int = 256         # ready trajectories the buffer holds
     ticks: int = 300            # total sampling steps, the same for every arm
     eval_interval: int = 25     # sampling steps between evaluations
-    eval_prompts: int = 200     # held-out prompts, greedy decoding
+    eval_prompts: int = 200     # fixed eval prompts (from the training distribution), greedy decoding
     parameter_sync_step: int = 1
     latency_mean: float = 0.5   # mean extra sampling steps a prompt stays in flight (geometric)
     max_latency: int = 6        # longest a prompt stays in flight, in sampling steps
@@ -62,21 +64,45 @@ class ExperimentConfig:
     tick_seconds: float = 0.01  # thread mode: the producer's pause between sampling steps
 
     def __post_init__(self) -> None:
-        positive = ("digits", "length", "group_size", "prompts_per_tick", "batch_size", "capacity", "ticks",
+        def flag(name: str) -> str:
+            return f"--{name.replace('_', '-')}"
+
+        for name in ("seed", "digits", "length", "group_size", "prompts_per_tick", "batch_size", "capacity", "ticks",
+                     "eval_interval", "eval_prompts", "parameter_sync_step", "max_latency", "hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{flag(name)}={value!r} must be an int")
+        positive = ("group_size", "prompts_per_tick", "batch_size", "capacity", "ticks",
                     "eval_interval", "eval_prompts", "parameter_sync_step", "hidden")
         for name in positive:
             if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+                raise ValueError(f"{flag(name)}={getattr(self, name)} must be >= 1")
+        if self.digits < 2:
+            raise ValueError(f"--digits={self.digits} leaves nothing to learn; pass --digits 2 or more")
+        if self.length < 2:
+            raise ValueError(f"--length={self.length} cannot reach every sum of two digits; pass --length 2 or more")
+        if self.seed < 0:
+            raise ValueError(f"--seed={self.seed} must be >= 0")
+        if self.max_latency < 0:
+            raise ValueError(f"--max-latency={self.max_latency} must be >= 0")
+        for name, lo, lo_ok, example in (("lr", 0.0, False, "3e-3"), ("clip_eps", 0.0, False, "0.2"),
+                                         ("latency_mean", 0.0, True, "0.5"), ("tick_seconds", 0.0, True, "0.01"),
+                                         ("fail_prob", 0.0, True, "0.02")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{flag(name)}={value!r} must be a number; pass e.g. {example}")
+            if not math.isfinite(value) or value < lo or (value == lo and not lo_ok):
+                raise ValueError(f"{flag(name)}={value!r} must be a finite number {'>=' if lo_ok else '>'} {lo:g}; "
+                                 f"pass e.g. {example}")
+        if self.fail_prob >= 1.0:
+            raise ValueError(f"--fail-prob={self.fail_prob} must be below 1 (some prompts must complete); "
+                             "pass e.g. 0.02")
         if self.batch_size % self.group_size:
             raise ValueError(f"batch_size={self.batch_size} is not a multiple of group_size={self.group_size}; "
                              "groups are never split, so pass a multiple")
         if self.capacity < self.batch_size:
             raise ValueError(f"capacity={self.capacity} is below batch_size={self.batch_size}; pass a capacity "
                              "of at least one batch")
-        if not 0.0 <= self.fail_prob < 1.0:
-            raise ValueError(f"fail_prob={self.fail_prob} must be in [0, 1)")
-        if self.latency_mean < 0 or self.max_latency < 0:
-            raise ValueError("latency_mean and max_latency must be >= 0")
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is unknown; pass one of {', '.join(MODES)}")
 
@@ -101,7 +127,7 @@ PRESETS: Dict[str, Preset] = {
     "tiny": Preset(ExperimentConfig(digits=5, length=2, group_size=8, prompts_per_tick=4, batch_size=32,
                                     capacity=128, ticks=100, eval_interval=25, eval_prompts=100, hidden=32, lr=1e-2),
                    _arms((1, "drop", 4, 1), (4, "drop", 4, 1), (4, "wait", 4, 1))),
-    # About a minute on 2 CPU cores: reuse 1/2/4 under drop and under wait, rollouts one step behind.
+    # About 30 s on 2 CPU cores: reuse 1/2/4 under drop and under wait, rollouts one step behind.
     "demo": Preset(ExperimentConfig(ticks=600, eval_interval=50),
                    _arms(*[(r, s, 4, 1) for s in ("drop", "wait") for r in (1, 2, 4)])),
 }

@@ -55,7 +55,7 @@ class ArmRun:
         return {f"ledger/{k}": v for k, v in self.buf.ledger().items()}
 
     def evaluate(self, tick: int) -> None:
-        """Greedy decoding of the trainer's current weights on the fixed held-out prompts."""
+        """Greedy decoding of the trainer's current weights on the fixed eval prompts (drawn from the training distribution)."""
         with self._lock:
             responses, _ = self.policy.sample(self.eval_prompts, self.cfg.length, torch.Generator(), greedy=True)
             score = float(self.task.reward(self.eval_prompts, responses).mean())
@@ -66,18 +66,26 @@ class ArmRun:
         stats = self.trainer.train_step(self.store, batch.traj_ids)
         self.rollout.on_step(self.trainer.step, self.policy)
         uses = torch.bincount(batch.uses, minlength=self.arm.reuse + 1)[1:].tolist()
+        first = batch.age[batch.uses == 1]
         m = batch.metrics
         row = {**self._base("step", tick), "step": step, "batch_size": len(batch), **stats, "value_loss": None,
-               "age_mean": m["age_mean"], "age_max": m["age_max"], "dropped_stale": m["dropped_stale"],
+               "age_mean": m["age_mean"], "age_max": m["age_max"],
+               "age_min_first_use": int(first.min()) if len(first) else None, "dropped_stale": m["dropped_stale"],
                "buffer_left": m["buffer_left"], "in_flight": m["in_flight"],
                **{k: v for k, v in m.items() if k.startswith("age_hist/")},
                **{f"uses/{i + 1}": c for i, c in enumerate(uses)}, **self._ledger()}
         self.records.append(row)
 
     # -- interleave --------------------------------------------------------------------------------
+    def _evict_stale(self) -> int:
+        """Under drop, drops every ready entry past max_age now (counted as dropped_stale), so the
+        length check below counts only entries a take may hand out and every take is a full batch."""
+        return self.buf.evict_stale(self.trainer.step) if self.arm.strategy == "drop" else 0
+
     def _trainer_turn(self, tick: int) -> Record:
         """Trains while a batch's worth is ready; returns how many steps ran and what stopped it."""
         steps, blocked_by = 0, ""
+        evicted = self._evict_stale()
         while len(self.buf) >= self.cfg.batch_size:
             batch = self.buf.take(self.cfg.batch_size, self.trainer.step)
             if len(batch) == 0:  # wait: an in-flight prompt sits at max_age; drop: all were stale
@@ -85,7 +93,8 @@ class ArmRun:
                 break
             self.train_once(tick, batch)
             steps += 1
-        return {"trainer_steps": steps, "blocked_by": blocked_by}
+            evicted += self._evict_stale()
+        return {"trainer_steps": steps, "blocked_by": blocked_by, "dropped_stale_before_take": evicted}
 
     def run(self) -> List[Record]:
         bar = progress.bar(self.cfg.ticks, self.arm.name, self.show_progress)
@@ -106,7 +115,9 @@ class ArmRun:
         with self._lock:
             self.records.append({**self._base("tick", t), **sampled, **turn, "buffer_left": len(self.buf),
                                  "in_flight": self.buf.in_flight, **self._ledger()})
-        if (t + 1) % self.cfg.eval_interval == 0 or t + 1 == self.cfg.ticks:
+        last = t + 1 == self.cfg.ticks
+        # Thread mode: the final evaluation waits until the trainer has drained (see _run_threaded).
+        if (last and self.cfg.mode != "thread") or (not last and (t + 1) % self.cfg.eval_interval == 0):
             self.evaluate(t + 1)
         bar.update(1)
         bar.set_postfix_str(f"step={self.trainer.step} reward={sampled['sample_reward']:.2f}")
@@ -123,7 +134,8 @@ class ArmRun:
                 for t in range(self.cfg.ticks):
                     current[0] = t
                     sampled = self.producer.tick(t)
-                    self._after_tick(t, sampled, {"trainer_steps": None, "blocked_by": ""}, bar)
+                    self._after_tick(t, sampled, {"trainer_steps": None, "blocked_by": "", "dropped_stale_before_take": None},
+                                     bar)
                     time.sleep(self.cfg.tick_seconds)
             except BaseException as exc:  # surfaced in the trainer thread below
                 errors.append(exc)
@@ -133,6 +145,8 @@ class ArmRun:
         worker = threading.Thread(target=produce, name="pyfast-buffer-producer", daemon=True)
         worker.start()
         while True:
+            with self._lock:
+                self._evict_stale()
             try:
                 batch = self.buf.take(self.cfg.batch_size, self.trainer.step, timeout=0.2)
             except TimeoutError:
@@ -144,3 +158,4 @@ class ArmRun:
         worker.join()
         if errors:
             raise errors[0]
+        self.evaluate(self.cfg.ticks)  # the trainer's final weights, after it drained the buffer

@@ -6,23 +6,18 @@ when it is missing, and the caller prints it.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence
+
+from .summary import per_tick as _per_tick
 
 Record = Dict[str, Any]
 #: Panels of per-trainer-step metrics: (record key, title).
 _STEP_PANELS = (("policy_loss", "policy loss (clipped surrogate)"), ("entropy", "entropy (nats/token)"),
                 ("clip_frac", "clip fraction"), ("approx_kl", "approx KL to behaviour policy"),
                 ("age_mean", "mean age of trained data (steps)"))
-_LEDGER = (("retired", "retired (taken max_uses times)"), ("dropped_stale", "dropped stale"),
-           ("evicted", "evicted"), ("buffer_left", "left in buffer"))
-
-
-def _per_tick(rows: Sequence[Record], key: str) -> Tuple[List[int], List[float]]:
-    by_tick: Dict[int, List[float]] = {}
-    for r in rows:
-        by_tick.setdefault(r["tick"], []).append(r[key])
-    ticks = sorted(by_tick)
-    return ticks, [sum(by_tick[t]) / len(by_tick[t]) for t in ticks]
+#: (ledger key, label, colour): greys, so no bar shares a colour with an arm's curve (C0, C1, ...).
+_LEDGER = (("retired", "retired (taken max_uses times)", "0.15"), ("dropped_stale", "dropped stale", "0.45"),
+           ("evicted", "evicted", "0.7"), ("buffer_left", "left in buffer", "0.9"))
 
 
 def _smooth(values: List[float], width: int) -> List[float]:
@@ -76,9 +71,9 @@ def plot(records: Sequence[Record], summaries: Sequence[Dict[str, Any]], path: s
 def _ledger_bars(ax: Any, summaries: Sequence[Dict[str, Any]], colors: Dict[str, str]) -> None:
     bottoms = [0] * len(summaries)
     xs = list(range(len(summaries)))
-    for i, (key, label) in enumerate(_LEDGER):
+    for key, label, colour in _LEDGER:
         heights = [s["ledger"][key] for s in summaries]
-        ax.bar(xs, heights, bottom=bottoms, label=label, color=f"C{i + 6}" if i else "C2")
+        ax.bar(xs, heights, bottom=bottoms, label=label, color=colour, edgecolor="black", linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xticks(xs)
     ax.set_xticklabels([s["arm"].replace("-", "\n") for s in summaries], fontsize=7)

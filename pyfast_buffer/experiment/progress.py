@@ -12,10 +12,6 @@ except ImportError:  # optional: pip install "pyfast_buffer[demo]"
 MISSING = "tqdm is not installed, so no progress bars (pip install 'pyfast_buffer[demo]' adds them)"
 
 
-def available() -> bool:
-    return _tqdm is not None
-
-
 class _NoBar:
     def update(self, n: int = 1) -> None:
         pass

@@ -33,7 +33,3 @@ def write_csvs(out_dir: str, records: Sequence[Dict[str, Any]]) -> List[str]:
         paths.append(path)
     return paths
 
-
-def read_jsonl(path: str) -> List[Dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]

@@ -11,11 +11,15 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .summary import WINDOW
 
-#: "loss falls": the arm's late policy loss sits at least this far below its baseline's.
+#: "loss falls while sampled reward does not follow", on within-arm trends (last minus first WINDOW of
+#: sampling steps). The loss is taken on first-use trainer steps only (every entry on its first use),
+#: because reuse passes 2..k start from a lower surrogate by construction. The arm's first-use loss
+#: must fall by at least this much more than its baseline's...
 LOSS_MARGIN = 0.02
-#: "reward does not follow": the arm's late sampled reward is less than this above its baseline's.
+#: ...while its sampled reward rises by less than the baseline's rise plus this.
 REWARD_MARGIN = 0.02
-#: "entropy falls faster": the arm halves its entropy at most this share of the baseline's sampling steps.
+#: "entropy falls faster": the arm halves its entropy within this share of the baseline's sampling steps
+#: AND within this share of the baseline's trainer steps (reuse k takes up to k x the trainer steps).
 ENTROPY_SPEEDUP = 0.8
 #: "clip fraction stays high": mean clip fraction over the second half of trainer steps at least this...
 CLIP_HIGH = 0.10
@@ -34,26 +38,50 @@ def baseline_of(s: Dict[str, Any], summaries: Sequence[Dict[str, Any]]) -> Optio
     return None
 
 
+def _trend(last: Optional[float], first: Optional[float]) -> Optional[float]:
+    return None if last is None or first is None else last - first
+
+
 def signs(s: Dict[str, Any], base: Dict[str, Any]) -> List[str]:
     """The procedure's signs that the data show for arm ``s`` against its reuse-1 ``base``, in words."""
     found = []
-    if (None not in (s["loss_last"], base["loss_last"], s["sample_reward_last"], base["sample_reward_last"])
-            and s["loss_last"] <= base["loss_last"] - LOSS_MARGIN
-            and s["sample_reward_last"] < base["sample_reward_last"] + REWARD_MARGIN):
-        found.append(f"training loss falls while sampled reward does not follow: late policy loss "
-                     f"{_f(s['loss_last'])} vs {_f(base['loss_last'])} (>= {LOSS_MARGIN} lower), late sampled "
-                     f"reward {_f(s['sample_reward_last'])} vs {_f(base['sample_reward_last'])} "
-                     f"(not {REWARD_MARGIN} higher)")
+    dl, dlb = _trend(s["loss_last_fresh"], s["loss_first_fresh"]), _trend(base["loss_last_fresh"], base["loss_first_fresh"])
+    dr = _trend(s["sample_reward_last"], s["sample_reward_first"])
+    drb = _trend(base["sample_reward_last"], base["sample_reward_first"])
+    if None not in (dl, dlb, dr, drb) and dl <= dlb - LOSS_MARGIN and dr < drb + REWARD_MARGIN:
+        found.append(f"first-use training loss falls more than the baseline's while sampled reward does not rise "
+                     f"more: first-use policy loss changed {dl:+.3f} vs {dlb:+.3f} (threshold: at least "
+                     f"{LOSS_MARGIN} more fall), sampled reward changed {dr:+.3f} vs {drb:+.3f} (threshold: less "
+                     f"than {REWARD_MARGIN} above the baseline's change); changes are last minus first {WINDOW:.0%} "
+                     f"of sampling steps")
     t, tb = s["entropy_half_tick"], base["entropy_half_tick"]
-    if t is not None and (tb is None or t <= ENTROPY_SPEEDUP * tb):
-        found.append(f"entropy falls faster: it halved by sampling step {t}, the baseline "
-                     + (f"by step {tb}" if tb is not None else "not within the run")
-                     + f" (threshold: at most {ENTROPY_SPEEDUP:.0%} of the baseline's steps)")
+    n, nb = s["entropy_half_step"], base["entropy_half_step"]
+    faster_ticks = t is not None and (tb is None or t <= ENTROPY_SPEEDUP * tb)
+    faster_steps = n is not None and (nb is None or n <= ENTROPY_SPEEDUP * nb)
+    if faster_ticks and faster_steps:
+        found.append(f"entropy falls faster, per sampling step and per trainer step: it halved by sampling step {t} "
+                     f"(after {n} trainer steps), the baseline "
+                     + (f"by sampling step {tb} (after {nb} trainer steps)" if tb is not None else "not within the run")
+                     + f" (threshold: within {ENTROPY_SPEEDUP:.0%} of the baseline's sampling steps and of its "
+                     f"trainer steps)")
+    elif faster_ticks:
+        found.append(f"(not a sign) entropy halves sooner per sampling step only: sampling step {t} vs {tb}, but "
+                     f"after {n} trainer steps vs the baseline's {nb}, so per trainer step it is not "
+                     f"{ENTROPY_SPEEDUP:.0%} of the baseline's or less")
     c, cb = s["clip_frac_late"], base["clip_frac_late"]
     if c is not None and cb is not None and c >= CLIP_HIGH and c >= CLIP_RATIO * cb:
         found.append(f"clip fraction stays high: {_f(c)} on average over the second half of trainer steps, "
                      f"baseline {_f(cb)} (thresholds: >= {CLIP_HIGH} and >= {CLIP_RATIO:g}x baseline)")
     return found
+
+
+def over_age(s: Dict[str, Any]) -> Optional[str]:
+    """A note when the arm trained on data older than its max_age (wait trains ready entries past it)."""
+    if s["age_max"] is None or s["age_max"] <= s["max_age"]:
+        return None
+    return (f"trained on data up to {s['age_max']} trainer steps old, past max_age {s['max_age']}: "
+            + ("wait blocks only on in-flight prompts at max_age and never drops ready entries, so ready "
+               "entries age past it" if s["strategy"] == "wait" else "unexpected under drop"))
 
 
 def arm_lines(s: Dict[str, Any]) -> List[str]:
@@ -65,7 +93,8 @@ def arm_lines(s: Dict[str, Any]) -> List[str]:
         f"{_f(s['sample_reward_last'])} (first/last {WINDOW:.0%} of sampling steps); greedy eval "
         f"{_f(s['eval_first'])} -> {_f(s['eval_last'])}; entropy {_f(s['entropy_first'])} -> "
         f"{_f(s['entropy_last'])}; clip fraction {_f(s['clip_frac_late'])} and approx KL "
-        f"{_f(s['approx_kl_late'], 4)} over the second half; mean age of trained data {_f(s['age_mean'], 2)} steps.",
+        f"{_f(s['approx_kl_late'], 4)} over the second half; age of trained data: mean {_f(s['age_mean'], 2)}, "
+        f"max {s['age_max']} trainer steps (max_age {s['max_age']}).",
         f"  trajectories: {led['retired']} retired, {led['dropped_stale']} dropped stale "
         f"({led['dropped_stale'] / sampled:.0%}), {led['evicted']} evicted ({led['evicted'] / sampled:.0%}), "
         f"{led['buffer_left']} left of {led['sampled_total']} sampled; uses per taken entry: {uses}; "
@@ -93,12 +122,15 @@ def render(summaries: Sequence[Dict[str, Any]], cfg: Any) -> str:
             out.append(f"- {s['arm']}: no reuse-1 arm with the same strategy, max_age and lag ran; not compared.")
             continue
         found = signs(s, base)
-        if not found:
+        if not any(not line.startswith("(not a sign)") for line in found):
             out.append(f"- {s['arm']} vs {base['arm']}: none of the three signs appears.")
         for line in found:
             out.append(f"- {s['arm']} vs {base['arm']}: {line}.")
     if all(s["reuse"] == 1 for s in summaries):
         out.append("- every arm has reuse 1: nothing to compare.")
+    notes = [(s["arm"], over_age(s)) for s in summaries if over_age(s)]
+    if notes:
+        out += ["", "Age past max_age:"] + [f"- {arm}: {note}." for arm, note in notes]
     out += ["", "These are short runs with one fixed seed on a toy task: they show direction in this range only, "
             "not what longer training or another task would do, and a gap between two arms can be seed noise "
             "(rerun with another --seed before trusting it)."]
@@ -111,7 +143,8 @@ def table(summaries: Sequence[Dict[str, Any]]) -> str:
             ("reward first", 12, lambda s: _f(s["sample_reward_first"])),
             ("reward last", 11, lambda s: _f(s["sample_reward_last"])), ("eval last", 9, lambda s: _f(s["eval_last"])),
             ("entropy", 7, lambda s: _f(s["entropy_last"])), ("clip", 5, lambda s: _f(s["clip_frac_late"], 2)),
-            ("age", 5, lambda s: _f(s["age_mean"], 1)), ("retired", 7, lambda s: s["ledger"]["retired"]),
+            ("age", 5, lambda s: _f(s["age_mean"], 1)),
+            ("age max", 7, lambda s: f"{s['age_max']}{'!' if over_age(s) else ''}"), ("retired", 7, lambda s: s["ledger"]["retired"]),
             ("dropped", 7, lambda s: s["ledger"]["dropped_stale"]), ("evicted", 7, lambda s: s["ledger"]["evicted"]),
             ("left", 5, lambda s: s["ledger"]["buffer_left"]), ("stalls", 6, lambda s: s["stalled_ticks"]),
             ("ledger", 6, lambda s: "ok" if s["reconciled"] else "BAD")]
@@ -119,4 +152,6 @@ def table(summaries: Sequence[Dict[str, Any]]) -> str:
     for s in summaries:
         lines.append("  ".join(f"{str(get(s)):>{w}}" if i else f"{str(get(s)):<{w}}"
                                for i, (_, w, get) in enumerate(cols)))
+    if any(over_age(s) for s in summaries):
+        lines.append("! age max is above the arm's max_age")
     return "\n".join(lines)

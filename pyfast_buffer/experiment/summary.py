@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from pyfast_buffer.audit import ledger_gap
 
 #: Share of the sampling steps in the "first" and "last" windows the report compares.
 WINDOW = 0.2
@@ -21,15 +23,26 @@ def _window(rows: Sequence[Record], key: str, ticks: int, last: bool) -> Optiona
     return _mean([r[key] for r in rows if lo <= r["tick"] < hi])
 
 
-def first_tick_below(rows: Sequence[Record], key: str, level: float) -> Optional[int]:
-    """The first sampling step whose mean ``key`` over its trainer steps is at or below ``level``."""
+def per_tick(rows: Sequence[Record], key: str) -> Tuple[List[int], List[float]]:
+    """The sampling steps that have rows, and the mean ``key`` of each one's rows (the figure uses it too)."""
     by_tick: Dict[int, List[float]] = {}
     for r in rows:
         by_tick.setdefault(r["tick"], []).append(r[key])
-    for tick in sorted(by_tick):
-        if sum(by_tick[tick]) / len(by_tick[tick]) <= level:
+    ticks = sorted(by_tick)
+    return ticks, [sum(by_tick[t]) / len(by_tick[t]) for t in ticks]
+
+
+def first_tick_below(rows: Sequence[Record], key: str, level: float) -> Optional[int]:
+    """The first sampling step whose mean ``key`` over its trainer steps is at or below ``level``."""
+    for tick, value in zip(*per_tick(rows, key)):
+        if value <= level:
             return tick
     return None
+
+
+def first_use(steps: Sequence[Record]) -> List[Record]:
+    """Trainer steps whose every entry was on its first use (no reuse pass): comparable across reuse."""
+    return [r for r in steps if r.get("uses/1") == r["batch_size"]]
 
 
 def summarise(records: Sequence[Record], arm: Any, ticks: int) -> Dict[str, Any]:
@@ -45,6 +58,9 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int) -> Dict[str, Any]
             uses[k] += r[f"uses/{k}"]
     entropy0 = steps[0]["entropy"] if steps else None
     half = len(steps) // 2
+    fresh = first_use(steps)
+    half_tick = first_tick_below(steps, "entropy", entropy0 / 2) if steps else None
+    half_step = next((r["step"] + 1 for r in steps if r["tick"] == half_tick), None)
     return {
         "arm": arm.name, "reuse": arm.reuse, "strategy": arm.strategy, "max_age": arm.max_age, "lag": arm.lag,
         "trainer_steps": len(steps),
@@ -58,10 +74,15 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int) -> Dict[str, Any]
         "loss_last": _window(steps, "policy_loss", ticks, last=True),
         "entropy_first": entropy0,
         "entropy_last": _window(steps, "entropy", ticks, last=True),
-        "entropy_half_tick": first_tick_below(steps, "entropy", entropy0 / 2) if steps else None,
+        "loss_first_fresh": _window(fresh, "policy_loss", ticks, last=False),
+        "loss_last_fresh": _window(fresh, "policy_loss", ticks, last=True),
+        "fresh_steps": len(fresh),
+        "entropy_half_tick": half_tick,
+        "entropy_half_step": half_step,
         "clip_frac_late": _mean([r["clip_frac"] for r in steps[half:]]),
         "approx_kl_late": _mean([r["approx_kl"] for r in steps[half:]]),
         "age_mean": _mean([r["age_mean"] for r in steps]),
+        "age_max": max((r["age_max"] for r in steps), default=None),
         "uses_hist": uses,
         "max_uses_seen": max((k for k, c in uses.items() if c), default=0),
         "ledger": ledger,
@@ -70,7 +91,7 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int) -> Dict[str, Any]
 
 
 def reconciles(ledger: Dict[str, int]) -> bool:
-    """Both ledger identities of DESIGN.md hold."""
-    return (ledger["sampled_total"] == ledger["retired"] + ledger["dropped_stale"] + ledger["evicted"]
-            + ledger["buffer_left"]
-            and ledger["dispatched"] == ledger["completed"] + ledger["failed"] + ledger["in_flight"])
+    """Both ledger identities of DESIGN.md hold (the first via audit.ledger_gap, where it is written once)."""
+    gap = ledger_gap(ledger["sampled_total"], ledger["retired"], ledger["dropped_stale"], ledger["evicted"],
+                     ledger["buffer_left"])
+    return gap == 0 and ledger["dispatched"] == ledger["completed"] + ledger["failed"] + ledger["in_flight"]

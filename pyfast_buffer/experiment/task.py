@@ -43,5 +43,3 @@ class DigitSumTask:
         target = prompts[:, 0] + prompts[:, 2]
         return (responses.sum(dim=1) == target).to(torch.float32)
 
-    def describe(self) -> str:
-        return f"digit-sum: write {self.length} digits in [0,{self.digits}) that add up to a+b"
