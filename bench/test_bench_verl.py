@@ -121,8 +121,8 @@ def test_pyfast_buffer_cpu(benchmark, tags):
     def one_sample():
         mirror.refresh(items)
         mirror.drop_stale(STEP)
-        uids, _ = mirror.take(BATCH, STEP)
-        keys, _ = mirror.batch_rows(uids)
+        taken, _ = mirror.take(BATCH, STEP)
+        uids, keys = taken.uids, taken.keys
         consume(items, uids)
         for _ in uids:
             add_group(items, STEP)

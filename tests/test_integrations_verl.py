@@ -4,6 +4,8 @@ tests check, plus the flaws it fixes. Skipped without the ``verl`` extra."""
 from __future__ import annotations
 
 import importlib.util
+import logging
+import threading
 import time
 
 import pytest
@@ -110,17 +112,27 @@ def test_sample_takes_the_oldest_prompts_first_in_whole_groups(pid):
     assert newest in listed(pid)
 
 
-def test_sample_blocks_until_enough_groups_then_returns(pid):
+def test_sample_blocks_until_enough_groups_then_returns(pid, monkeypatch):
     put_group(pid, "finished")
     rb = make()
+    listed_once = threading.Event()
+    real_list = verl_mod.tq.kv_list
+
+    def kv_list(*args, **kwargs):
+        out = real_list(*args, **kwargs)
+        listed_once.set()
+        return out
+
+    monkeypatch.setattr(verl_mod.tq, "kv_list", kv_list)
     consumer = Background(lambda: rb.sample(global_steps=0, partition_id=pid, batch_size=2))
     consumer.start()
-    time.sleep(0.2)
-    assert consumer.is_alive(), "sample returned before two groups were ready"
+    assert listed_once.wait(30)
+    with rb._mirror(pid).poll_lock:  # the consumer has seen one ready group and not returned
+        assert consumer.is_alive(), "sample returned before two groups were ready"
+        assert rb._mirror(pid).sampleable(0) and rb.ledger(pid)["taken"] == 0
     put_group(pid, "finished")
     batch, metrics = consumer.outcome()
     assert len(uids_of(batch.keys)) == 2
-    assert metrics["validation/pyfast_buffer/polls"] > 1
 
 
 def test_sequential_samples_drain_overproduction_without_repeats(pid):
@@ -208,14 +220,67 @@ def test_wait_unblocks_when_the_stale_prompt_finishes_and_keeps_it(pid):
 
 # ---- concurrency, bad tags, partitions -------------------------------------------------------------
 def test_concurrent_samples_never_share_a_prompt(pid):
-    uids = {put_group(pid, "finished", sessions=2)[0] for _ in range(8)}
-    rb = make()
-    calls = [Background(lambda: rb.sample(global_steps=0, partition_id=pid, batch_size=2)) for _ in range(4)]
+    # 4 samplers while a writer adds groups (running, then finished): no uid or key is served twice.
+    rb, n_groups, n_calls = make(), 24, 4
+    writer_uids = []
+
+    def write():
+        for i in range(n_groups):
+            uid, keys = put_group(pid, "running", sessions=2, global_steps=i % 3)
+            put_prompt(pid, uid, "finished", i % 3)
+            writer_uids.append(uid)
+
+    writer = Background(write)
+    calls = [Background(lambda: [rb.sample(global_steps=3, partition_id=pid, batch_size=2) for _ in range(3)])
+             for _ in range(n_calls)]
+    writer.start()
     for c in calls:
         c.start()
-    got = [uids_of(c.outcome()[0].keys) for c in calls]
-    assert all(len(g) == 2 for g in got)
-    assert set().union(*got) == uids and sum(map(len, got)) == 8
+    writer.outcome(60)
+    batches = [b for c in calls for b, _ in c.outcome(60)]
+    keys = [k for b in batches for k in b.keys]
+    uids = [u for b in batches for u in uids_of(b.keys)]
+    assert len(keys) == len(set(keys)) == 2 * n_groups
+    assert len(uids) == len(set(uids)) == n_groups and set(uids) == set(writer_uids)
+    ledger = rb.ledger(pid)
+    assert ledger["taken"] == n_groups and ledger["failed"] == 0 and ledger["dispatched"] == n_groups
+
+
+def test_an_older_listing_never_undoes_a_newer_one(pid, monkeypatch):
+    # Thread A lists (the group X is there) and is delayed; meanwhile B takes X, X is cleared and
+    # another poll forgets it. Applied late, A's answer used to resurrect X and serve it twice.
+    x, _ = put_group(pid, "finished")
+    rb = make(timeout=1.0)
+    real_list = verl_mod.tq.kv_list
+    a_listed, b_done = threading.Event(), threading.Event()
+
+    def kv_list(*args, **kwargs):
+        out = real_list(*args, **kwargs)
+        if threading.current_thread() is a_thread and not a_listed.is_set():
+            a_listed.set()
+            b_done.wait(3)  # without the poll lock B finishes meanwhile; with it, B waits for A
+        return out
+
+    monkeypatch.setattr(verl_mod.tq, "kv_list", kv_list)
+    a_thread = Background(lambda: rb.get_sampleable_count(0, pid))
+    a_thread.start()
+    assert a_listed.wait(30)
+
+    def b():
+        batch, _ = rb.sample(global_steps=0, partition_id=pid, batch_size=1)
+        verl_mod.tq.kv_clear(keys=list(batch.keys), partition_id=pid)  # the trainer clears what it trained on
+        rb.get_sampleable_count(0, pid)
+        return batch
+
+    b_thread = Background(b)
+    b_thread.start()
+    b_thread.join(5)
+    b_done.set()
+    a_thread.outcome()
+    assert uids_of(b_thread.outcome().keys) == {x}
+    with pytest.raises(TimeoutError):
+        rb.sample(global_steps=0, partition_id=pid, batch_size=1)  # X is not served again
+    assert rb.ledger(pid)["taken"] == 1
 
 
 def test_prompt_without_global_steps_is_a_value_error_naming_it(pid):
@@ -247,13 +312,16 @@ def test_a_bad_partition_does_not_break_another(pid):
         clear_partition(bad)
 
 
-def test_empty_finished_group_is_failed_and_cleared_not_sampled(pid):
+def test_empty_terminal_group_takes_a_batch_slot_like_verl(pid):
+    # verl's _validate samples batch_size = number of prompts submitted: a prompt whose sessions all
+    # failed (no trajectory) must still count, or the call hangs until the timeout.
+    full = {put_group(pid, "finished", sessions=2)[0] for _ in range(2)}
     empty = put_group(pid, "failure", sessions=0)[0]
-    full, _ = put_group(pid, "finished")
-    rb = make()
-    batch, _ = rb.sample(global_steps=0, partition_id=pid, batch_size=1)
-    assert uids_of(batch.keys) == {full} and empty not in listed(pid)
-    assert rb.ledger(pid)["failed"] == 1
+    rb = make(timeout=5.0)
+    batch, _ = rb.sample(global_steps=0, partition_id=pid, batch_size=3)
+    assert uids_of(batch.keys) == full and len(batch.keys) == 4  # the empty group contributes no key
+    assert empty not in listed(pid)  # its prompt key is cleared like any sampled prompt
+    assert rb.ledger(pid)["taken"] == 3 and rb.ledger(pid)["failed"] == 0
 
 
 # ---- newer verl's helpers --------------------------------------------------------------------------
@@ -272,3 +340,128 @@ def test_get_sampleable_count_and_wait_for_sampleable(pid):
 def test_bad_batch_size_is_a_value_error(bad):
     with pytest.raises(ValueError, match="batch_size"):
         make().sample(global_steps=0, partition_id="train", batch_size=bad)
+
+
+# ---- order across refreshes -------------------------------------------------------------------------
+def test_oldest_first_holds_across_refreshes(pid):
+    # NEW (step 5) is finished and seen first; OLD (step 1) finishes one refresh later: verl serves OLD first.
+    old = put_group(pid, "running", global_steps=1, sessions=0)[0]
+    new, _ = put_group(pid, "finished", global_steps=5)
+    rb = make()
+    assert rb.get_sampleable_count(5, pid) == 1
+    old_keys = put_group(pid, "finished", global_steps=1, uid=old)[1]
+    rb._sync_metadata_from_transfer_queue(pid)
+    assert rb._mirror(pid).sampleable(5) == [old, new]  # what the views report is the order take uses
+    batch, _ = rb.sample(global_steps=5, partition_id=pid, batch_size=1)
+    assert batch.keys == old_keys
+    batch, _ = rb.sample(global_steps=5, partition_id=pid, batch_size=1)
+    assert uids_of(batch.keys) == {new}
+
+
+# ---- kv_clear failures -------------------------------------------------------------------------------
+def test_failed_kv_clear_still_returns_the_batch_and_logs(pid, monkeypatch, caplog):
+    put_group(pid, "finished", global_steps=0)  # stale at step 5 under threshold 1: dropped
+    fresh, fresh_keys = put_group(pid, "finished", global_steps=5)
+    calls = []
+
+    def kv_clear(*args, **kwargs):
+        calls.append(kwargs)
+        raise RuntimeError("controller unreachable")
+
+    monkeypatch.setattr(verl_mod.tq, "kv_clear", kv_clear)
+    rb = make(threshold=1)
+    with caplog.at_level(logging.ERROR, logger="pyfast_buffer"):
+        batch, metrics = rb.sample(global_steps=5, partition_id=pid, batch_size=1)
+    assert batch.keys == fresh_keys and metrics["validation/off_policy/dropped_samples"] == 1
+    assert len(calls) == 4  # dropped keys and the sampled prompt key, each tried twice
+    assert sum("kv_clear" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR) == 2
+    monkeypatch.undo()
+    rb.timeout = 0.3
+    with pytest.raises(TimeoutError):  # the uncleared keys are not served again
+        rb.sample(global_steps=5, partition_id=pid, batch_size=1)
+
+
+# ---- _drop_max_off_policy_samples --------------------------------------------------------------------
+def test_drop_max_off_policy_samples_without_a_batch_drops_stale_ready_groups(pid):
+    stale, stale_keys = put_group(pid, "finished", global_steps=0, sessions=2)
+    fresh, _ = put_group(pid, "finished", global_steps=4)
+    rb = make(threshold=2)
+    rb._sync_metadata_from_transfer_queue(pid)
+    out, metrics = rb._drop_max_off_policy_samples(5, pid)
+    assert out is None and metrics["validation/off_policy/dropped_samples"] == 2
+    remaining = listed(pid)
+    assert stale not in remaining and not set(stale_keys) & set(remaining) and fresh in remaining
+    assert rb.ledger(pid)["dropped_stale"] == 1 and rb._mirror(pid).sampleable(5) == [fresh]
+
+
+def test_drop_max_off_policy_samples_filters_a_batch_by_each_tag(pid):
+    _, old_keys = put_group(pid, "finished", global_steps=0, sessions=2)
+    _, new_keys = put_group(pid, "finished", global_steps=5)
+    tags = listed(pid)
+    batch = verl_mod.KVBatchMeta(partition_id=pid, keys=old_keys + new_keys, tags=[tags[k] for k in old_keys + new_keys])
+    rb = make(threshold=2)
+    out, metrics = rb._drop_max_off_policy_samples(5, pid, batch)
+    assert out.keys == new_keys and metrics["validation/off_policy/dropped_samples"] == 2
+    assert not set(old_keys) & set(listed(pid))
+    bad = verl_mod.KVBatchMeta(partition_id=pid, keys=["x_0_0"], tags=[{"is_prompt": False}])
+    with pytest.raises(ValueError, match="no 'global_steps'"):
+        rb._drop_max_off_policy_samples(5, pid, bad)
+
+
+# ---- re-issue, vanished prompts, capacity, the wait boundary, a step going back ------------------------
+def test_reissued_prompt_is_failed_and_dispatched_at_the_new_step(pid):
+    uid = put_group(pid, "running", global_steps=1, sessions=0)[0]
+    rb = make()
+    rb._sync_metadata_from_transfer_queue(pid)
+    put_prompt(pid, uid, "running", 4)  # verl's _reissue_inflight_prompts
+    rb._sync_metadata_from_transfer_queue(pid)
+    keys = put_group(pid, "finished", global_steps=4, uid=uid)[1]
+    batch, metrics = rb.sample(global_steps=4, partition_id=pid, batch_size=1)
+    assert batch.keys == keys and metrics["validation/pyfast_buffer/age_max"] == 0
+    ledger = rb.ledger(pid)
+    assert (ledger["dispatched"], ledger["failed"], ledger["taken"]) == (2, 1, 1)
+
+
+def test_vanished_in_flight_prompt_is_failed(pid):
+    uid = put_group(pid, "running", sessions=0)[0]
+    rb = make()
+    rb._sync_metadata_from_transfer_queue(pid)
+    verl_mod.tq.kv_clear(keys=[uid], partition_id=pid)
+    rb._sync_metadata_from_transfer_queue(pid)
+    assert rb.ledger(pid)["failed"] == 1 and rb.ledger(pid)["in_flight"] == 0
+    assert rb._mirror(pid).waited_on(0) == []
+
+
+def test_capacity_full_keeps_the_rest_in_flight_until_room_frees(pid):
+    uids = [put_group(pid, "finished", global_steps=g)[0] for g in range(3)]
+    rb = make(capacity=2)
+    assert rb.get_sampleable_count(2, pid) == 2
+    assert rb.ledger(pid)["in_flight"] == 3 and uids[2] in listed(pid)
+    seen = []
+    for _ in range(3):
+        batch, _ = rb.sample(global_steps=2, partition_id=pid, batch_size=1)
+        seen += sorted(uids_of(batch.keys))
+    assert seen == uids  # oldest first, nothing lost
+    assert rb.ledger(pid)["failed"] == 0 and rb.ledger(pid)["evicted"] == 0
+
+
+def test_wait_blocks_at_age_equal_to_max_age_not_below(pid):
+    put_group(pid, "finished", global_steps=0)
+    put_group(pid, "finished", global_steps=0)
+    put_group(pid, "running", global_steps=0)  # threshold 3: max_age 2 (verl blocks at (g - s + 1) >= 3)
+    rb = make(strategy="wait", threshold=3)
+    rb._sync_metadata_from_transfer_queue(pid)
+    assert rb._has_enough_samples(1, pid, 1)  # the in-flight prompt is at age 1 = max_age - 1: not blocking
+    assert not rb._has_enough_samples(2, pid, 1)  # age 2 = max_age: blocks
+    batch, _ = rb.sample(global_steps=1, partition_id=pid, batch_size=1)
+    assert len(batch.keys) == 1
+    with pytest.raises(TimeoutError, match="staleness threshold"):
+        make(strategy="wait", threshold=3, timeout=0.3).sample(global_steps=2, partition_id=pid, batch_size=1)
+
+
+def test_a_step_below_one_already_seen_does_not_crash_sampling(pid):
+    # A prompt stamped ahead of the trainer (verl would compute a negative staleness): the step passed
+    # to the core is clamped to the partition's clock, so it is served at age 0.
+    ahead, keys = put_group(pid, "finished", global_steps=9)
+    batch, metrics = make().sample(global_steps=3, partition_id=pid, batch_size=1)
+    assert batch.keys == keys and metrics["validation/pyfast_buffer/age_max"] == 0

@@ -29,9 +29,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from pyfast_buffer import config_from_verl
 from pyfast_buffer._args import MAX_TIMEOUT
-from pyfast_buffer.integrations._verl_mirror import PartitionMirror
+from pyfast_buffer.integrations._verl_mirror import PartitionMirror, Taken
 
-logger = logging.getLogger("pyfast_buffer.verl")
+logger = logging.getLogger("pyfast_buffer.verl")  # under the package's "pyfast_buffer" logger
 
 DEFAULT_TIMEOUT_S = 600.0  # verl waits forever (verl issue #7155); a stuck rollout should fail a run, not hang it
 DEFAULT_POLL_CAP_S = 0.05  # TransferQueue has no change notification, so poll: 1 ms, doubling, capped here
@@ -92,45 +92,67 @@ class FastReplayBuffer:
 
     # ---- verl's interface --------------------------------------------------------------------
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> Tuple[KVBatchMeta, dict]:
-        """Returns ``batch_size`` whole prompt groups (oldest first) of ``partition_id`` and metrics.
+        """Returns ``batch_size`` whole prompt groups of ``partition_id`` (oldest ``global_steps`` first) and metrics.
 
-        Blocks until the strategy allows a full batch, polling TransferQueue with a short backoff,
-        and raises TimeoutError after ``sampler_kwargs.timeout`` naming the prompts it waited on.
+        Blocks until the strategy allows a full batch, polling TransferQueue (see ``_pause``), and
+        raises TimeoutError after ``sampler_kwargs.timeout`` naming the prompts it waited on.
         """
         self._check_sample_args(global_steps, partition_id, batch_size)
         mirror = self._mirror(partition_id)
         start = time.monotonic()
-        deadline, pause, polls = start + self.timeout, 0.001, 0
+        deadline, backoff, polls = start + self.timeout, 0.001, 0
         drop_metrics: dict = {}
         while True:
             polls += 1
-            uids, batch = self._poll(mirror, global_steps, batch_size, drop_metrics)
-            if uids is not None:
+            taken, why = self._poll(mirror, global_steps, batch_size, drop_metrics)
+            if taken is not None:
                 break
             if time.monotonic() >= deadline:
-                raise self._timeout_error(mirror, global_steps, partition_id, batch_size, batch)
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, self.poll_interval)
-        if uids:
-            tq.kv_clear(keys=uids, partition_id=partition_id)  # verl's contract: sampled prompt keys are cleared
-        keys, tags = mirror.batch_rows(uids)
+                raise self._timeout_error(mirror, global_steps, partition_id, batch_size, why)
+            backoff = self._pause(mirror, backoff, deadline)
         metrics = dict(drop_metrics)
-        metrics.update(self._ledger_metrics(mirror, partition_id, batch.metrics, time.monotonic() - start, polls))
-        return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
+        metrics.update(self._ledger_metrics(mirror, partition_id, taken.batch.metrics, time.monotonic() - start, polls))
+        return KVBatchMeta(partition_id=partition_id, keys=taken.keys, tags=taken.tags), metrics
 
     def _sync_metadata_from_transfer_queue(self, partition_id: Optional[str] = None) -> None:
-        """Refreshes one partition, or every partition TransferQueue lists.
+        """Refreshes one partition, or every partition TransferQueue lists, from one ``kv_list``.
 
         Each partition is refreshed on its own: a bad tag raises a ValueError naming its partition
-        after the others were refreshed, so it never hides another partition's data.
+        after the others were refreshed, so it never hides another partition's data. A refresh
+        only reads: it clears nothing in TransferQueue.
         """
-        ids = [partition_id] if partition_id is not None else list((tq.kv_list() or {}).keys())
-        errors = []
-        for pid in ids:
-            try:
-                self._refresh(self._mirror(pid))
-            except ValueError as exc:
-                errors.append(str(exc))
+        if partition_id is not None:
+            mirror = self._mirror(partition_id)
+            with mirror.poll_lock:
+                items = self._list(mirror)
+                with mirror.lock:
+                    mirror.refresh(items)
+            return
+        with self._mirrors_lock:
+            known = sorted(self._mirrors.items())
+        errors: List[str] = []
+        held = [m for _, m in known]
+        for m in held:  # always in partition order: no deadlock between two such calls
+            m.poll_lock.acquire()
+        try:
+            listing = tq.kv_list() or {}
+            for pid, items in sorted(listing.items()):
+                with self._mirrors_lock:
+                    mirror = self._mirrors.get(pid)
+                    if mirror is None:  # new here: nobody can poll it before this answer is applied
+                        mirror = self._mirrors[pid] = PartitionMirror(pid, self._buffer_kwargs)
+                        mirror.poll_lock.acquire()
+                        held.append(mirror)
+                    elif mirror not in held:
+                        continue  # created by another call after this listing began: it may hold a newer answer
+                try:
+                    with mirror.lock:
+                        mirror.refresh(items or {})
+                except ValueError as exc:
+                    errors.append(str(exc))
+        finally:
+            for m in held:
+                m.poll_lock.release()
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -153,9 +175,10 @@ class FastReplayBuffer:
         if batch is not None:
             return self._filter_batch(global_steps, partition_id, batch)
         mirror = self._mirror(partition_id)
-        with mirror.lock:
-            dropped = mirror.drop_stale(global_steps)
-        return None, self._clear_dropped(partition_id, global_steps, dropped)
+        with mirror.poll_lock:
+            with mirror.lock:
+                dropped = mirror.drop_stale(global_steps)
+            return None, self._clear_dropped(partition_id, global_steps, dropped)
 
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
         """Refreshes ``partition_id``, drops stale groups and returns how many groups are ready."""
@@ -168,7 +191,7 @@ class FastReplayBuffer:
         """Waits (under the timeout) until ``target_count`` groups are sampleable; returns (uids, drop metrics)."""
         self._check_sample_args(global_steps, partition_id, target_count)
         mirror = self._mirror(partition_id)
-        deadline, pause, metrics = time.monotonic() + self.timeout, 0.001, {}
+        deadline, backoff, metrics = time.monotonic() + self.timeout, 0.001, {}
         while True:
             self._poll(mirror, global_steps, None, metrics)
             with mirror.lock:
@@ -178,12 +201,15 @@ class FastReplayBuffer:
                 return set(ready), metrics
             if time.monotonic() >= deadline:
                 raise self._timeout_error(mirror, global_steps, partition_id, target_count, None)
-            time.sleep(pause)
-            pause = min(pause * 2, self.poll_interval)
+            backoff = self._pause(mirror, backoff, deadline)
 
     # ---- verl's attribute views, read from the last refresh ------------------------------------
+    def _mirror_list(self) -> List[Tuple[str, PartitionMirror]]:
+        with self._mirrors_lock:
+            return list(self._mirrors.items())
+
     def _status_view(self, status: str) -> Dict[str, set]:
-        return {pid: m.keys_with_status(status) for pid, m in self._mirrors.items()}
+        return {pid: m.keys_with_status(status) for pid, m in self._mirror_list()}
 
     pending_keys = property(lambda self: self._status_view("pending"))
     running_keys = property(lambda self: self._status_view("running"))
@@ -192,12 +218,12 @@ class FastReplayBuffer:
 
     @property
     def prompt_global_steps(self) -> Dict[str, Dict[str, int]]:
-        return {pid: {u: t.get("global_steps") for u, t in m.prompt_tags().items()} for pid, m in self._mirrors.items()}
+        return {pid: {u: t.get("global_steps") for u, t in m.prompt_tags().items()} for pid, m in self._mirror_list()}
 
     @property
     def partitions(self) -> Dict[str, Dict[str, dict]]:
         return {pid: {k: t for k, t in m.items.items() if not t.get("is_prompt", False)}
-                for pid, m in self._mirrors.items()}
+                for pid, m in self._mirror_list()}
 
     def ledger(self, partition_id: str) -> Dict[str, int]:
         """The partition's buffer ledger (counts prompt groups: one ring entry per prompt)."""
@@ -221,37 +247,66 @@ class FastReplayBuffer:
                 mirror = self._mirrors[partition_id] = PartitionMirror(partition_id, self._buffer_kwargs)
             return mirror
 
-    def _refresh(self, mirror: PartitionMirror) -> None:
-        items = tq.kv_list(partition_id=mirror.partition_id).get(mirror.partition_id, {})
-        with mirror.lock:
-            empty = mirror.refresh(items)
-        if empty:
-            tq.kv_clear(keys=empty, partition_id=mirror.partition_id)
+    def _list(self, mirror: PartitionMirror) -> Dict[str, dict]:
+        """One ``kv_list`` of the partition (the caller holds its ``poll_lock``); times it to pace polling."""
+        t0 = time.monotonic()
+        items = (tq.kv_list(partition_id=mirror.partition_id) or {}).get(mirror.partition_id) or {}
+        mirror.last_list_s = time.monotonic() - t0
+        return items
+
+    def _pause(self, mirror: PartitionMirror, backoff: float, deadline: float) -> float:
+        """Sleeps between polls; returns the next backoff.
+
+        The backoff starts at 1 ms and doubles up to ``poll_interval``; the pause is never shorter
+        than the last ``kv_list`` took, so a waiting sampler keeps TransferQueue's controller busy
+        at most about half the time (at 70k tags a listing takes ~165 ms, so it pauses >= 165 ms).
+        """
+        time.sleep(max(0.0, min(max(backoff, mirror.last_list_s), deadline - time.monotonic())))
+        return min(backoff * 2, self.poll_interval)
 
     def _poll(self, mirror: PartitionMirror, global_steps: int, batch_size: Optional[int],
-              drop_metrics: dict) -> Tuple[Optional[List[str]], Any]:
-        """One refresh + drop + (optional) take; the take is atomic with the refresh it saw."""
-        items = tq.kv_list(partition_id=mirror.partition_id).get(mirror.partition_id, {})
-        uids, batch = None, None
-        with mirror.lock:
-            empty = mirror.refresh(items)
-            dropped = mirror.drop_stale(global_steps)
-            if batch_size is not None:
-                uids, batch = mirror.take(batch_size, global_steps)
-        if empty:
-            tq.kv_clear(keys=empty, partition_id=mirror.partition_id)
-        _accumulate(drop_metrics, self._clear_dropped(mirror.partition_id, global_steps, dropped))
-        return uids, batch
+              drop_metrics: dict) -> Tuple[Optional[Taken], str]:
+        """One list + refresh + drop + (optional) take + clear, serialised per partition by ``poll_lock``.
+
+        Holding ``poll_lock`` from ``kv_list`` to ``kv_clear`` applies listings in the order they
+        were made, so an older answer can never undo a newer one (resurrect a taken prompt, or fail
+        an in-flight one); the take and its batch rows are built under the state lock.
+        """
+        taken, why = None, ""
+        with mirror.poll_lock:
+            items = self._list(mirror)
+            with mirror.lock:
+                mirror.refresh(items)
+                dropped = mirror.drop_stale(global_steps)
+                if batch_size is not None:
+                    taken, why = mirror.take(batch_size, global_steps)
+            _accumulate(drop_metrics, self._clear_dropped(mirror.partition_id, global_steps, dropped))
+            if taken is not None:  # verl's contract: sampled prompt keys are cleared
+                self._clear(mirror.partition_id, taken.uids, "sampled prompt")
+        return taken, why
+
+    def _clear(self, partition_id: str, keys: List[str], what: str) -> None:
+        """``kv_clear`` that never loses a batch: retried once, then logged; the keys stay in TransferQueue."""
+        if not keys:
+            return
+        for attempt in (1, 2):
+            try:
+                tq.kv_clear(keys=keys, partition_id=partition_id)
+                return
+            except Exception as exc:  # noqa: BLE001 - the groups are already consumed; report, do not raise
+                if attempt == 2:
+                    logger.error("kv_clear of %d %s keys in partition %s failed twice (%r); they stay in "
+                                 "TransferQueue (this sampler ignores them) until cleared", len(keys), what,
+                                 partition_id, exc)
 
     def _clear_dropped(self, partition_id: str, global_steps: int, dropped: list) -> dict:
         if not dropped:
             return {}
-        keys = [k for uid, _, traj in dropped for k in [uid, *traj]]
-        tq.kv_clear(keys=keys, partition_id=partition_id)
+        self._clear(partition_id, [k for uid, _, traj in dropped for k in [uid, *traj]], "dropped stale")
         spans = [(global_steps - step + 1) / self.parameter_sync_step for _, step, traj in dropped for _ in traj]
         logger.warning("dropped %d stale groups (%d trajectories) from partition %s",
                        len(dropped), len(spans), partition_id)
-        return _drop_metrics(partition_id, spans)
+        return _drop_metrics(partition_id, spans) if spans else {}
 
     def _filter_batch(self, global_steps: int, partition_id: str, batch: KVBatchMeta) -> Tuple[KVBatchMeta, dict]:
         from pyfast_buffer import sample_step_from_tag
@@ -265,7 +320,7 @@ class FastReplayBuffer:
             (stale if global_steps - step > limit else kept).append((key, tag, step))
         if not stale:
             return batch, {}
-        tq.kv_clear(keys=[k for k, _, _ in stale], partition_id=batch.partition_id)
+        self._clear(batch.partition_id, [k for k, _, _ in stale], "dropped stale")
         spans = [(global_steps - s + 1) / self.parameter_sync_step for _, _, s in stale]
         out = KVBatchMeta(partition_id=batch.partition_id, keys=[k for k, _, _ in kept], tags=[t for _, t, _ in kept])
         return out, _drop_metrics(partition_id, spans)
@@ -278,6 +333,7 @@ class FastReplayBuffer:
             out[f"{prefix}/{k}"] = take_metrics[k]
         out[f"{prefix}/sample_wait_s"] = wait_s
         out[f"{prefix}/polls"] = polls
+        out[f"{prefix}/ready"] = mirror.ready_count()  # finished groups still held (in flight for the core until taken)
         return out
 
     def _timeout_error(self, mirror: PartitionMirror, global_steps: int, partition_id: str,
