@@ -155,20 +155,18 @@ def evict_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     return rows
 
 
-def _wake_latencies(buf, rounds: int, poll_interval: Optional[float]) -> List[float]:
-    """Latency from a producer's put to a blocked consumer's take returning, per round."""
+def _handoff_latencies(rounds: int, block: Callable[[], object], release: Callable[[int], object]) -> List[float]:
+    """Per round: the consumer calls ``block()``; once it waits, the producer calls ``release(i)``.
+
+    Returns the time from just before ``release`` to ``block`` returning in the other thread.
+    """
     latencies: List[float] = []
     ready, done, stamp = threading.Event(), threading.Event(), [0]
-    ids = [np.array([i], dtype=np.int64) for i in range(rounds)]
 
     def consumer():
         for _ in range(rounds):
             ready.set()
-            if poll_interval is None:
-                buf.take(1, CURRENT_STEP, timeout=10)
-            else:  # a polled design: ask, sleep, ask again
-                while not len(buf.take(1, CURRENT_STEP)):
-                    time.sleep(poll_interval)
+            block()
             latencies.append((time.perf_counter_ns() - stamp[0]) / 1e9)
             done.set()
 
@@ -179,38 +177,36 @@ def _wake_latencies(buf, rounds: int, poll_interval: Optional[float]) -> List[fl
         ready.clear()
         time.sleep(0.002)  # let the consumer block
         stamp[0] = time.perf_counter_ns()
-        buf.put(ids[i], CURRENT_STEP)
+        release(i)
         done.wait()  # blocks without holding the GIL, so the consumer resumes at once
         done.clear()
     thread.join()
     return latencies
 
 
+def _wake_latencies(buf, rounds: int, poll_interval: Optional[float]) -> List[float]:
+    """A consumer blocked in take (or polling it), a producer putting the entry it waits for."""
+    ids = [np.array([i], dtype=np.int64) for i in range(rounds)]
+
+    def block():
+        if poll_interval is None:
+            buf.take(1, CURRENT_STEP, timeout=10)
+        else:  # a polled design: ask, sleep, ask again
+            while not len(buf.take(1, CURRENT_STEP)):
+                time.sleep(poll_interval)
+
+    return _handoff_latencies(rounds, block, lambda i: buf.put(ids[i], CURRENT_STEP))
+
+
 def _event_floor(rounds: int) -> List[float]:
-    """Latency of a bare threading.Event handoff between two threads: the floor under any buffer."""
-    latencies: List[float] = []
-    ready, go, done, stamp = threading.Event(), threading.Event(), threading.Event(), [0]
+    """A bare threading.Event handoff between two threads: the floor under any buffer."""
+    go = threading.Event()
 
-    def consumer():
-        for _ in range(rounds):
-            ready.set()
-            go.wait()
-            go.clear()
-            latencies.append((time.perf_counter_ns() - stamp[0]) / 1e9)
-            done.set()
+    def block():
+        go.wait()
+        go.clear()
 
-    thread = threading.Thread(target=consumer)
-    thread.start()
-    for _ in range(rounds):
-        ready.wait()
-        ready.clear()
-        time.sleep(0.002)
-        stamp[0] = time.perf_counter_ns()
-        go.set()
-        done.wait()
-        done.clear()
-    thread.join()
-    return latencies
+    return _handoff_latencies(rounds, block, lambda i: go.set())
 
 
 def wake_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
