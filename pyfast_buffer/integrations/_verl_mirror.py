@@ -22,6 +22,8 @@ Absolute imports only: verl loads ``verl.py`` by file path, outside the package.
 
 from __future__ import annotations
 
+import itertools
+
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -80,6 +82,7 @@ class PartitionMirror:
         self.uid_of: Dict[int, str] = {}
         self.in_flight: set = set()
         self.waiting: set = set()  # finished groups not yet completed into the ring
+        self._waiting_sorted: Optional[List[str]] = None  # cache of _sorted_waiting(); None when stale
         self.ring: deque = deque()  # uids completed into the ring, in the core's (FIFO) order
         self.known_keys: set = set()
         self.traj_keys: Dict[str, Dict[str, None]] = {}  # uid -> ordered set of trajectory keys
@@ -155,6 +158,7 @@ class PartitionMirror:
             self.prompts[uid].state = "waiting"
             self.in_flight.discard(uid)
             self.waiting.add(uid)
+            self._waiting_sorted = None
 
     def _forget(self, gone: set) -> None:
         """Drops what TransferQueue no longer lists; an in-flight or waiting prompt that vanished is failed."""
@@ -175,6 +179,7 @@ class PartitionMirror:
                 failed.append(p.pid)
                 self.in_flight.discard(key)
                 self.waiting.discard(key)
+                self._waiting_sorted = None
             del self.prompts[key]
             del self.uid_of[p.pid]
             self.traj_keys.pop(key, None)
@@ -195,15 +200,18 @@ class PartitionMirror:
 
     # ---- order, drop and take ------------------------------------------------------------
     def _sorted_waiting(self) -> List[str]:
-        return sorted(self.waiting, key=lambda u: (self.prompts[u].step, u))
+        """The waiting groups by (step, uid); cached until the waiting set changes (callers must not mutate it)."""
+        if self._waiting_sorted is None:
+            self._waiting_sorted = sorted(self.waiting, key=lambda u: (self.prompts[u].step, u))
+        return self._waiting_sorted
 
-    def order(self, global_steps: int) -> List[str]:
-        """Ready groups in the order ``take`` serves them (under drop, fresh ones only)."""
-        out = list(self.ring) + self._sorted_waiting()
+    def order(self, global_steps: int, limit: Optional[int] = None) -> List[str]:
+        """Ready groups in the order ``take`` serves them (under drop, fresh ones only), at most ``limit``."""
+        out = itertools.chain(self.ring, self._sorted_waiting())
         if self.strategy == "drop":
             cutoff = self.core_step(global_steps) - self.max_age
-            out = [u for u in out if self.prompts[u].step >= cutoff]
-        return out
+            out = (u for u in out if self.prompts[u].step >= cutoff)
+        return list(itertools.islice(out, limit))
 
     def _complete(self, uids: List[str]) -> None:
         if uids:
@@ -212,6 +220,7 @@ class PartitionMirror:
             for u in uids:
                 self.prompts[u].state = "ring"
                 self.waiting.discard(u)
+            self._waiting_sorted = None
             self.ring.extend(uids)
 
     def drop_stale(self, global_steps: int) -> List[Tuple[str, int, List[str]]]:
@@ -221,7 +230,7 @@ class PartitionMirror:
         step = self.core_step(global_steps)
         cutoff = step - self.max_age  # a group is stale when its step < cutoff
         stale_ring = [u for u in self.ring if self.prompts[u].step < cutoff]
-        stale_waiting = [u for u in self._sorted_waiting() if self.prompts[u].step < cutoff]
+        stale_waiting = list(itertools.takewhile(lambda u: self.prompts[u].step < cutoff, self._sorted_waiting()))
         if not stale_ring and not stale_waiting:
             return []
         self._complete(stale_waiting)  # into the ring, so that the core counts them as dropped_stale
@@ -252,7 +261,7 @@ class PartitionMirror:
         step = self.core_step(global_steps)
         if self.strategy == "wait" and self.waited_on(step):
             return None, "in-flight prompts at max_age"
-        chosen = self.order(step)[:batch_size]
+        chosen = self.order(step, limit=batch_size)
         if len(chosen) < batch_size:
             return None, f"{len(chosen)} of {batch_size} groups ready"
         waiting = self._sorted_waiting()
