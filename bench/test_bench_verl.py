@@ -60,6 +60,13 @@ def consume(items: dict, uids) -> None:
             items.pop(f"{uid}_{s}_0", None)
 
 
+def replace_taken(items: dict, uids) -> None:
+    """Consumes the sampled groups and adds as many fresh ones, so the partition stays at size."""
+    consume(items, uids)
+    for _ in uids:
+        add_group(items, STEP)
+
+
 def verl_polling_model(items: dict, batch_size: int) -> tuple[list, list]:
     """One poll of the polling design: everything rebuilt from the listed tags, then sort and select."""
     pending, running, finished, failure, steps, trajs = set(), set(), set(), set(), {}, {}
@@ -102,9 +109,7 @@ def test_verl_polling_model_cpu(benchmark, tags):
 
     def one_sample():
         chosen, keys = verl_polling_model(items, BATCH)
-        consume(items, chosen)
-        for _ in chosen:
-            add_group(items, STEP)
+        replace_taken(items, chosen)
         return chosen, keys
 
     chosen, keys = benchmark.pedantic(one_sample, rounds=10, warmup_rounds=1)
@@ -122,11 +127,8 @@ def test_pyfast_buffer_cpu(benchmark, tags):
         mirror.refresh(items)
         mirror.drop_stale(STEP)
         taken, _ = mirror.take(BATCH, STEP)
-        uids, keys = taken.uids, taken.keys
-        consume(items, uids)
-        for _ in uids:
-            add_group(items, STEP)
-        return uids, keys
+        replace_taken(items, taken.uids)
+        return taken.uids, taken.keys
 
     uids, keys = benchmark.pedantic(one_sample, rounds=10, warmup_rounds=1)
     assert len(uids) == BATCH and len(keys) == BATCH * SESSIONS
