@@ -243,11 +243,14 @@ def save_state(state: dict[str, Any], path: PathLike) -> None:
 
 # -- reading ----------------------------------------------------------------------------------------------------
 
-def _read_bytes(path: str) -> bytearray:
+def _read_bytes(path: str) -> np.ndarray:
+    """The whole file in a writable, 64-byte aligned array, so loaded tensors are aligned views of it (no copy)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        data = bytearray(size)  # writable, so the loaded tensors can share it without a copy or a warning
-        view, done = memoryview(data), 0
+        raw = np.empty(size + _ALIGN, np.uint8)
+        start = -raw.ctypes.data % _ALIGN
+        data = raw[start:start + size]
+        view, done = data.data, 0
         while done < size:
             n = f.readinto(view[done:])
             if not n:
@@ -259,13 +262,13 @@ def _read_bytes(path: str) -> bytearray:
     return data
 
 
-def _check_frame(path: str, data: bytearray) -> int:
+def _check_frame(path: str, data: np.ndarray) -> int:
     """Checks magic, version, length and checksum; returns the header length."""
     size = len(data)
     if size < _FIXED_BYTES:
         raise CheckpointError(path, f"is {size} bytes, shorter than the {_FIXED_BYTES}-byte checkpoint header: "
                                     "truncated, or not a pyfast_buffer checkpoint")
-    magic, version, header_bytes, payload_bytes = _PREFIX.unpack_from(data)
+    magic, version, header_bytes, payload_bytes = _PREFIX.unpack_from(data.data)
     if magic != MAGIC:
         raise CheckpointError(path, f"does not start with the pyfast_buffer checkpoint magic (found {magic!r}); "
                                     "it is not a checkpoint written by save(), or its first bytes are damaged")
@@ -278,15 +281,15 @@ def _check_frame(path: str, data: bytearray) -> int:
         how = "truncated (a torn or incomplete write or copy)" if size < expected else "followed by extra bytes"
         raise CheckpointError(path, f"is {size} bytes but its header announces {expected}: {how}, or corrupt; "
                                     "load an older checkpoint")
-    digest = hashlib.sha256(memoryview(data)[:_PREFIX.size])
-    digest.update(memoryview(data)[_FIXED_BYTES:])
-    if digest.digest() != bytes(data[_PREFIX.size:_FIXED_BYTES]):
+    digest = hashlib.sha256(data[:_PREFIX.size].data)
+    digest.update(data[_FIXED_BYTES:].data)
+    if digest.digest() != data[_PREFIX.size:_FIXED_BYTES].tobytes():
         raise CheckpointError(path, "fails its sha256 checksum: the file is corrupt (damaged storage, a torn "
                                     "copy or an edit); load an older checkpoint")
     return int(header_bytes)
 
 
-def _array_from(path: str, data: bytearray, base: int, payload_bytes: int, spec: Any) -> np.ndarray:
+def _array_from(path: str, data: np.ndarray, base: int, payload_bytes: int, spec: Any) -> np.ndarray:
     malformed = CheckpointError(path, f"has a malformed array entry {spec!r} in its header")
     if not isinstance(spec, dict) or not isinstance(spec.get("dtype"), str):
         raise malformed
@@ -300,8 +303,7 @@ def _array_from(path: str, data: bytearray, base: int, payload_bytes: int, spec:
         raise malformed from exc
     if dtype.kind not in _ARRAY_KINDS or dtype.itemsize * math.prod(shape) != nbytes:
         raise malformed
-    count = math.prod(shape)
-    array = (np.frombuffer(data, dtype, count, base + offset) if count else np.empty(0, dtype)).reshape(shape)
+    array = data[base + offset:base + offset + nbytes].view(dtype).reshape(shape)
     return array if dtype.isnative else array.astype(dtype.newbyteorder("="))
 
 
@@ -311,7 +313,9 @@ def _decode(path: str, node: Any, arrays: list[np.ndarray], depth: int = 0) -> A
     if depth > _MAX_DEPTH or not isinstance(node, dict) or len(node) != 1:
         raise CheckpointError(path, "has a malformed state tree in its header")
     (tag, value), = node.items()
-    if tag in ("tensor", "ndarray") and type(value) is int and 0 <= value < len(arrays):
+    if tag in ("tensor", "ndarray"):
+        if not (type(value) is int and 0 <= value < len(arrays)):
+            raise CheckpointError(path, f"refers to array {value!r} but its header lists {len(arrays)} arrays")
         return torch.from_numpy(arrays[value]) if tag == "tensor" else arrays[value]
     if tag == "dict" and isinstance(value, dict):
         return {k: _decode(path, v, arrays, depth + 1) for k, v in value.items()}
@@ -332,7 +336,7 @@ def load_state(path: PathLike) -> Any:
     header_bytes = _check_frame(name, data)
     payload_bytes = len(data) - _FIXED_BYTES - header_bytes
     try:
-        header = json.loads(bytes(data[_FIXED_BYTES:_FIXED_BYTES + header_bytes]))
+        header = json.loads(data[_FIXED_BYTES:_FIXED_BYTES + header_bytes].tobytes())
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CheckpointError(name, f"has a header that is not valid JSON ({exc})") from exc
     if not isinstance(header, dict) or not isinstance(header.get("arrays"), list) or "tree" not in header:
