@@ -28,13 +28,14 @@ IMPLS = [pfb.StalenessBuffer, pfb.ReferenceBuffer]
 
 
 def _busy(impl, **config):
-    """A buffer with groups, reuse, an eviction, a drop and prompts in flight."""
+    """A buffer with groups, reuse, an eviction, a drop and prompts in flight (one with a lease)."""
     buf = impl(6, max_age=3, max_uses=2, **config)
     buf.put([1, 2], 0, group_ids=[5, 5])
     buf.put([3, 4, 5], [1, 2, 2])
     buf.put([6, 7], 2)  # evicts group 5
     buf.take(2, 2)  # 3 and 4 stay with uses=1
-    buf.dispatch([70, 71, 72], 2)
+    buf.dispatch([70], 2)
+    buf.dispatch([71, 72], 2, lease=30)
     buf.complete([8], [72])
     return buf
 
@@ -52,8 +53,14 @@ def _plain(node):
     return (type(node).__name__, node)
 
 
+#: In-flight columns measured from "now" when state_dict() runs: they move with the clock, so comparisons skip them.
+_CLOCK_RELATIVE = ("lease_left_ns", "held_ns")
+
+
 def _fingerprint(buf):
-    return _plain(buf.state_dict()), buf.ledger(), len(buf), buf.in_flight
+    sd = buf.state_dict()
+    sd["in_flight"] = {k: v for k, v in sd["in_flight"].items() if k not in _CLOCK_RELATIVE}
+    return _plain(sd), buf.ledger(), len(buf), buf.in_flight
 
 
 def _frame(header: bytes, payload: bytes, version: int = checkpoint.FORMAT_VERSION) -> bytes:
@@ -77,6 +84,8 @@ def test_round_trip_within_and_across_implementations(impl, target, tmp_path):
     assert dst.load(path, in_flight="keep").tolist() == []
     assert _fingerprint(dst) == _fingerprint(src)
     assert_balanced(dst)
+    leases = dict(zip(*(dst.state_dict()["in_flight"][k].tolist() for k in ("prompt_id", "lease_left_ns"))))
+    assert leases[70] == -1 and 0 < leases[71] <= 30 * 10**9  # the lease came along, still running
     a, b = src.take(6, 3), dst.take(6, 3)
     assert rows(a) == rows(b) and a.metrics == b.metrics
     src.complete([9], [70])
@@ -379,6 +388,8 @@ _FORK_SERVER = textwrap.dedent("""
     b = pfb.StalenessBuffer(60_000, max_uses=2)
     b.put(list(range(50_000, 100_000)), 1, group_ids=[i // 64 for i in range(50_000)])
     b.dispatch(list(range(7)), 2)
+    for buf in (a, b):
+        buf._set_lease_clock(0)  # freezes held_ns, so every save of one buffer writes the same bytes
     a.save(ref_a); b.save(ref_b); a.save(path)
     start = time.perf_counter()
     for _ in range(4):
