@@ -152,7 +152,10 @@ def _with_gaps(layout: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarr
 
 
 def _temp_prefix(name: str) -> str:
-    return f".{name}."
+    if len(name.encode()) <= 120:
+        return f".{name}."
+    # A long target name is shortened (and told apart by a hash) so the temporary name stays under NAME_MAX (255).
+    return f".{name.encode()[:80].decode(errors='ignore')}~{hashlib.sha256(name.encode()).hexdigest()[:12]}."
 
 
 def _temp_path(directory: str, name: str) -> str:

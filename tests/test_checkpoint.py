@@ -106,6 +106,16 @@ def test_save_overwrites_and_load_accepts_str_paths(impl, tmp_path):
     assert _temp_files(tmp_path) == []
 
 
+def test_a_target_name_near_the_filesystem_limit_saves_and_loads(impl, tmp_path):
+    path = tmp_path / ("b" * 240 + ".ckpt")  # 245 bytes: its temporary file needs a shortened name
+    buf = _busy(impl)
+    buf.save(path)
+    buf.save(path)
+    other = impl(6, max_age=3, max_uses=2)
+    other.load(path, in_flight="keep")
+    assert _fingerprint(other) == _fingerprint(buf) and os.listdir(tmp_path) == [path.name]
+
+
 def test_every_supported_leaf_round_trips_with_its_type(tmp_path):
     state = {
         "ints": [0, -1, 2**63 - 1, 2**70],
@@ -342,6 +352,17 @@ def test_deepcopy_is_an_independent_snapshot(impl):
     buf.put([51], 3)  # the original still works after its copy closed
     pair = copy.deepcopy([buf, buf])
     assert pair[0] is pair[1] and pair[0] is not buf  # the memo: one snapshot per buffer
+
+
+def test_deepcopy_of_a_closed_buffer_is_closed_and_holds_its_state(impl):
+    buf = _busy(impl)
+    before = _fingerprint(buf)
+    buf.close()
+    twin = copy.deepcopy(buf)
+    assert twin.closed and type(twin) is impl
+    with pytest.raises(pfb.BufferClosedError):
+        twin.put([99], 3)
+    assert len(twin) == before[2] and twin.ledger() == before[1]
 
 
 def test_shallow_copy_and_pickle_are_refused_with_the_way_out(impl):
