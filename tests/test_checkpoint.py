@@ -171,7 +171,8 @@ def _damaged_files(good: bytes):
     struct.pack_into("<I", future, 8, checkpoint.FORMAT_VERSION + 1)
     yield "newer version", bytes(future), "format version 2.*newer"
     header_end = 60 + struct.unpack_from("<Q", good, 12)[0]
-    yield "older version, checksum intact", _frame(good[60:header_end], good[header_end:], version=0), "version 0.*older"
+    older = _frame(good[60:header_end], good[header_end:], version=0)
+    yield "older version, checksum intact", older, "version 0.*older"
     positions = rng.sample(range(n), 150) + list(range(60))  # every byte of the fixed header, and a spread
     for pos in positions:
         flipped = bytearray(good)
@@ -288,7 +289,7 @@ def test_save_failing_mid_write_leaves_the_previous_file_and_no_temporary(impl, 
     _busy(impl).save(path)
     before = path.read_bytes()
     child = subprocess.run([sys.executable, "-c", _FSIZE_CHILD.format(impl=impl.__name__), str(path)],
-                           check=False, capture_output=True, text=True, timeout=120)
+                           check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert child.returncode == 0, child.stderr
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["b.ckpt"]  # the failed save removed its own temporary file
@@ -461,7 +462,8 @@ def test_sigkill_during_repeated_saves_leaves_the_old_or_the_new_state(tmp_path)
     path, ref_a, ref_b = tmp_path / "live.ckpt", tmp_path / "ref" / "a.ckpt", tmp_path / "ref" / "b.ckpt"
     ref_a.parent.mkdir()
     rng = random.Random(20261130)
-    with subprocess.Popen([sys.executable, "-c", _FORK_SERVER, str(path), str(ref_a), str(ref_b)],
+    # cwd: a subprocess must import the installed package, not the source tree (CI tests the wheel).
+    with subprocess.Popen([sys.executable, "-c", _FORK_SERVER, str(path), str(ref_a), str(ref_b)], cwd=tmp_path,
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1) as server:
         try:
             seen, killed_mid_write = _kill_writers(server, path, ref_a, ref_b, rng)
