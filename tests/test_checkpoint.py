@@ -10,6 +10,7 @@ import os
 import pickle
 import random
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -382,7 +383,7 @@ def test_orphaned_temporary_files_of_dead_writers_are_removed_by_the_next_save(i
     path = tmp_path / "b.ckpt"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    host = os.uname().nodename
+    host = socket.gethostname()
     names = {
         "dead": f".b.ckpt.{host}.{dead.pid}.abcd{checkpoint.TEMP_SUFFIX}",
         "alive": f".b.ckpt.{host}.{os.getppid()}.abcd{checkpoint.TEMP_SUFFIX}",
