@@ -333,6 +333,15 @@ def test_fail_fails_restored_prompts_counts_them_and_returns_their_ids(impl, tmp
         buf.complete([9], [40])  # a late completion of a failed prompt is refused, as after fail()
 
 
+def test_fail_reports_the_restored_prompts_as_released(impl, tmp_path):
+    path = tmp_path / "w.ckpt"
+    _waiting(impl).save(path)
+    buf = impl(8, max_age=2, strategy="wait", track_released=True)
+    buf.load(path)
+    released = buf.released()
+    assert released.of("failed").tolist() == [40, 41] and len(released.ids) == 2
+
+
 def test_default_is_fail_everywhere(impl):
     assert checkpoint.DEFAULT_IN_FLIGHT == "fail"
     for fn in (impl.load, checkpoint.load):
