@@ -19,7 +19,6 @@ change here. Why each check exists and what the atomicity guarantees are: docs/c
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import hashlib
 import json
@@ -29,7 +28,7 @@ import secrets
 import socket
 import stat
 import struct
-from typing import Any, BinaryIO, NoReturn, Protocol, TypeVar, Union
+from typing import Any, BinaryIO, Protocol, Union
 
 import numpy as np
 import torch
@@ -380,33 +379,3 @@ def load(buffer: Checkpointable, path: PathLike, in_flight: str = DEFAULT_IN_FLI
         return prompts[:0]
     buffer.fail(prompts)
     return prompts
-
-
-# -- copies and pickling ----------------------------------------------------------------------------------------
-
-B = TypeVar("B", bound=Checkpointable)
-
-
-def snapshot(buffer: B) -> B:
-    """Returns an independent buffer of the same class and configuration holding a copy of ``buffer``'s state."""
-    source: Any = buffer
-    twin: Any = type(source)(**dataclasses.asdict(source.config), pin_memory=source.pin_memory)
-    twin.load_state_dict(source.state_dict())
-    if source.closed:
-        twin.close()
-    return twin  # type: ignore[no-any-return]
-
-
-def refuse_copy(buffer: Any) -> NoReturn:
-    """copy.copy cannot share a ring meaningfully (closing one would close both): say what to do instead."""
-    kind = type(buffer).__name__
-    raise TypeError(f"copy.copy({kind}) is not supported: a shallow copy would share the live buffer. Use "
-                    f"copy.deepcopy(buf) for an independent snapshot, or buf.state_dict()/buf.save(path)")
-
-
-def refuse_pickle(buffer: Any) -> NoReturn:
-    """A pickled buffer unpickled elsewhere would silently split from the original: say what to do instead."""
-    kind = type(buffer).__name__
-    raise TypeError(f"a {kind} cannot be pickled: a copy in another process would silently stop seeing this "
-                    f"one's puts and takes. To persist it use buf.save(path); to move its contents, send "
-                    f"buf.state_dict() and call load_state_dict on a new {kind} there")

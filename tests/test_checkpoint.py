@@ -1,13 +1,11 @@
-"""Durable checkpoints: save/load round trips, refusal of damaged files, in-flight policy, copies, real crashes."""
+"""Durable checkpoints: save/load round trips, refusal of damaged files, in-flight policy, real crashes."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import inspect
 import json
 import os
-import pickle
 import random
 import signal
 import socket
@@ -346,44 +344,6 @@ def test_default_is_fail_everywhere(impl):
     assert checkpoint.DEFAULT_IN_FLIGHT == "fail"
     for fn in (impl.load, checkpoint.load):
         assert inspect.signature(fn).parameters["in_flight"].default == checkpoint.DEFAULT_IN_FLIGHT
-
-
-# -- copies and pickling -------------------------------------------------------------------------------------
-
-def test_deepcopy_is_an_independent_snapshot(impl):
-    buf = _busy(impl)
-    before = _fingerprint(buf)
-    twin = copy.deepcopy(buf)
-    assert type(twin) is impl and _fingerprint(twin) == before
-    twin.put([50], 3)
-    twin.fail([70])
-    twin.close()
-    assert twin.ledger()["put_total"] == buf.ledger()["put_total"] + 1 and twin.in_flight == buf.in_flight - 1
-    assert not buf.closed and _fingerprint(buf) == before
-    buf.put([51], 3)  # the original still works after its copy closed
-    pair = copy.deepcopy([buf, buf])
-    assert pair[0] is pair[1] and pair[0] is not buf  # the memo: one snapshot per buffer
-
-
-def test_deepcopy_of_a_closed_buffer_is_closed_and_holds_its_state(impl):
-    buf = _busy(impl)
-    before = _fingerprint(buf)
-    buf.close()
-    twin = copy.deepcopy(buf)
-    assert twin.closed and type(twin) is impl
-    with pytest.raises(pfb.BufferClosedError):
-        twin.put([99], 3)
-    assert len(twin) == before[2] and twin.ledger() == before[1]
-
-
-def test_shallow_copy_and_pickle_are_refused_with_the_way_out(impl):
-    buf = _busy(impl)
-    before = _fingerprint(buf)
-    with pytest.raises(TypeError, match=r"copy.copy\(.*deepcopy\(buf\)"):
-        copy.copy(buf)
-    with pytest.raises(TypeError, match=r"cannot be pickled.*save\(path\).*state_dict\(\)"):
-        pickle.dumps(buf)
-    assert not buf.closed and _fingerprint(buf) == before
 
 
 # -- temporary files -----------------------------------------------------------------------------------------
