@@ -71,7 +71,8 @@ class Refiller:
 
     def __init__(self, partition_id: str, global_steps: int, sessions: int = 1,
                  rewards: list[float] | None = None) -> None:
-        self.partition_id, self.global_steps, self.sessions, self.rewards = partition_id, global_steps, sessions, rewards
+        self.partition_id, self.global_steps = partition_id, global_steps
+        self.sessions, self.rewards = sessions, rewards
         self.calls: list[int] = []
         self.uids: list[str] = []
 
@@ -119,7 +120,7 @@ class Background(threading.Thread):
     def run(self):
         try:
             self.result = self.fn()
-        except BaseException as exc:  # handed to the test thread
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             self.error = exc
 
     def outcome(self, timeout: float = 30.0):

@@ -11,9 +11,18 @@ import time
 
 import pytest
 import torch
-
-from _verl_helpers import (Background, Refiller, clear_partition, listed, new_partition, new_uid, put_group,
-                           put_prompt, running_transfer_queue, uids_of)
+from _verl_helpers import (
+    Background,
+    Refiller,
+    clear_partition,
+    listed,
+    new_partition,
+    new_uid,
+    put_group,
+    put_prompt,
+    running_transfer_queue,
+    uids_of,
+)
 
 verl_mod = pytest.importorskip("pyfast_buffer.integrations.verl", reason="the verl extra is not installed")
 ReplayBuffer, ReplayBufferAsync, FastReplayBuffer = (verl_mod.ReplayBuffer, verl_mod.ReplayBufferAsync,
@@ -449,9 +458,9 @@ def test_refill_fn_that_raises_is_visible_and_booked(pid, caplog):
         raise ConnectionError("dataloader gone")
 
     rb = make(refill_fn=broken)
-    with caplog.at_level(logging.ERROR, logger="pyfast_buffer.verl"):
-        with pytest.raises(ConnectionError, match="dataloader gone"):
-            rb.sample(global_steps=0, partition_id=pid, batch_size=1)
+    with caplog.at_level(logging.ERROR, logger="pyfast_buffer.verl"), \
+            pytest.raises(ConnectionError, match="dataloader gone"):
+        rb.sample(global_steps=0, partition_id=pid, batch_size=1)
     assert "refill_fn(1) raised" in caplog.text
     led = balanced(rb, pid)
     assert (led["evicted"], led["refill_requested"], led["refill_failed"], led["refill_delivered"]) == (1, 1, 1, 0)

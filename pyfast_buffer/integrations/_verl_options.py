@@ -11,7 +11,7 @@ Absolute imports only: verl loads ``verl.py`` by file path, outside the package.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from pyfast_buffer._args import MAX_TIMEOUT
 
@@ -51,9 +51,9 @@ class SamplerOptions:
 
     max_off_policy_threshold: int
     max_off_policy_strategy: str
-    filter_groups_metric: Optional[str]
-    train_batch_size: Optional[int]
-    gen_batch_size: Optional[int]
+    filter_groups_metric: str | None
+    train_batch_size: int | None
+    gen_batch_size: int | None
     max_inflight_gen_batches: int
     sync_refill_failed_groups: bool
     timeout: float
@@ -63,8 +63,8 @@ class SamplerOptions:
 
 
 def parse(on_policy: bool, threshold: Any, strategy: Any, sampler_kwargs: Any, poll_interval: Any,
-          refill_fn: Optional[Callable[[int], Any]], filter_groups_metric: Optional[str],
-          train_batch_size: Optional[int], gen_batch_size: Optional[int], max_inflight_gen_batches: int,
+          refill_fn: Callable[[int], Any] | None, filter_groups_metric: str | None,
+          train_batch_size: int | None, gen_batch_size: int | None, max_inflight_gen_batches: int,
           sync_refill_failed_groups: bool) -> SamplerOptions:
     """Checks every setting in verl's order (so the first error is the one verl would raise) and returns them."""
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0:
@@ -78,7 +78,8 @@ def parse(on_policy: bool, threshold: Any, strategy: Any, sampler_kwargs: Any, p
     if read(sampler_kwargs, "poll_interval") is not None:
         raise ValueError("sampler_kwargs.poll_interval is no longer read: poll_interval is verl's own setting "
                          "(the trainer's idle test); our poll backoff cap is sampler_kwargs.poll_backoff_max")
-    if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or not 0 <= poll_interval <= MAX_TIMEOUT:
+    number = isinstance(poll_interval, (int, float)) and not isinstance(poll_interval, bool)
+    if not number or not 0 <= poll_interval <= MAX_TIMEOUT:
         raise ValueError(f"poll_interval={poll_interval!r} must be a number of seconds >= 0 (verl's default is 2.0)")
     metric = filter_groups_metric if filter_groups_metric is not None else read(sampler_kwargs, "filter_groups_metric")
     if metric is not None and (not isinstance(metric, str) or not metric):
@@ -111,6 +112,6 @@ def parse(on_policy: bool, threshold: Any, strategy: Any, sampler_kwargs: Any, p
                              "it bounds batch_size (prompts per sample)")
     ledger_metrics = read(sampler_kwargs, "ledger_metrics", False)
     if not isinstance(ledger_metrics, bool):
-        raise ValueError(f"sampler_kwargs.ledger_metrics={ledger_metrics!r} must be true or false")
+        raise TypeError(f"sampler_kwargs.ledger_metrics={ledger_metrics!r} must be true or false")
     return SamplerOptions(threshold, strategy, metric, train_bs, gen_bs, inflight, refill_failed, timeout, backoff,
                           capacity, ledger_metrics)

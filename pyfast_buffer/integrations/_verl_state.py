@@ -23,9 +23,10 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from collections.abc import Iterable
+from typing import Any
 
-import transfer_queue as tq
+import transfer_queue as tq  # type: ignore[import-untyped]
 
 from pyfast_buffer import StalenessBuffer, sample_step_from_tag
 
@@ -49,12 +50,12 @@ class PartitionBook:
     """The per-partition state that is ours alone (see the module docstring)."""
 
     def __init__(self, capacity: int) -> None:
-        self.known: Set[str] = set()  # keys applied from the listings so far
-        self.groups: Dict[str, Dict[str, None]] = {}  # uid -> its trajectory keys, in listing order
+        self.known: set[str] = set()  # keys applied from the listings so far
+        self.groups: dict[str, dict[str, None]] = {}  # uid -> its trajectory keys, in listing order
         self.indexed = 0  # trajectory keys in ``groups``; differs from len(partitions[pid]) after an outside edit
-        self.order: List[Tuple[int, str]] = []  # terminal groups, sorted by (global_steps, uid)
-        self.consumed: Set[str] = set()  # prompt keys we cleared; ignored while TransferQueue still lists them
-        self.core_id: Dict[str, int] = {}  # uid -> id in the core, while the prompt is held
+        self.order: list[tuple[int, str]] = []  # terminal groups, sorted by (global_steps, uid)
+        self.consumed: set[str] = set()  # prompt keys we cleared; ignored while TransferQueue still lists them
+        self.core_id: dict[str, int] = {}  # uid -> id in the core, while the prompt is held
         self.next_id = 0
         self.clock = 0  # the core's clock: it refuses a step below one it has seen
         self.core = StalenessBuffer(capacity, max_age=NO_AGE_CUT, strategy="drop", on_full="error",
@@ -63,7 +64,7 @@ class PartitionBook:
         self.last_list_s = 0.0  # how long the last kv_list took: polling pauses at least that long
 
 
-def _parse_prompt(partition_id: str, key: str, tag: Any) -> Tuple[str, int]:
+def _parse_prompt(partition_id: str, key: str, tag: Any) -> tuple[str, int]:
     status = tag.get("status")
     if status not in IN_FLIGHT + TERMINAL:
         raise ValueError(f"Unknown status {status!r} of prompt {key!r} in partition {partition_id!r}; the rollout "
@@ -78,15 +79,15 @@ class VerlState:
     """verl's sampler state, refreshed incrementally; subclassed by the samplers in ``verl.py``."""
 
     def _init_state(self, capacity: int) -> None:
-        self.partitions: Dict[str, Dict[str, dict]] = defaultdict(dict)
-        self.pending_keys: Dict[str, Set[str]] = defaultdict(set)
-        self.running_keys: Dict[str, Set[str]] = defaultdict(set)
-        self.finished_keys: Dict[str, Set[str]] = defaultdict(set)
-        self.failure_keys: Dict[str, Set[str]] = defaultdict(set)
-        self.prompt_global_steps: Dict[str, Dict[str, int]] = defaultdict(dict)
-        self._dapo_classification_cache: Dict[str, Dict[str, Optional[float]]] = defaultdict(dict)
+        self.partitions: dict[str, dict[str, dict]] = defaultdict(dict)
+        self.pending_keys: dict[str, set[str]] = defaultdict(set)
+        self.running_keys: dict[str, set[str]] = defaultdict(set)
+        self.finished_keys: dict[str, set[str]] = defaultdict(set)
+        self.failure_keys: dict[str, set[str]] = defaultdict(set)
+        self.prompt_global_steps: dict[str, dict[str, int]] = defaultdict(dict)
+        self._dapo_classification_cache: dict[str, dict[str, float | None]] = defaultdict(dict)
         self._capacity = capacity
-        self._books: Dict[str, PartitionBook] = {}
+        self._books: dict[str, PartitionBook] = {}
         self._lock = threading.RLock()  # one poll (list -> apply -> evict -> take -> clear) at a time
 
     def _book(self, partition_id: str) -> PartitionBook:
@@ -95,12 +96,12 @@ class VerlState:
             book = self._books[partition_id] = PartitionBook(self._capacity)
         return book
 
-    def _status_sets(self, partition_id: str) -> Dict[str, Set[str]]:
+    def _status_sets(self, partition_id: str) -> dict[str, set[str]]:
         return {"pending": self.pending_keys[partition_id], "running": self.running_keys[partition_id],
                 "finished": self.finished_keys[partition_id], "failure": self.failure_keys[partition_id]}
 
     # ---- listing -------------------------------------------------------------------------------
-    def _sync_metadata_from_transfer_queue(self, partition_id: Optional[str] = None) -> Dict[str, dict]:
+    def _sync_metadata_from_transfer_queue(self, partition_id: str | None = None) -> dict[str, dict]:
         """Refreshes one partition (or, without an argument, every partition listed and every one known).
 
         Returns the listing applied, ``{partition_id: {key: tag}}``. A tag that cannot be read raises a
@@ -119,15 +120,15 @@ class VerlState:
                 self._apply_listing(pid, listing.get(pid) or {})
             return listing
 
-    def _apply_listing(self, partition_id: str, items: Dict[str, dict]) -> None:
+    def _apply_listing(self, partition_id: str, items: dict[str, dict]) -> None:
         book = self._book(partition_id)
         sets = self._status_sets(partition_id)
         steps = self.prompt_global_steps[partition_id]
         keys = items.keys()
         new, gone = keys - book.known, book.known - keys
         # Read and check first: a bad tag raises before anything changes.
-        updates: Dict[str, Tuple[str, int]] = {}
-        new_trajectories: List[str] = []
+        updates: dict[str, tuple[str, int]] = {}
+        new_trajectories: list[str] = []
         applied = set()
         for key in new:
             tag = items[key]
@@ -142,9 +143,9 @@ class VerlState:
                 new_trajectories.append(key)
         for status in IN_FLIGHT:  # an in-flight prompt's tag changes when it runs, ends or is re-issued
             for uid in sets[status]:
-                tag = items.get(uid)
-                if tag and uid not in updates:
-                    status_now, step_now = _parse_prompt(partition_id, uid, tag)
+                listed = items.get(uid)
+                if listed and uid not in updates:
+                    status_now, step_now = _parse_prompt(partition_id, uid, listed)
                     if status_now != status or step_now != steps.get(uid):
                         updates[uid] = (status_now, step_now)
         # Apply.
@@ -170,11 +171,11 @@ class VerlState:
             book.indexed += 1
         self._apply_prompts(partition_id, book, updates)
 
-    def _apply_prompts(self, partition_id: str, book: PartitionBook, updates: Dict[str, Tuple[str, int]]) -> None:
+    def _apply_prompts(self, partition_id: str, book: PartitionBook, updates: dict[str, tuple[str, int]]) -> None:
         sets = self._status_sets(partition_id)
         steps = self.prompt_global_steps[partition_id]
-        dispatch: Dict[int, List[int]] = defaultdict(list)
-        failed: List[int] = []
+        dispatch: dict[int, list[int]] = defaultdict(list)
+        failed: list[int] = []
         for uid, (status, step) in updates.items():
             old_step = steps.get(uid)
             if old_step is None:
@@ -234,7 +235,7 @@ class VerlState:
         return held
 
     @staticmethod
-    def _unorder(book: PartitionBook, step: Optional[int], uid: str) -> None:
+    def _unorder(book: PartitionBook, step: int | None, uid: str) -> None:
         if step is None:
             return
         i = bisect.bisect_left(book.order, (step, uid))
@@ -242,7 +243,7 @@ class VerlState:
             del book.order[i]
 
     # ---- groups --------------------------------------------------------------------------------
-    def _group_keys(self, partition_id: str, uids: Iterable[str]) -> List[str]:
+    def _group_keys(self, partition_id: str, uids: Iterable[str]) -> list[str]:
         """The trajectory keys of ``uids``, group by group; rebuilds the index if ``partitions`` was edited outside."""
         book = self._book(partition_id)
         part = self.partitions[partition_id]
@@ -256,7 +257,7 @@ class VerlState:
     def _has_trajectories(self, partition_id: str, uid: str) -> bool:
         return bool(self._group_keys(partition_id, [uid]))
 
-    def _clear_groups(self, partition_id: str, uids: Set[str]) -> None:
+    def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
         """Clears prompt groups (prompt keys and trajectories) from TransferQueue and from every view.
 
         The groups are gone from this sampler even if ``kv_clear`` fails (it is retried once, then
@@ -272,7 +273,7 @@ class VerlState:
         book.consumed.update(uid for uid in uids if uid in book.known)
         book.ledger["evicted"] += self._forget_groups(partition_id, uids)
 
-    def _take_groups(self, partition_id: str, uids: List[str], items: Dict[str, dict]) -> Tuple[List[str], List[dict]]:
+    def _take_groups(self, partition_id: str, uids: list[str], items: dict[str, dict]) -> tuple[list[str], list[dict]]:
         """Hands ``uids`` out: clears their prompt keys, takes them from the core; returns their rows.
 
         Tags come from ``items`` (this poll's listing) when it has them, so they are the newest written.
@@ -303,7 +304,7 @@ class VerlState:
             self._dapo_classification_cache[partition_id].pop(uid, None)
         return keys, tags
 
-    def _oldest(self, partition_id: str, sampleable: Set[str], count: int) -> List[str]:
+    def _oldest(self, partition_id: str, sampleable: set[str], count: int) -> list[str]:
         """The ``count`` sampleable groups with the smallest ``(global_steps, uid)``."""
         book = self._book(partition_id)
         chosen = []
@@ -320,7 +321,7 @@ class VerlState:
         return chosen
 
     # ---- the ledger ----------------------------------------------------------------------------
-    def ledger(self, partition_id: str) -> Dict[str, int]:
+    def ledger(self, partition_id: str) -> dict[str, int]:
         """Prompt-group accounting of one partition; ``seen == taken + evicted + vanished + held`` always.
 
         ``held`` counts the prompts listed and not yet handed out (``in_flight`` pending or running,
@@ -341,7 +342,7 @@ class VerlState:
             return out
 
 
-def clear(partition_id: str, keys: List[str], what: str) -> None:
+def clear(partition_id: str, keys: list[str], what: str) -> None:
     """``kv_clear`` that never loses a batch: retried once, then logged; the keys stay in TransferQueue."""
     if not keys:
         return

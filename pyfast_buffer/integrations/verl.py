@@ -1,4 +1,5 @@
-"""verl's ``trainer.v1`` replay buffers over pyfast_buffer: ``ReplayBuffer``, ``ReplayBufferAsync``, ``FastReplayBuffer``.
+"""verl's ``trainer.v1`` replay buffers over pyfast_buffer: ``ReplayBuffer``, ``ReplayBufferAsync`` and
+``FastReplayBuffer``.
 
 Point verl at this file (``FastReplayBuffer`` acts as verl's sync or async buffer by ``trainer_mode``,
 as verl itself chooses)::
@@ -19,11 +20,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable
 
 try:
-    import transfer_queue as tq
-    from transfer_queue import KVBatchMeta
+    import transfer_queue as tq  # type: ignore[import-untyped]
+    from transfer_queue import KVBatchMeta  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "pyfast_buffer.integrations.verl needs TransferQueue; install it with: pip install 'pyfast_buffer[verl]'"
@@ -33,8 +34,14 @@ from pyfast_buffer.integrations import _verl_options as options
 from pyfast_buffer.integrations._verl_options import VerlConfigError
 from pyfast_buffer.integrations._verl_state import VerlState
 
-__all__ = ["ReplayBuffer", "ReplayBufferAsync", "FastReplayBuffer", "VerlConfigError",
-           "DAPO_FILTERED_REWARD_COUNTS_KEY", "LEDGER_PREFIX"]
+__all__ = [
+    "DAPO_FILTERED_REWARD_COUNTS_KEY",
+    "LEDGER_PREFIX",
+    "FastReplayBuffer",
+    "ReplayBuffer",
+    "ReplayBufferAsync",
+    "VerlConfigError",
+]
 
 logger = logging.getLogger("pyfast_buffer.verl")  # under the package's "pyfast_buffer" logger
 
@@ -42,7 +49,7 @@ DAPO_FILTERED_REWARD_COUNTS_KEY = "_dapo_filtered_reward_counts"  # verl's name;
 LEDGER_PREFIX = "pyfast_buffer"  # ledger metrics: {training|validation}/pyfast_buffer/<counter>
 VAL = "val"  # verl's validation partition: never evicts
 
-Reasons = Tuple[Set[str], Set[str], Set[str], Counter]  # (stale, DAPO-filtered, failed, filtered value counts)
+Reasons = tuple[set[str], set[str], set[str], Counter]  # (stale, DAPO-filtered, failed, filtered value counts)
 
 
 def metrics_prefix(partition_id: str) -> str:
@@ -71,7 +78,7 @@ def _accumulate_eviction_metrics(acc: dict, new: dict, stale_count: int) -> None
             acc[key] = acc.get(key, 0) + value
 
 
-def _reward_value(extra_fields: Any, metric: str) -> Optional[float]:
+def _reward_value(extra_fields: Any, metric: str) -> float | None:
     extra_fields = getattr(extra_fields, "data", extra_fields)  # TransferQueue may wrap non-tensor values
     info = extra_fields.get("reward_extra_info", {}) if hasattr(extra_fields, "get") else {}
     return float(info[metric]) if hasattr(info, "get") and metric in info else None
@@ -95,12 +102,12 @@ class ReplayBuffer(VerlState):
     value (its separate_async trainer reads it to tell an idle step).
     """
 
-    _ON_POLICY: Optional[bool] = True  # None: decided by trainer_mode (FastReplayBuffer)
+    _ON_POLICY: bool | None = True  # None: decided by trainer_mode (FastReplayBuffer)
 
     def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int,
                  max_off_policy_strategy: str, sampler_kwargs: Any = None, poll_interval: float = 2.0,
-                 refill_fn: Optional[Callable[[int], Any]] = None, filter_groups_metric: Optional[str] = None,
-                 train_batch_size: Optional[int] = None, gen_batch_size: Optional[int] = None,
+                 refill_fn: Callable[[int], Any] | None = None, filter_groups_metric: str | None = None,
+                 train_batch_size: int | None = None, gen_batch_size: int | None = None,
                  max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False) -> None:
         self.on_policy = trainer_mode == "sync" if self._ON_POLICY is None else self._ON_POLICY
         opts = options.parse(self.on_policy, max_off_policy_threshold, max_off_policy_strategy, sampler_kwargs,
@@ -124,7 +131,7 @@ class ReplayBuffer(VerlState):
         self._init_state(opts.capacity)
 
     # ---- eviction (verl's three reasons) ---------------------------------------------------------
-    def _stale_groups(self, global_steps: int, partition_id: str) -> Set[str]:
+    def _stale_groups(self, global_steps: int, partition_id: str) -> set[str]:
         """Finished groups with ``global_steps - prompt_step + 1 > threshold`` (async ``drop`` only)."""
         if self.on_policy or partition_id == VAL or self.max_off_policy_strategy != "drop":
             return set()
@@ -138,7 +145,7 @@ class ReplayBuffer(VerlState):
                 stale.add(uid)
         return stale
 
-    def _dapo_filtered_keys(self, partition_id: str) -> Tuple[Set[str], Counter]:
+    def _dapo_filtered_keys(self, partition_id: str) -> tuple[set[str], Counter]:
         """Finished groups whose ``filter_groups_metric`` is the same on every (>= 2) trajectory, and a
         count of the groups per shared value. Each group is read once: finished groups never change."""
         metric = self.filter_groups_metric
@@ -150,7 +157,7 @@ class ReplayBuffer(VerlState):
             del cache[uid]
         fresh = finished - cache.keys()
         keys = self._group_keys(partition_id, fresh)
-        values: Dict[str, List[float]] = {uid: [] for uid in fresh}
+        values: dict[str, list[float]] = {uid: [] for uid in fresh}
         missing = set(fresh) - {key.split("_", 1)[0] for key in keys}
         if keys:
             data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields"])
@@ -170,7 +177,7 @@ class ReplayBuffer(VerlState):
         filtered = {uid: value for uid, value in cache.items() if value is not None}
         return set(filtered), Counter(filtered.values())
 
-    def _failed_groups(self, partition_id: str) -> Set[str]:
+    def _failed_groups(self, partition_id: str) -> set[str]:
         """Async: every failed group. Sync: failed groups without a trajectory, with sync_refill_failed_groups."""
         failure = self.failure_keys[partition_id]
         if not self.on_policy:
@@ -187,12 +194,12 @@ class ReplayBuffer(VerlState):
         filtered, counts = self._dapo_filtered_keys(partition_id)
         return stale, filtered, self._failed_groups(partition_id), counts
 
-    def _sampleable(self, partition_id: str, reasons: Reasons) -> Set[str]:
+    def _sampleable(self, partition_id: str, reasons: Reasons) -> set[str]:
         stale, filtered, failed, _ = reasons
         return (self.finished_keys[partition_id] | self.failure_keys[partition_id]) - (stale | filtered | failed)
 
     def _evict_terminal_groups(self, global_steps: int, partition_id: str,
-                               eviction_reasons: Reasons) -> Tuple[Set[str], int, int, dict]:
+                               eviction_reasons: Reasons) -> tuple[set[str], int, int, dict]:
         """Evicts the union of the reasons once; returns (evicted uids, stale count, filtered count, verl's metrics)."""
         stale, filtered, failed, counts = eviction_reasons
         evicted = stale | filtered | failed
@@ -222,7 +229,7 @@ class ReplayBuffer(VerlState):
         return evicted, len(stale), len(filtered), metrics
 
     # ---- one poll ------------------------------------------------------------------------------
-    def _eviction_pass(self, global_steps: int, partition_id: str, acc: dict) -> Tuple[Reasons, Set[str], dict]:
+    def _eviction_pass(self, global_steps: int, partition_id: str, acc: dict) -> tuple[Reasons, set[str], dict]:
         """List, evict and accumulate the metrics (the caller holds the lock); returns (reasons, evicted, listing)."""
         items = self._sync_metadata_from_transfer_queue(partition_id)[partition_id]
         reasons = self._terminal_eviction_reasons(global_steps, partition_id)
@@ -285,8 +292,8 @@ class ReplayBuffer(VerlState):
             f" and {len(waiting) - 8} more" if len(waiting) > 8 else "")
         return f"in-flight prompts (uid@step): {shown or 'none'}"
 
-    def _finish(self, global_steps: int, partition_id: str, keys: List[str], tags: List[dict],
-                metrics: dict) -> Tuple[KVBatchMeta, dict]:
+    def _finish(self, global_steps: int, partition_id: str, keys: list[str], tags: list[dict],
+                metrics: dict) -> tuple[KVBatchMeta, dict]:
         ledger = self.ledger(partition_id)
         logger.info("partition=%s step=%d " + " ".join(f"{k}=%d" for k in ledger), partition_id, global_steps,
                     *ledger.values())
@@ -296,7 +303,7 @@ class ReplayBuffer(VerlState):
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
     # ---- verl's interface ----------------------------------------------------------------------
-    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> Tuple[KVBatchMeta, dict]:
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
         """Returns ``batch_size`` whole groups (oldest ``global_steps`` first) and verl's eviction metrics.
 
         Blocks until they are sampleable, polling TransferQueue; raises TimeoutError after
@@ -361,7 +368,7 @@ class ReplayBuffer(VerlState):
             self._sync_metadata_from_transfer_queue(partition_id)
             return len(self._sampleable(partition_id, self._terminal_eviction_reasons(global_steps, partition_id)))
 
-    def wait_for_sampleable(self, global_steps: int, partition_id: str, target_count: int) -> Tuple[Set[str], dict]:
+    def wait_for_sampleable(self, global_steps: int, partition_id: str, target_count: int) -> tuple[set[str], dict]:
         """Polls until ``target_count`` groups are sampleable, evicting and refilling meanwhile (async rules).
 
         Returns the sampleable uids and the eviction metrics of the wait; raises TimeoutError after
@@ -372,7 +379,7 @@ class ReplayBuffer(VerlState):
         return ready, metrics
 
     # ---- async -----------------------------------------------------------------------------------
-    def _blocked_by_wait(self, global_steps: int, partition_id: str) -> List[str]:
+    def _blocked_by_wait(self, global_steps: int, partition_id: str) -> list[str]:
         """Under async ``wait``: the in-flight prompts with ``global_steps - step + 1 >= threshold``."""
         if self.on_policy or self.max_off_policy_strategy != "wait":
             return []
@@ -381,7 +388,7 @@ class ReplayBuffer(VerlState):
         return [u for u in self.pending_keys[partition_id] | self.running_keys[partition_id] if steps[u] <= limit]
 
     def _wait(self, global_steps: int, partition_id: str, count: int, take: bool,
-              call: str) -> Tuple[Set[str], dict, Optional[Tuple[KVBatchMeta, dict]]]:
+              call: str) -> tuple[set[str], dict, tuple[KVBatchMeta, dict] | None]:
         acc: dict = {}
         deadline, backoff = time.monotonic() + self.timeout, 0.001
         while True:
@@ -406,7 +413,7 @@ class ReplayBuffer(VerlState):
                 raise self._timeout(call, global_steps, partition_id, count, why)
             backoff = self._pause(partition_id, backoff, deadline)
 
-    def _check_fresh(self, global_steps: int, partition_id: str, chosen: List[str]) -> None:
+    def _check_fresh(self, global_steps: int, partition_id: str, chosen: list[str]) -> None:
         """Under drop, a selected group past the threshold is a bug here (verl asserts the same)."""
         if partition_id == VAL or self.max_off_policy_strategy != "drop":
             return
@@ -416,7 +423,7 @@ class ReplayBuffer(VerlState):
             raise RuntimeError(f"pyfast_buffer: drop strategy selected stale prompts: spans={spans}, "
                                f"threshold={self.max_off_policy_threshold}")
 
-    def _sample_async(self, global_steps: int, partition_id: str, batch_size: int) -> Tuple[KVBatchMeta, dict]:
+    def _sample_async(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
         self._check_call(global_steps, partition_id, batch_size, "batch_size")
         _, _, result = self._wait(global_steps, partition_id, batch_size, take=True, call="sample")
         assert result is not None
@@ -428,7 +435,7 @@ class ReplayBufferAsync(ReplayBuffer):
     selection and ``refill_fn`` is asked for exactly as many; ``wait`` blocks while an in-flight prompt
     has ``global_steps - step + 1 >= max_off_policy_threshold``. Same arguments as ``ReplayBuffer``."""
 
-    _ON_POLICY = False
+    _ON_POLICY: bool | None = False
 
 
 class FastReplayBuffer(ReplayBufferAsync):
