@@ -240,24 +240,27 @@ class ReplayBuffer(VerlState):
 
     def _refill(self, partition_id: str, count: int) -> None:
         """Asks ``refill_fn`` for ``count`` prompts and books the answer; an exception is logged and raised."""
-        ledger = self._book(partition_id).ledger
-        if self.refill_fn is None:
-            ledger["unrefilled"] += count
-            return
-        ledger["refill_calls"] += 1
-        ledger["refill_requested"] += count
+        with self._lock:  # the call itself runs unlocked: it may take long, or call back into this sampler
+            ledger = self._book(partition_id).ledger
+            if self.refill_fn is None:
+                ledger["unrefilled"] += count
+                return
+            ledger["refill_calls"] += 1
+            ledger["refill_requested"] += count
         try:
             answer = self.refill_fn(count)
         except BaseException:
-            ledger["refill_failed"] += count
+            with self._lock:
+                ledger["refill_failed"] += count
             logger.error("refill_fn(%d) raised for partition %s; %d evicted groups are not replaced", count,
                          partition_id, count)
             raise
         # verl's contract: refill_fn submits exactly ``count``; an int answer is what it submitted.
-        delivered = count if not isinstance(answer, int) or isinstance(answer, bool) else answer
-        ledger["refill_delivered"] += min(delivered, count)
+        delivered = count if not isinstance(answer, int) or isinstance(answer, bool) else max(answer, 0)
+        with self._lock:
+            ledger["refill_delivered"] += min(delivered, count)
+            ledger["refill_short"] += max(count - delivered, 0)
         if delivered < count:
-            ledger["refill_short"] += count - delivered
             logger.warning("refill_fn(%d) submitted only %d prompts for partition %s", count, delivered, partition_id)
         elif delivered > count:
             logger.warning("refill_fn(%d) submitted %d prompts for partition %s", count, delivered, partition_id)
