@@ -5,7 +5,8 @@ Rows per size (``capacity`` = tags in the partition, ``batch`` = prompts per sam
   what any sampler must pay to see the tags.
 - ``verl cpu`` / ``pyfast_buffer cpu``: one ``sample`` on an answer already listed (TransferQueue is
   replaced by an in-process dict holding the same tags), so only the sampler's own work is timed.
-- ``verl end to end`` / ``pyfast_buffer end to end``: one ``sample`` on the real TransferQueue.
+- ``verl end to end`` / ``pyfast_buffer end to end``: one ``sample`` on the real TransferQueue, the
+  contenders' rounds interleaved so the load of a shared machine falls on both alike.
 Between two timed samples (untimed) the trainer's step is replayed: the batch's trajectories are
 cleared and as many fresh groups written, so the partition stays at size. verl's module is loaded from
 a checkout given by ``--verl-src`` (its ``verl.utils.skip.SkipManager`` is replaced by a no-op when verl
@@ -20,6 +21,7 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 import types
 import uuid
 from collections.abc import Iterator
@@ -178,26 +180,40 @@ def _cpu_times(cls: Any, modules: list[Any], tags: int, repeat: int) -> list[flo
         return sample(one, repeat, setup=lambda: stand_in.replay_trainer_step(last["keys"]))
 
 
-def _end_to_end_times(tq: Any, cls: Any, tags: int, repeat: int) -> list[float]:
-    pid = f"bench-{uuid.uuid4().hex}"
-    rb = make_sampler(cls)
-    last: dict[str, list[str]] = {"keys": []}
+def _end_to_end_times(tq: Any, classes: dict[str, Any], tags: int, repeat: int) -> dict[str, list[float]]:
+    """``sample`` on the real TransferQueue, one partition per contender, rounds interleaved (the order
+    alternating) so that the background load of a shared machine falls on every contender alike."""
+    parts = {name: f"bench-{uuid.uuid4().hex}" for name in classes}
+    samplers = {name: make_sampler(cls) for name, cls in classes.items()}
+    last: dict[str, list[str]] = {name: [] for name in classes}
+    times: dict[str, list[float]] = {name: [] for name in classes}
 
-    def step() -> None:
-        if last["keys"]:
-            tq.kv_clear(keys=last["keys"], partition_id=pid)
-        put_groups(tq, pid, BATCH)
+    def step(name: str) -> None:  # the trainer's step, untimed: clear the batch, write as many groups
+        if last[name]:
+            tq.kv_clear(keys=last[name], partition_id=parts[name])
+        put_groups(tq, parts[name], BATCH)
 
-    def one() -> None:
-        batch, _ = rb.sample(global_steps=STEP, partition_id=pid, batch_size=BATCH)
+    def one(name: str) -> float:
+        step(name)
+        started = time.perf_counter()
+        batch, _ = samplers[name].sample(global_steps=STEP, partition_id=parts[name], batch_size=BATCH)
+        took = time.perf_counter() - started
         assert len(batch.keys) == BATCH * SESSIONS, len(batch.keys)
-        last["keys"] = batch.keys
+        last[name] = batch.keys
+        return took
 
     try:
-        put_groups(tq, pid, groups(tags) - BATCH)
-        return sample(one, repeat, setup=step)
+        for name in classes:
+            put_groups(tq, parts[name], groups(tags) - BATCH)
+            one(name)  # warm-up: the first sample reads the whole partition
+        order = list(classes)
+        for i in range(repeat):
+            for name in order if i % 2 == 0 else order[::-1]:
+                times[name].append(one(name))
+        return times
     finally:
-        clear_partition(tq, pid)
+        for pid in parts.values():
+            clear_partition(tq, pid)
 
 
 def verl_case(plan: Any, skipped: dict[str, str], verl_src: str = "", sizes: tuple | None = None) -> list[dict]:
@@ -233,11 +249,10 @@ def verl_case(plan: Any, skipped: dict[str, str], verl_src: str = "", sizes: tup
                 rows.append(_row("verl cpu", _cpu_times(verl.ReplayBufferAsync, [verl], tags, repeat), tags))
             rows.append(_row("pyfast_buffer cpu", _cpu_times(ours.FastReplayBuffer, [ours, _verl_state], tags,
                                                              repeat), tags))
-            if verl is not None:
-                rows.append(_row("verl end to end", _end_to_end_times(tq, verl.ReplayBufferAsync, tags, repeat),
-                                 tags))
-            rows.append(_row("pyfast_buffer end to end", _end_to_end_times(tq, ours.FastReplayBuffer, tags, repeat),
-                             tags))
+            classes = {} if verl is None else {"verl end to end": verl.ReplayBufferAsync}
+            classes["pyfast_buffer end to end"] = ours.FastReplayBuffer
+            for name, times in _end_to_end_times(tq, classes, tags, 2 * repeat).items():
+                rows.append(_row(name, times, tags))
     add_verl_ratios(rows)
     return rows
 
