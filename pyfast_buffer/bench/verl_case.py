@@ -2,11 +2,11 @@
 
 Rows per size (``capacity`` = tags in the partition, ``batch`` = prompts per sample):
 - ``tq round trip``: one ``kv_list`` of the partition on a real TransferQueue (local Ray): the floor,
-  what any sampler must pay to see the tags.
+  what any sampler must pay to see the tags (measured in turn with the end-to-end rows).
 - ``verl cpu`` / ``pyfast_buffer cpu``: one ``sample`` on an answer already listed (TransferQueue is
   replaced by an in-process dict holding the same tags), so only the sampler's own work is timed.
 - ``verl end to end`` / ``pyfast_buffer end to end``: one ``sample`` on the real TransferQueue, the
-  contenders' rounds interleaved so the load of a shared machine falls on both alike.
+  contenders taking turns on one partition so the load of a shared machine falls on both alike.
 Between two timed samples (untimed) the trainer's step is replayed: the batch's trajectories are
 cleared and as many fresh groups written, so the partition stays at size. verl's module is loaded from
 a checkout given by ``--verl-src`` (its ``verl.utils.skip.SkipManager`` is replaced by a no-op when verl
@@ -15,7 +15,6 @@ itself is not installed); without it the verl rows are skipped with the reason.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import logging
@@ -181,30 +180,42 @@ def _cpu_times(cls: Any, modules: list[Any], tags: int, repeat: int) -> list[flo
 
 
 def _end_to_end_times(tq: Any, classes: dict[str, Any], tags: int, repeat: int) -> dict[str, list[float]]:
-    """``sample`` on the real TransferQueue, one partition per contender, rounds interleaved (the order
-    alternating) so that the background load of a shared machine falls on every contender alike."""
-    parts = {name: f"bench-{uuid.uuid4().hex}" for name in classes}
-    samplers = {name: make_sampler(cls) for name, cls in classes.items()}
-    last: dict[str, list[str]] = {name: [] for name in classes}
+    """``sample`` on the real TransferQueue, the contenders taking turns (the order alternating) on one
+    partition kept at size, so the load of a shared machine falls on every contender alike.
+
+    One partition, not one each: verl lists every partition on each poll, so a second large partition
+    would be charged to it. A contender sees the groups the other took vanish (a little extra work for
+    this sampler, which notices and books them).
+    """
+    pid = f"bench-{uuid.uuid4().hex}"
+    samplers = {name: make_sampler(cls) for name, cls in classes.items() if cls is not None}
+    last: list[str] = []
     times: dict[str, list[float]] = {name: [] for name in classes}
 
-    def step(name: str) -> None:  # the trainer's step, untimed: clear the batch, write as many groups
-        if last[name]:
-            tq.kv_clear(keys=last[name], partition_id=parts[name])
-        put_groups(tq, parts[name], BATCH)
-
     def one(name: str) -> float:
-        step(name)
+        if name not in samplers:  # the floor: the listing alone, on the same partition, in the same turns
+            started = time.perf_counter()
+            listed = (tq.kv_list(partition_id=pid) or {}).get(pid) or {}
+            took = time.perf_counter() - started
+            # the partition holds groups(tags) groups less the last batch taken (its trajectories still listed)
+            assert (groups(tags) - BATCH) * (SESSIONS + 1) <= len(listed) <= groups(tags) * (SESSIONS + 1)
+            return took
+        if last:  # the trainer's step, untimed: clear the batch, write as many fresh groups
+            tq.kv_clear(keys=last, partition_id=pid)
+        put_groups(tq, pid, BATCH)
         started = time.perf_counter()
-        batch, _ = samplers[name].sample(global_steps=STEP, partition_id=parts[name], batch_size=BATCH)
+        batch, _ = samplers[name].sample(global_steps=STEP, partition_id=pid, batch_size=BATCH)
         took = time.perf_counter() - started
         assert len(batch.keys) == BATCH * SESSIONS, len(batch.keys)
-        last[name] = batch.keys
+        last[:] = batch.keys
         return took
 
+    quiet = logging.getLogger("pyfast_buffer.verl")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # each turn, this sampler warns that the other's groups vanished
     try:
+        put_groups(tq, pid, groups(tags) - BATCH)
         for name in classes:
-            put_groups(tq, parts[name], groups(tags) - BATCH)
             one(name)  # warm-up: the first sample reads the whole partition
         order = list(classes)
         for i in range(repeat):
@@ -212,8 +223,8 @@ def _end_to_end_times(tq: Any, classes: dict[str, Any], tags: int, repeat: int) 
                 times[name].append(one(name))
         return times
     finally:
-        for pid in parts.values():
-            clear_partition(tq, pid)
+        quiet.setLevel(level)
+        clear_partition(tq, pid)
 
 
 def verl_case(plan: Any, skipped: dict[str, str], verl_src: str = "", sizes: tuple | None = None) -> list[dict]:
@@ -238,18 +249,13 @@ def verl_case(plan: Any, skipped: dict[str, str], verl_src: str = "", sizes: tup
     rows: list[dict] = []
     with running_transfer_queue() as tq:
         for tags in sizes:
-            pid = f"bench-{uuid.uuid4().hex}"
-            try:
-                put_groups(tq, pid, groups(tags))
-                listing = sample(functools.partial(tq.kv_list, partition_id=pid), repeat)
-                rows.append(_row("tq round trip", listing, tags))
-            finally:
-                clear_partition(tq, pid)
             if verl is not None:
                 rows.append(_row("verl cpu", _cpu_times(verl.ReplayBufferAsync, [verl], tags, repeat), tags))
             rows.append(_row("pyfast_buffer cpu", _cpu_times(ours.FastReplayBuffer, [ours, _verl_state], tags,
                                                              repeat), tags))
-            classes = {} if verl is None else {"verl end to end": verl.ReplayBufferAsync}
+            classes: dict[str, Any] = {"tq round trip": None}
+            if verl is not None:
+                classes["verl end to end"] = verl.ReplayBufferAsync
             classes["pyfast_buffer end to end"] = ours.FastReplayBuffer
             for name, times in _end_to_end_times(tq, classes, tags, 2 * repeat).items():
                 rows.append(_row(name, times, tags))
