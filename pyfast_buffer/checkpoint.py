@@ -57,6 +57,11 @@ class CheckpointError(ValueError):
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"checkpoint {path!r} {problem}")
         self.path = path
+        self.problem = problem
+
+    def __reduce__(self) -> tuple:
+        # Rebuild from (path, problem), not from the formatted message, so it crosses processes (Ray, multiprocessing).
+        return (type(self), (self.path, self.problem))
 
 
 class Checkpointable(Protocol):

@@ -49,6 +49,35 @@ def _column(section: Dict[str, Any], key: str, where: str) -> np.ndarray:
     return array.astype(np.int64)
 
 
+def _check_groups(entries: Dict[str, np.ndarray], n: int) -> None:
+    """Raises ValueError unless the entries form contiguous groups of equal group_len, step, group id and uses."""
+    lens = entries["group_len"]
+    if n == 0:
+        return
+    if lens.min() < 1:
+        raise ValueError(f"state_dict group at entry {int(np.argmax(lens < 1))} has group_len < 1; it was edited or is corrupt")
+    # Find the group starts by walking group_len (a Python walk over groups, not entries), then check
+    # every entry against its group's first entry in one vectorised pass.
+    if lens.max() == 1:
+        return  # every entry is its own group: nothing to compare
+    walk = lens.tolist()
+    starts = []
+    i = 0
+    while i < n:
+        starts.append(i)
+        i += walk[i]
+    if i != n:
+        raise ValueError(f"state_dict group at entry {starts[-1]} runs past the last entry; it was edited or is corrupt")
+    first = np.asarray(starts, dtype=np.int64)
+    owner = np.repeat(first, lens[first])
+    for key in ("group_len", "sample_step", "group_id", "uses"):
+        column = entries[key]
+        bad = column != column[owner]
+        if bad.any():
+            at = int(owner[int(np.argmax(bad))])
+            raise ValueError(f"state_dict group at entry {at} is not contiguous and uniform; it was edited or is corrupt")
+
+
 def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
     """Returns validated numpy columns of a state_dict, or raises TypeError/ValueError naming what is wrong."""
     if not isinstance(sd, dict) or sd.get("format") != FORMAT:
@@ -75,16 +104,7 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
     if n and (uses.min() < 0 or uses.max() >= max_uses):
         raise ValueError(f"state_dict has entries used {int(uses.max())} times, not below max_uses={max_uses}; "
                          "load it into a buffer with a larger max_uses")
-    i = 0
-    while i < n:  # groups must be contiguous runs of equal group_len, step, group id and uses
-        g = int(lens[i])
-        run = slice(i, i + g)
-        if g < 1 or i + g > n or not (
-            (lens[run] == g).all() and (steps[run] == steps[i]).all()
-            and (entries["group_id"][run] == entries["group_id"][i]).all() and (uses[run] == uses[i]).all()
-        ):
-            raise ValueError(f"state_dict group at entry {i} is not contiguous and uniform; it was edited or is corrupt")
-        i += g
+    _check_groups(entries, n)
     prompts = in_flight["prompt_id"]
     if len(np.unique(prompts)) != len(prompts):
         raise ValueError("state_dict has a prompt in flight twice; it was edited or is corrupt")

@@ -457,3 +457,13 @@ def test_file_layout_is_as_documented(tmp_path):
     assert hashlib.sha256(data[:28] + data[60:]).digest() == data[28:60]
     header = json.loads(data[60:60 + header_bytes])
     assert header["tree"]["dict"]["format"] == "pyfast_buffer.state/1"
+
+
+def test_checkpoint_error_pickles_with_its_path_and_message():
+    import pickle
+
+    from pyfast_buffer.checkpoint import CheckpointError
+
+    err = CheckpointError("/tmp/x.ckpt", "is truncated")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is CheckpointError and back.path == err.path and str(back) == str(err)
