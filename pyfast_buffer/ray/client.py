@@ -11,7 +11,7 @@ import torch
 from .._args import as_count, as_ids, as_step, as_steps, as_timeout, same_length
 from ..batch import Batch
 from ..buffer import Ids
-from ..config import BufferConfig
+from ..config import BufferConfig, config_from_verl
 from . import _errors
 from ._actor import BLOCKING_GROUP, BufferActor
 
@@ -87,6 +87,11 @@ class RemoteBuffer:
         client._config = config
         client.ping()  # surfaces a failed start here, not at the first call
         return client
+
+    @classmethod
+    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> "RemoteBuffer":
+        """Creates a buffer from verl's sampler and trainer config (see config_from_verl); overrides go to create."""
+        return cls.create(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
     @classmethod
     def get(cls, name: str, namespace: Optional[str] = None) -> "RemoteBuffer":
