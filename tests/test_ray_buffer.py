@@ -107,6 +107,10 @@ def test_calls_return_the_buffers_types_and_values():
     other.load_state_dict(sd)
     assert other.ledger() == client.ledger() and len(other) == len(client)
     assert client.config == local.config
+    client.max_age = 0  # set from this process, in force in the actor for the next call
+    assert client.max_age == 0 and client.config.max_age == 0
+    client.put([50], 5)
+    assert client.take(1, 6).metrics["dropped_stale"] == 1
 
 
 def test_errors_come_back_as_the_buffers_exception_types_and_change_nothing():

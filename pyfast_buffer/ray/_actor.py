@@ -100,6 +100,12 @@ class BufferActor:
     def close(self) -> None:
         self._buf.close()
 
+    def get_max_age(self) -> int:
+        return self._buf.max_age
+
+    def set_max_age(self, max_age: int) -> None:
+        self._buf.max_age = max_age
+
     def config(self) -> Dict[str, Any]:
         return dataclasses.asdict(self._buf.config)
 

@@ -52,7 +52,6 @@ class RemoteBuffer:
 
     def __init__(self, actor: "ray.actor.ActorHandle") -> None:
         self.actor = actor
-        self._config: Optional[BufferConfig] = None
 
     # -- making and finding buffers ------------------------------------------------------------------------------------
     @classmethod
@@ -84,7 +83,6 @@ class RemoteBuffer:
         if lifetime is not None:
             options["lifetime"] = lifetime
         client = cls(remote_cls.options(**options).remote(kwargs))
-        client._config = config
         client.ping()  # surfaces a failed start here, not at the first call
         return client
 
@@ -161,9 +159,17 @@ class RemoteBuffer:
 
     @property
     def config(self) -> BufferConfig:
-        if self._config is None:
-            self._config = BufferConfig(**self._call("config"))
-        return self._config
+        """The buffer's configuration as the actor has it now (max_age may have changed)."""
+        return BufferConfig(**self._call("config"))
+
+    @property
+    def max_age(self) -> int:
+        """The largest age that may be trained on; settable (``client.max_age = k``) from any process."""
+        return self._call("get_max_age")
+
+    @max_age.setter
+    def max_age(self, value: int) -> None:
+        self._call("set_max_age", as_count(value, "max_age", 0))
 
     def close(self) -> None:
         """Closes the buffer: every blocked take/put, in any process, raises BufferClosedError."""
