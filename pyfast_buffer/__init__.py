@@ -4,6 +4,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .batch import AGE_BUCKETS, FIELDS, LOG_FORMAT, Batch
 from .buffer import StalenessBuffer
+from .checkpoint import CheckpointError as CheckpointError
 from .config import BufferConfig, config_from_verl, max_age_from_threshold, sample_step_from_tag
 from .errors import BufferClosedError, BufferFullError
 from .reference import ReferenceBuffer

@@ -208,3 +208,32 @@ class StalenessBuffer:
                     ledger=s["ledger"], clock=s["clock"],
                     evicted_unreported=s["evicted_unreported"])
         self._ring.import_state(flat)
+
+    # -- durable checkpoints, copies and pickling: thin delegations to checkpoint.py (docs/checkpoints.md) ------
+    # checkpoint is imported in each method so that this block is the only checkpoint code in this file.
+    def save(self, path: Any) -> None:
+        """Writes the state to ``path`` (str or os.PathLike) atomically: the old file or the new, never a mix."""
+        from . import checkpoint
+        checkpoint.save(self, path)
+
+    def load(self, path: Any, in_flight: str = "fail") -> torch.Tensor:
+        """Replaces the state with a save()d file, or raises CheckpointError changing nothing.
+
+        ``in_flight="fail"`` fails restored in-flight prompts (their workers are usually gone) and returns
+        their ids to dispatch again; ``"keep"`` keeps them in flight (under wait they block take).
+        """
+        from . import checkpoint
+        return checkpoint.load(self, path, in_flight)
+
+    def __copy__(self) -> "StalenessBuffer":
+        from . import checkpoint
+        checkpoint.refuse_copy(self)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "StalenessBuffer":
+        from . import checkpoint
+        memo[id(self)] = twin = checkpoint.snapshot(self)
+        return twin
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        from . import checkpoint
+        checkpoint.refuse_pickle(self)
