@@ -20,6 +20,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
 import pyfast_buffer as pfb  # noqa: E402
+from pyfast_buffer.checkpoint import CheckpointError  # noqa: E402
 from pyfast_buffer.ray import RemoteBatch, RemoteBuffer  # noqa: E402
 
 NAMESPACE = "pyfast_buffer_tests"
@@ -208,26 +209,46 @@ def test_named_buffer_is_reachable_from_a_second_driver():
 def test_payloads_survive_their_producer_and_are_freed_once_released():
     gc.collect()
     base_bytes, base_objects = object_store_used()
-    client = RemoteBuffer.create(256, max_age=3)
+    client = RemoteBuffer.create(256, max_age=3, track_released=True)
     producer = Producer.remote(client)
-    n = 24
-    ray.get(producer.put.remote(list(range(n)), 10, 1000))
+    ray.get(producer.put.remote(list(range(8)), 0, 1000))  # stale at step 10: dropped by the take
+    ray.get(producer.put.remote(list(range(8, 24)), 10, 1008))
     ray.kill(producer)  # the process that made the payloads is gone; the actor owns them
+    n = 24
     wait_until(lambda: object_store_used()[0] >= base_bytes + n * PAYLOAD_BYTES, "in the object store")
     assert client.payloads_held() == n
-    batch = client.take(n // 2, 10)
-    assert len(batch.payloads) == n // 2
+    batch = client.take(8, 10)
+    assert batch.traj_ids.tolist() == list(range(8, 16)) and batch.metrics["dropped_stale"] == 8
     for i, ref in zip(batch.traj_ids.tolist(), batch.payloads):
         value = ray.get(ref, timeout=60)
         assert value.shape == (PAYLOAD_BYTES // 8,) and int(value[0]) == 1000 + i
         del value
-    assert client.payloads_held() == n - n // 2  # the taken ones retired (max_uses=1): the actor let go
-    rest = client.take(n, 10)
-    assert sorted(rest.traj_ids.tolist()) == list(range(n // 2, n)) and client.payloads_held() == 0
-    del batch, rest, ref
+    assert client.payloads_held() == 8  # taken ones retired (max_uses=1) and dropped ones: the actor let go
+    client.max_age = 0
+    assert client.evict_stale(12) == 8 and client.payloads_held() == 0
+    released = client.released()
+    assert sorted(released.of("retired").tolist()) == list(range(8, 16))
+    assert sorted(released.of("dropped_stale").tolist()) == [*range(8), *range(16, 24)]
+    del batch, ref
     gc.collect()
     wait_until(lambda: object_store_used()[0] <= base_bytes, "back to the baseline object store usage")
     assert object_store_used()[1] <= base_objects
+
+
+def test_save_and_load_run_in_the_actor(tmp_path):
+    client = RemoteBuffer.create(64, max_age=3, strategy="wait")
+    client.put([1, 2, 3], 4)
+    client.dispatch([50], 4)
+    path = tmp_path / "buffer.ckpt"  # on the actor's node: here, the same machine
+    client.save(path)
+    other = RemoteBuffer.create(64, max_age=3, strategy="wait")
+    failed = other.load(path, in_flight="fail")
+    assert failed.tolist() == [50] and len(other) == 3 and other.in_flight == 0
+    assert other.take(3, 4).traj_ids.tolist() == [1, 2, 3]
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(CheckpointError, match="(?i)checksum|torn|truncat|corrupt|short"):
+        other.load(path)
+    assert other.ledger()["taken"] == 3
 
 
 def test_payload_refs_are_returned_as_given():

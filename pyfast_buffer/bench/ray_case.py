@@ -10,6 +10,7 @@ and the floor: a Ray actor call that carries the same bytes and does nothing wit
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -77,7 +78,9 @@ def _remote_classes() -> Tuple[Any, Any]:
         def ping(self) -> int:
             return 0
 
-    @ray.remote(num_cpus=0, max_concurrency=16)
+    threads: Dict[str, Any] = dict(num_cpus=0, max_concurrency=16)
+
+    @ray.remote(**threads)
     class Sink:
         """An actor that receives and returns bytes and does nothing else: the floor under any actor design."""
 
@@ -222,7 +225,7 @@ def ray_case(plan: Any, skipped: Dict[str, str]) -> List[Dict]:
     started = not ray.is_initialized()
     if started:
         ray.init(address="local", num_cpus=max(PRODUCERS) + 2, include_dashboard=False, log_to_driver=False,
-                 logging_level="ERROR")
+                 logging_level=logging.ERROR)
     try:
         producer_cls, sink_cls = _remote_classes()
         producers = [producer_cls.remote() for _ in range(max(PRODUCERS))]
@@ -240,8 +243,8 @@ def ray_case(plan: Any, skipped: Dict[str, str]) -> List[Dict]:
 def markdown(rows: List[Dict]) -> str:
     """Returns the rows as the tables of docs/ray.md, with ratios to ray Queue and to the floor."""
 
-    def find(op: str, contender: str, batch: int) -> Optional[Dict]:
-        return next((r for r in rows if r["op"] == op and r["contender"] == contender and r["batch"] == batch), None)
+    def find(op: str, contender: str, batch: int) -> Dict:
+        return next(r for r in rows if r["op"] == op and r["contender"] == contender and r["batch"] == batch)
 
     out = ["| producers | batch | pyfast_buffer actor | ray Queue | actor/Queue | floor: actor call, same bytes "
            "| in-process (threads) |", "| --- | --- | --- | --- | --- | --- | --- |"]

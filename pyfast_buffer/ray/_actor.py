@@ -16,24 +16,42 @@ import numpy as np
 import ray
 
 from ..buffer import StalenessBuffer
-from ._payloads import PayloadStore, own
+from ..config import BufferConfig
+from ..released import RELEASE_REASONS, Released
+from ._payloads import PayloadStore, ReleasedReport, own
 
 #: Concurrency group of the calls that may block (take/put/complete with a timeout).
 BLOCKING_GROUP = "blocking"
+_DROPPED_STALE, _EVICTED = RELEASE_REASONS.index("dropped_stale"), RELEASE_REASONS.index("evicted")
 
 
 class BufferActor:
     """Hosts a StalenessBuffer and the payload refs of the trajectories it holds."""
 
     def __init__(self, buffer_kwargs: Dict[str, Any]) -> None:
-        self._buf = StalenessBuffer(**buffer_kwargs, pin_memory=False)  # batches leave by pickle: no pinning
+        self._user_config = BufferConfig(**buffer_kwargs)
+        # The actor always tracks released ids: it frees payload refs from that report. The caller sees the
+        # report through released() only if it asked for track_released.
+        core_kwargs = {**buffer_kwargs, "track_released": True}
+        self._buf = StalenessBuffer(**core_kwargs, pin_memory=False)  # batches leave by pickle: no pinning
         self._payloads = PayloadStore()
+        self._settle_lock = threading.Lock()
         self._max_uses = self._buf.config.max_uses
+        self._report = ReleasedReport(self._buf.config.release_bound or 2 * self._buf.config.capacity + 65536)
 
     # -- in-flight prompts and trajectories ------------------------------------------------------------------------
-    def dispatch(self, prompt_ids: np.ndarray, step: int, kwargs: Dict[str, Any]) -> None:
-        self._buf.dispatch(prompt_ids, step, **kwargs)
+    def dispatch(self, prompt_ids: np.ndarray, step: int, lease: Optional[float]) -> None:
+        self._buf.dispatch(prompt_ids, step, lease)
         self._settle()
+
+    def renew(self, prompt_ids: np.ndarray, lease: float) -> None:
+        self._buf.renew(prompt_ids, lease)
+        self._settle()
+
+    def expire_in_flight(self, older_than_s: float) -> int:
+        n = self._buf.expire_in_flight(older_than_s)
+        self._settle()
+        return n
 
     def complete(self, traj_ids: np.ndarray, prompt_ids: np.ndarray, timeout: Optional[float],
                  payloads: Optional[Sequence[Any]]) -> None:
@@ -82,11 +100,33 @@ class BufferActor:
         return n
 
     def _settle(self) -> None:
-        """Frees the payloads of the ids that left the buffer without being taken (dropped stale, evicted)."""
+        """Drains the core's released ids: frees the payloads of those that left untaken, keeps the report.
+
+        Retired ids are freed by the take that retired them (above); failed and expired ids are prompt ids,
+        which never hold payloads.
+        """
+        with self._settle_lock:  # drain and record in one step, so that the report keeps the core's order
+            released = self._buf.released()
+            if self._user_config.track_released and len(released.ids):
+                self._report.add(released)
+        if len(released.ids):
+            untaken = (released.reasons == _DROPPED_STALE) | (released.reasons == _EVICTED)
+            if untaken.any() and len(self._payloads):
+                self._payloads.release(released.ids[untaken])
+
+    def released(self) -> Released:
+        if not self._user_config.track_released:
+            raise ValueError("released() needs track_released=True; create the RemoteBuffer with "
+                             "track_released=True")
+        self._settle()
+        return self._report.drain()
 
     # -- state -------------------------------------------------------------------------------------------------------
     def ledger(self) -> Dict[str, int]:
-        return self._buf.ledger()
+        ledger = self._buf.ledger()
+        if "released_overflow" in ledger:
+            ledger["released_overflow"] += self._report.overflow
+        return ledger
 
     def size(self) -> int:
         return len(self._buf)
@@ -107,7 +147,7 @@ class BufferActor:
         self._buf.max_age = max_age
 
     def config(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self._buf.config)
+        return dataclasses.asdict(dataclasses.replace(self._user_config, max_age=self._buf.max_age))
 
     def payloads_held(self) -> int:
         return len(self._payloads)
@@ -117,16 +157,20 @@ class BufferActor:
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self._buf.load_state_dict(state_dict)
-        # Payloads are not part of a state_dict: keep only the refs of ids that are in the buffer again.
-        self._payloads.keep_only(self._buf.state_dict()["entries"]["traj_id"].numpy())
+        self._after_restore()
 
-    def call(self, method: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        """Runs any other public StalenessBuffer method (save, load, ...), then settles the payloads."""
-        if method.startswith("_") or not callable(getattr(self._buf, method, None)):
-            raise AttributeError(f"StalenessBuffer has no public method {method!r}")
-        out = getattr(self._buf, method)(*args, **kwargs)
-        self._settle()
-        return out
+    def save(self, path: str) -> None:
+        self._buf.save(path)
+
+    def load(self, path: str, in_flight: str) -> Any:
+        failed = self._buf.load(path, in_flight)
+        self._after_restore()
+        return failed
+
+    def _after_restore(self) -> None:
+        # Payloads are not part of a checkpoint: keep only the refs of ids that are in the buffer again.
+        self._buf.released()  # a restore reports nothing that left by use; start the report afresh
+        self._payloads.keep_only(self._buf.state_dict()["entries"]["traj_id"].numpy())
 
     def ping(self) -> int:
         """Does nothing: the round trip of an empty call, the floor under every call to this actor."""

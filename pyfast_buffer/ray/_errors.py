@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Union
+import copyreg
+from typing import Any, Dict, List, Tuple, Union
 
 import ray
 from ray.exceptions import RayTaskError
+
+from ..checkpoint import CheckpointError
 
 
 def get(refs: Union["ray.ObjectRef", List["ray.ObjectRef"]]) -> Any:
@@ -21,3 +24,27 @@ def get(refs: Union["ray.ObjectRef", List["ray.ObjectRef"]]) -> Any:
         if isinstance(cause, BaseException) and not isinstance(cause, RayTaskError):
             raise cause.with_traceback(None) from exc
         raise
+
+
+def _rebuild(cls: type, args: Tuple[Any, ...], state: Dict[str, Any]) -> BaseException:
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+def _reduce(exc: BaseException) -> Tuple[Any, ...]:
+    return _rebuild, (type(exc), exc.args, dict(exc.__dict__))
+
+
+def make_portable(*classes: type) -> None:
+    """Lets exceptions whose ``__init__`` does not take their ``args`` cross a process boundary unchanged.
+
+    Pickle rebuilds an exception as ``cls(*exc.args)``; a class with its own constructor signature
+    (CheckpointError(path, problem)) then fails to unpickle, and Ray can only hand back a RayTaskError.
+    """
+    for cls in classes:
+        copyreg.pickle(cls, _reduce)
+
+
+make_portable(CheckpointError)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import threading
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Deque, Dict, List, Optional, Sequence
 
 import numpy as np
 import ray
+
+from ..released import Released
 
 
 def own(values: Sequence[Any]) -> List["ray.ObjectRef"]:
@@ -59,3 +62,34 @@ class PayloadStore:
 
     def __len__(self) -> int:
         return len(self._refs)
+
+
+class ReleasedReport:
+    """The released ids the caller has not fetched yet, oldest first, at most ``bound`` (older ones are counted)."""
+
+    def __init__(self, bound: int) -> None:
+        self._chunks: Deque[Released] = collections.deque()
+        self._size = 0
+        self._bound = bound
+        self.overflow = 0
+        self._lock = threading.Lock()
+
+    def add(self, released: Released) -> None:
+        with self._lock:
+            self._chunks.append(released)
+            self._size += len(released.ids)
+            while self._size > self._bound:  # discard the oldest records, as the core does
+                head = self._chunks[0]
+                cut = min(len(head.ids), self._size - self._bound)
+                self._chunks[0] = Released(head.ids[cut:], head.reasons[cut:])
+                self._size -= cut
+                self.overflow += cut
+                if not len(self._chunks[0].ids):
+                    self._chunks.popleft()
+
+    def drain(self) -> Released:
+        with self._lock:
+            chunks, self._chunks, self._size = list(self._chunks), collections.deque(), 0
+        if not chunks:
+            return Released(np.empty(0, np.int64), np.empty(0, np.int8))
+        return Released(np.concatenate([c.ids for c in chunks]), np.concatenate([c.reasons for c in chunks]))

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Union
+import dataclasses
+import os
+from typing import Any, Dict, List, Optional, Sequence, Union, cast
 
 import numpy as np
 import ray
 import torch
 
-from .._args import as_count, as_ids, as_step, as_steps, as_timeout, same_length
+from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from ..batch import Batch
 from ..buffer import Ids
 from ..config import BufferConfig, config_from_verl
+from ..released import Released
 from . import _errors
 from ._actor import BLOCKING_GROUP, BufferActor
 
@@ -53,36 +56,37 @@ class RemoteBuffer:
     def __init__(self, actor: "ray.actor.ActorHandle") -> None:
         self.actor = actor
 
-    # -- making and finding buffers ------------------------------------------------------------------------------------
+    # -- making and finding buffers ------------------------------------------------------------------------------
     @classmethod
     def create(cls, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
-               on_full: str = "evict_oldest", parameter_sync_step: Optional[int] = None, *,
+               on_full: str = "evict_oldest", parameter_sync_step: Optional[int] = None,
+               track_released: bool = False, release_bound: Optional[int] = None, unique_ids: bool = False, *,
                name: Optional[str] = None, namespace: Optional[str] = None, lifetime: Optional[str] = None,
                num_cpus: float = 1, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-               blocking_calls: int = DEFAULT_BLOCKING_CALLS, actor_options: Optional[Dict[str, Any]] = None,
-               **buffer_kwargs: Any) -> "RemoteBuffer":
+               blocking_calls: int = DEFAULT_BLOCKING_CALLS,
+               actor_options: Optional[Dict[str, Any]] = None) -> "RemoteBuffer":
         """Starts the actor and returns its client.
 
-        The buffer arguments are StalenessBuffer's (checked here, before anything starts). ``name`` (and
-        ``namespace``) make it reachable with ``RemoteBuffer.get`` from any driver of the cluster;
-        ``lifetime="detached"`` keeps it alive after this driver exits. ``max_concurrency`` threads serve
-        quick calls and ``blocking_calls`` more serve calls with a timeout; ``actor_options`` go to
-        ``.options()`` (e.g. ``scheduling_strategy`` to place it on a node).
+        The buffer arguments are StalenessBuffer's (checked here, before anything starts; ``pin_memory`` is
+        not one: batches leave the actor by pickle). ``name`` (and ``namespace``) make it reachable with
+        ``RemoteBuffer.get`` from any driver of the cluster; ``lifetime="detached"`` keeps it alive after
+        this driver exits. ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve
+        calls with a timeout; ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
         """
-        config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step)
+        config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step,
+                              track_released, release_bound, unique_ids)
         as_count(max_concurrency, "max_concurrency", 1)
         as_count(blocking_calls, "blocking_calls", 1)
-        kwargs = dict(capacity=config.capacity, max_age=config.max_age, strategy=config.strategy,
-                      max_uses=config.max_uses, on_full=config.on_full,
-                      parameter_sync_step=config.parameter_sync_step, **buffer_kwargs)
-        remote_cls = ray.remote(max_concurrency=max_concurrency,
-                                concurrency_groups={BLOCKING_GROUP: blocking_calls})(BufferActor)
+        threads: Dict[str, Any] = dict(max_concurrency=max_concurrency,
+                                       concurrency_groups={BLOCKING_GROUP: blocking_calls})
+        remote_cls = ray.remote(**threads)(BufferActor)
         options: Dict[str, Any] = dict(num_cpus=num_cpus, **(actor_options or {}))
         if name is not None:
             options.update(name=name, namespace=namespace)
         if lifetime is not None:
             options["lifetime"] = lifetime
-        client = cls(remote_cls.options(**options).remote(kwargs))
+        handle = remote_cls.options(**options).remote(dataclasses.asdict(config))
+        client = cls(cast("ray.actor.ActorHandle", handle))
         client.ping()  # surfaces a failed start here, not at the first call
         return client
 
@@ -99,10 +103,20 @@ class RemoteBuffer:
     def __reduce__(self) -> Any:
         return (RemoteBuffer, (self.actor,))
 
-    # -- the StalenessBuffer API -----------------------------------------------------------------------------------------
-    def dispatch(self, prompt_ids: Ids, step: int, **kwargs: Any) -> None:
-        """Marks prompts as in flight (see StalenessBuffer.dispatch)."""
-        self._call("dispatch", as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), kwargs)
+    # -- the StalenessBuffer API ---------------------------------------------------------------------------------
+    def dispatch(self, prompt_ids: Ids, step: int, lease: Optional[float] = None) -> None:
+        """Marks prompts as in flight; with ``lease`` (seconds) the buffer fails them if not completed,
+        failed or renewed in time, so a producer that died never holds a ``wait`` trainer longer."""
+        self._call("dispatch", as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease))
+
+    def renew(self, prompt_ids: Ids, lease: float) -> None:
+        """Gives in-flight prompts a lease of ``lease`` seconds from now (a producer's heartbeat)."""
+        lease = as_seconds(lease, "lease", False, "renew with a lease > 0")
+        self._call("renew", as_ids(prompt_ids, "prompt_ids"), lease)
+
+    def expire_in_flight(self, older_than_s: float) -> int:
+        """Fails, as expired, every in-flight prompt dispatched at least ``older_than_s`` seconds ago."""
+        return self._call("expire_in_flight", as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0"))
 
     def complete(self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None,
                  payloads: Optional[Sequence[Any]] = None) -> None:
@@ -143,6 +157,10 @@ class RemoteBuffer:
         """Drops every ready entry with age > max_age; returns how many."""
         return self._call("evict_stale", as_step(current_step, "current_step"))
 
+    def released(self) -> Released:
+        """Every id that left the buffer since the previous call, with its reason (needs track_released=True)."""
+        return self._call("released")
+
     def ledger(self) -> Dict[str, int]:
         return self._call("ledger")
 
@@ -181,6 +199,15 @@ class RemoteBuffer:
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self._call("load_state_dict", state_dict)
 
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the buffer atomically to ``path`` on the actor's node (see StalenessBuffer.save)."""
+        self._call("save", os.fspath(path))
+
+    def load(self, path: Union[str, "os.PathLike[str]"], in_flight: str = "fail") -> torch.Tensor:
+        """Replaces the state with a file on the actor's node; returns the prompt ids it failed (see
+        StalenessBuffer.load). Payload refs of ids that are not in the restored buffer are released."""
+        return self._call("load", os.fspath(path), in_flight)
+
     def __enter__(self) -> "RemoteBuffer":
         return self
 
@@ -190,7 +217,7 @@ class RemoteBuffer:
     def __repr__(self) -> str:
         return f"RemoteBuffer(actor={self.actor._actor_id.hex()[:12]})"
 
-    # -- beyond StalenessBuffer ------------------------------------------------------------------------------------------
+    # -- beyond StalenessBuffer ----------------------------------------------------------------------------------
     def payloads_held(self) -> int:
         """Number of payload refs the actor holds (ids in the buffer that came with a payload)."""
         return self._call("payloads_held")
