@@ -54,6 +54,11 @@ class Producer:
                 client.put(trajs, step, group_ids=owners)
         return len(prompts) * GROUP
 
+    def dispatch_and_hang(self, client: RemoteBuffer, prompts: list, step: int, lease: float) -> None:
+        """Dispatches with a lease, then generates forever: the test kills this process mid-generation."""
+        client.dispatch(prompts, step, lease=lease)
+        time.sleep(3600)
+
     def ping(self) -> int:
         return 0
 
@@ -94,7 +99,6 @@ def train(client: RemoteBuffer, runs: List["ray.ObjectRef"]) -> List[np.ndarray]
 def check_batches_and_ledger(client: RemoteBuffer, batches: List[np.ndarray]) -> np.ndarray:
     taken = np.concatenate([b[0] for b in batches])
     assert len(np.unique(taken)) == len(taken), "an id was taken twice"
-    assert np.isin(taken, np.arange(TRAJECTORIES)).all()
     for b in batches:  # a batch never splits a group
         assert set(collections.Counter(b[1].tolist()).values()) <= {GROUP}
     led = client.ledger()
@@ -103,11 +107,17 @@ def check_batches_and_ledger(client: RemoteBuffer, batches: List[np.ndarray]) ->
     assert led["dispatched"] == led["completed"] + led["failed"] + led["in_flight"]
     assert led["buffer_left"] == 0 and led["in_flight"] == 0
     assert led["retired"] == led["taken"] == len(taken)
+    # Every id put was taken (retired) or released otherwise, exactly once, and the report says which.
+    released = client.released()
+    assert np.array_equal(np.sort(released.of("retired")), np.sort(taken))
+    left = np.concatenate([released.of("retired"), released.of("dropped_stale"), released.of("evicted")])
+    assert np.array_equal(np.sort(left), np.arange(TRAJECTORIES))
+    assert len(released.of("dropped_stale")) == led["dropped_stale"] and len(released.of("evicted")) == led["evicted"]
     return taken
 
 
 def test_three_producers_under_drop_every_id_taken_or_dropped_once(producers):
-    client = RemoteBuffer.create(4096, max_age=MAX_AGE, strategy="drop")
+    client = RemoteBuffer.create(4096, max_age=MAX_AGE, strategy="drop", track_released=True)
     prompts = np.array_split(np.arange(TRAJECTORIES // GROUP), 3)
     lags = (0, 1, MAX_AGE + 4)  # the third producer's groups are always too old to train on
     runs = [p.run.remote(client, ids, lag, False, 0.0) for p, ids, lag in zip(producers, prompts, lags)]
@@ -121,7 +131,7 @@ def test_three_producers_under_drop_every_id_taken_or_dropped_once(producers):
 
 
 def test_three_producers_under_wait_every_id_taken_once(producers):
-    client = RemoteBuffer.create(4096, max_age=MAX_AGE, strategy="wait", on_full="block")
+    client = RemoteBuffer.create(4096, max_age=MAX_AGE, strategy="wait", on_full="block", track_released=True)
     prompts = np.array_split(np.arange(TRAJECTORIES // GROUP), 3)
     runs = [p.run.remote(client, ids, 0, True, 0.002) for p, ids in zip(producers, prompts)]
     taken = check_batches_and_ledger(client, train(client, runs))
@@ -129,3 +139,30 @@ def test_three_producers_under_wait_every_id_taken_once(producers):
     assert led["dropped_stale"] == led["evicted"] == 0
     assert led["dispatched"] == led["completed"] == TRAJECTORIES // GROUP
     assert np.array_equal(np.sort(taken), np.arange(TRAJECTORIES))
+
+
+def test_a_killed_producer_holds_a_wait_trainer_only_until_its_lease():
+    lease = 4.0
+    client = RemoteBuffer.create(256, max_age=2, strategy="wait", track_released=True)
+    doomed = Producer.remote()
+    ray.get(doomed.ping.remote())
+    doomed.dispatch_and_hang.remote(client, [70, 71, 72], 0, lease)
+    wait_until_in_flight(client, 3)
+    ray.kill(doomed)  # mid-generation: its three prompts stay in flight, nobody will complete them
+    client.put(list(range(8)), 2)
+    client.renew([70, 71, 72], lease)  # the lease counts from here, so the short take below runs well inside it
+    with pytest.raises(TimeoutError, match="prompt 70"):  # at step 2 the prompts of step 0 are at max_age
+        client.take(8, 2, timeout=0.1)
+    batch = client.take(8, 2, timeout=120)  # returns once the lease passes, long before this timeout
+    assert batch.traj_ids.tolist() == list(range(8))
+    led = client.ledger()
+    assert led["expired"] == led["failed"] == 3 and led["in_flight"] == 0
+    assert led["dispatched"] == led["completed"] + led["failed"] + led["in_flight"]
+    assert sorted(client.released().of("expired").tolist()) == [70, 71, 72]
+
+
+def wait_until_in_flight(client: RemoteBuffer, n: int, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while client.in_flight < n:
+        assert time.monotonic() < deadline, f"the producer never dispatched {n} prompts"
+        time.sleep(0.05)
