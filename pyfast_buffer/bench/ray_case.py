@@ -4,7 +4,8 @@ Every row is measured on one local Ray cluster that this case starts (or the one
 by side with ``ray.util.queue.Queue`` (what a Ray user would reach for), the in-process StalenessBuffer,
 and the floor: a Ray actor call that carries the same bytes and does nothing with them.
 
-``python -m pyfast_buffer.bench.ray_case [--quick]`` prints the rows as the Markdown table of docs/ray.md.
+``python -c "from pyfast_buffer.bench.ray_case import main; main()" [--quick]`` prints the rows as the
+Markdown tables of docs/ray.md (``pyfast-buffer bench --cases ray`` prints them in the bench's own table).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ CURRENT_STEP = 1000
 PRODUCERS = (1, 2, 4)
 #: Contenders; "pyfast_buffer" is the buffer actor, the floor is a Ray actor call carrying the same bytes.
 OURS, QUEUE, LOCAL, FLOOR = "pyfast_buffer", "ray Queue", "pyfast_buffer in-process", "ray actor call (floor)"
+PAYLOAD_BYTES = 4096  # a small trajectory (1k int32 tokens): inlined by Ray, the per-object cost dominates
 CASE = "ray"  # every row; ``op`` says which measurement: put/<n>p, take, wake
 
 
@@ -48,13 +50,24 @@ def _remote_classes() -> Tuple[Any, Any]:
         def warm(self, target: Any, kind: str, batch: int) -> None:
             ids = np.arange(batch, dtype=np.int64)
             items = ids.tolist()
+            payload = np.zeros(PAYLOAD_BYTES // 8, np.int64)
             if kind == "buffer":
                 self.send = lambda: target.put(ids, CURRENT_STEP)
+            elif kind == "buffer+values":  # the actor ray.puts each value: it owns them
+                self.send = lambda: target.put(ids + self._next(batch), CURRENT_STEP, payloads=[payload] * batch)
+            elif kind == "buffer+refs":  # this process puts them: they die with it
+                self.send = lambda: target.put(ids + self._next(batch), CURRENT_STEP,
+                                               payloads=[ray.put(payload) for _ in range(batch)])
             elif kind == "queue":
                 self.send = lambda: target.put_nowait_batch(items)
             else:
                 self.send = lambda: ray.get(target.sink.remote(ids))
             self.send()  # the first call to an actor resolves its handle and connects
+
+        def _next(self, batch: int) -> int:
+            """An id offset per call: ids holding payloads must be unique while they are in the buffer."""
+            self.offset = getattr(self, "offset", 0) + batch
+            return self.offset
 
         def loop(self, seconds: float) -> float:
             """Returns calls per second over this producer's own window (at least one call)."""
@@ -117,6 +130,11 @@ def _puts(batches: Tuple[int, ...], seconds: float, producers: List[Any], sink: 
             local = StalenessBuffer(1 << 20, max_age=10, pin_memory=False)
             rows.append(_rate_row(op, f"{LOCAL} ({n} threads)", batch, _local_puts(local, batch, n, seconds),
                                   seconds, n))
+    for name, kind in ((f"{OURS}, payload values", "buffer+values"), (f"{OURS}, payload refs", "buffer+refs")):
+        batch = min(batches)
+        ray.get([p.warm.remote(client, kind, batch) for p in producers[:1]])
+        rates = ray.get([p.loop.remote(seconds) for p in producers[:1]])
+        rows.append(_rate_row("put+payload/1p", name, batch, sum(rates) * batch * seconds, seconds, 1))
     client.kill()
     return rows
 
@@ -257,6 +275,9 @@ def markdown(rows: List[Dict]) -> str:
             out.append(f"| {r['producers']} | {r['batch']} | {r['entries_per_s'] / 1e6:.3f} M/s "
                        f"| {q['entries_per_s'] / 1e6:.3f} M/s | {r['entries_per_s'] / q['entries_per_s']:.1f}x "
                        f"| {f['entries_per_s'] / 1e6:.3f} M/s | {local['entries_per_s'] / 1e6:.2f} M/s |")
+    out += ["", "| one producer, batch | put with payloads | entries/s |", "| --- | --- | --- |"]
+    out += [f"| {r['batch']} | {r['contender']} | {r['entries_per_s']:.0f} |"
+            for r in rows if r["op"] == "put+payload/1p"]
     out += ["", "| batch | pyfast_buffer actor take | ray Queue get_nowait_batch | Queue/actor "
             "| floor: actor call returning 8 x batch int64 | in-process take |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -277,14 +298,10 @@ def _ms(r: Optional[Dict]) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     from .cases import Plan
 
-    parser = argparse.ArgumentParser(prog="python -m pyfast_buffer.bench.ray_case", description=__doc__)
+    parser = argparse.ArgumentParser(prog="pyfast_buffer.bench.ray_case", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="batch 512 only, shorter runs")
     args = parser.parse_args(argv)
     skipped: Dict[str, str] = {}
     rows = ray_case(Plan.quick() if args.quick else Plan(), skipped)
     print(markdown(rows) if rows else skipped)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
