@@ -169,7 +169,7 @@ class BufferActor:
 
     def _after_restore(self) -> None:
         # Payloads are not part of a checkpoint: keep only the refs of ids that are in the buffer again.
-        self._buf.released()  # a restore reports nothing that left by use; start the report afresh
+        self._settle()  # whatever the restore reported (e.g. restored in-flight prompts it failed)
         self._payloads.keep_only(self._buf.state_dict()["entries"]["traj_id"].numpy())
 
     def ping(self) -> int:
