@@ -61,6 +61,11 @@ def put_and_count(client: RemoteBuffer, ids: list, step: int) -> dict:
     return client.ledger()
 
 
+def metric(batch: pfb.Batch, name: str) -> int:
+    """The one place these tests read batch metrics (their keys are getting a prefix)."""
+    return batch.metrics[name]
+
+
 def object_store_used() -> tuple:
     """(bytes, objects) in this node's shared object store, from the raylet's own accounting."""
     from ray._private.internal_api import get_memory_info_reply, get_state_from_address
@@ -111,7 +116,8 @@ def test_calls_return_the_buffers_types_and_values():
     client.max_age = 0  # set from this process, in force in the actor for the next call
     assert client.max_age == 0 and client.config.max_age == 0
     client.put([50], 5)
-    assert client.take(1, 6).metrics["dropped_stale"] == 1
+    batch = client.take(8, 6)  # the group 70 (age 0) is taken, 50 (age 1) is now stale
+    assert batch.traj_ids.tolist() == [7, 8] and metric(batch, "dropped_stale") == 1
 
 
 def test_errors_come_back_as_the_buffers_exception_types_and_change_nothing():
@@ -218,7 +224,7 @@ def test_payloads_survive_their_producer_and_are_freed_once_released():
     wait_until(lambda: object_store_used()[0] >= base_bytes + n * PAYLOAD_BYTES, "in the object store")
     assert client.payloads_held() == n
     batch = client.take(8, 10)
-    assert batch.traj_ids.tolist() == list(range(8, 16)) and batch.metrics["dropped_stale"] == 8
+    assert batch.traj_ids.tolist() == list(range(8, 16)) and metric(batch, "dropped_stale") == 8
     for i, ref in zip(batch.traj_ids.tolist(), batch.payloads):
         value = ray.get(ref, timeout=60)
         assert value.shape == (PAYLOAD_BYTES // 8,) and int(value[0]) == 1000 + i
