@@ -109,18 +109,17 @@ def test_calls_return_the_buffers_types_and_values():
     assert client.ledger() == local.ledger()
     sd = client.state_dict()
     assert sd["entries"]["traj_id"].tolist() == local.state_dict()["entries"]["traj_id"].tolist()
-    other = RemoteBuffer.create(64, max_age=3)
-    other.load_state_dict(sd)
-    assert other.ledger() == client.ledger() and len(other) == len(client)
     assert client.config == local.config
     client.max_age = 0  # set from this process, in force in the actor for the next call
     assert client.max_age == 0 and client.config.max_age == 0
     client.put([50], 5)
     batch = client.take(8, 6)  # the group 70 (age 0) is taken, 50 (age 1) is now stale
     assert batch.traj_ids.tolist() == [7, 8] and metric(batch, "dropped_stale") == 1
+    client.load_state_dict(sd)  # back to the state before max_age changed
+    assert client.state_dict()["entries"]["traj_id"].tolist() == sd["entries"]["traj_id"].tolist() == [7, 8]
 
 
-def test_errors_come_back_as_the_buffers_exception_types_and_change_nothing():
+def test_errors_come_back_as_the_buffers_exception_types_and_close_wakes_a_blocked_take():
     client = RemoteBuffer.create(16, max_age=2, strategy="wait")
     client.put([1, 2], 0)
     before = client.ledger()
@@ -136,7 +135,20 @@ def test_errors_come_back_as_the_buffers_exception_types_and_change_nothing():
     with pytest.raises(ValueError, match="capacity"):
         RemoteBuffer.create(0)
     assert client.ledger() == {**before, "dispatched": before["dispatched"] + 1, "in_flight": 1}
-    client.close()
+    caught: list = []
+
+    def trainer() -> None:
+        try:
+            client.take(4, 2, timeout=60)
+        except pfb.BufferClosedError as exc:
+            caught.append(exc)
+
+    blocked = threading.Thread(target=trainer)
+    blocked.start()
+    time.sleep(0.3)
+    client.close()  # wakes the blocked take, in the actor, with BufferClosedError
+    blocked.join(60)
+    assert len(caught) == 1 and not blocked.is_alive()
     with pytest.raises(pfb.BufferClosedError):
         client.put([5], 0)
 
@@ -164,32 +176,7 @@ def test_a_blocked_take_stalls_no_other_caller_and_a_put_from_another_process_wa
     assert sorted(results["a"].traj_ids.tolist() + results["b"].traj_ids.tolist()) == [1, 2, *range(100, 114)]
 
 
-def test_close_wakes_a_blocked_take_with_buffer_closed_error():
-    client = RemoteBuffer.create(16)
-    caught: list = []
-
-    def trainer() -> None:
-        try:
-            client.take(4, 0, timeout=60)
-        except pfb.BufferClosedError as exc:
-            caught.append(exc)
-
-    t = threading.Thread(target=trainer)
-    t.start()
-    time.sleep(0.3)
-    client.close()
-    t.join(60)
-    assert len(caught) == 1 and not t.is_alive()
-
-
-def test_client_round_trips_through_a_ray_task():
-    client = RemoteBuffer.create(64, max_age=3)
-    ledger = ray.get(put_and_count.remote(client, [4, 5, 6], 2))
-    assert ledger["put_total"] == 3
-    assert client.take(3, 2).traj_ids.tolist() == [4, 5, 6]
-
-
-def test_named_buffer_is_reachable_from_a_second_driver():
+def test_named_buffer_is_reachable_from_a_ray_task_and_a_second_driver():
     name = f"buffer-{uuid.uuid4().hex[:8]}"
     client = RemoteBuffer.create(64, max_age=3, name=name, namespace=NAMESPACE)
     assert RemoteBuffer.get(name, namespace=NAMESPACE).ledger() == client.ledger()
@@ -210,6 +197,9 @@ def test_named_buffer_is_reachable_from_a_second_driver():
     assert client.take(2, 5).traj_ids.tolist() == [900, 901]
     with pytest.raises(ValueError):
         RemoteBuffer.get(f"missing-{name}", namespace=NAMESPACE)
+    ledger = ray.get(put_and_count.remote(client, [4, 5, 6], 5))  # the client itself, pickled into a task
+    assert ledger["put_total"] == 5
+    assert client.take(3, 5).traj_ids.tolist() == [4, 5, 6]
 
 
 def test_payloads_survive_their_producer_and_are_freed_once_released():
@@ -247,14 +237,15 @@ def test_save_and_load_run_in_the_actor(tmp_path):
     client.dispatch([50], 4)
     path = tmp_path / "buffer.ckpt"  # on the actor's node: here, the same machine
     client.save(path)
-    other = RemoteBuffer.create(64, max_age=3, strategy="wait")
-    failed = other.load(path, in_flight="fail")
-    assert failed.tolist() == [50] and len(other) == 3 and other.in_flight == 0
-    assert other.take(3, 4).traj_ids.tolist() == [1, 2, 3]
+    client.fail([50])
+    assert client.take(3, 4).traj_ids.tolist() == [1, 2, 3] and len(client) == 0
+    failed = client.load(path, in_flight="fail")  # back to the saved state; its in-flight prompt is failed
+    assert failed.tolist() == [50] and len(client) == 3 and client.in_flight == 0
+    assert client.take(3, 4).traj_ids.tolist() == [1, 2, 3]
     path.write_bytes(path.read_bytes()[:-3])
     with pytest.raises(CheckpointError, match="(?i)checksum|torn|truncat|corrupt|short"):
-        other.load(path)
-    assert other.ledger()["taken"] == 3
+        client.load(path)
+    assert client.ledger()["taken"] == 3 and len(client) == 0
 
 
 def test_payload_refs_are_returned_as_given():
