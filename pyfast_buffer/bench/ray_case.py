@@ -106,15 +106,13 @@ def _remote_classes() -> Tuple[Any, Any]:
     return Producer, Sink
 
 
-def _puts(batches: Tuple[int, ...], seconds: float, producers: List[Any], sink: Any) -> List[Dict]:
+def _puts(batches: Tuple[int, ...], seconds: float, producers: List[Any], sink: Any, client: Any) -> List[Dict]:
     import ray
     from ray.util.queue import Queue
 
     from ..buffer import StalenessBuffer
-    from ..ray import RemoteBuffer
 
     rows = []
-    client = RemoteBuffer.create(1 << 20, max_age=10, on_full="evict_oldest", num_cpus=0)
     for batch in batches:
         for n in PRODUCERS:
             op = f"put/{n}p"
@@ -135,7 +133,6 @@ def _puts(batches: Tuple[int, ...], seconds: float, producers: List[Any], sink: 
         ray.get([p.warm.remote(client, kind, batch) for p in producers[:1]])
         rates = ray.get([p.loop.remote(seconds) for p in producers[:1]])
         rows.append(_rate_row("put+payload/1p", name, batch, sum(rates) * batch * seconds, seconds, 1))
-    client.kill()
     return rows
 
 
@@ -169,17 +166,13 @@ def _timed(fn: Callable[[], int], repeat: int, batch: int, refill: Callable[[], 
     return times
 
 
-def _takes(batches: Tuple[int, ...], repeat: int, sink: Any) -> List[Dict]:
+def _takes(batches: Tuple[int, ...], repeat: int, sink: Any, client: Any, queue: Any) -> List[Dict]:
     import ray
-    from ray.util.queue import Queue
 
     from ..buffer import StalenessBuffer
-    from ..ray import RemoteBuffer
 
     rows = []
-    client = RemoteBuffer.create(1 << 18, max_age=10, num_cpus=0)
     local = StalenessBuffer(1 << 18, max_age=10, pin_memory=False)
-    queue = Queue(actor_options={"num_cpus": 0})
     for batch in batches:
         chunk = np.arange(16 * batch, dtype=np.int64)
 
@@ -202,23 +195,21 @@ def _takes(batches: Tuple[int, ...], repeat: int, sink: Any) -> List[Dict]:
             fn_times = _timed(fn, repeat, batch, refill)  # warm, then measured
             fn_times = _timed(fn, repeat, batch, refill)
             rows.append(_latency_row("take", name, batch, fn_times))
-    queue.shutdown()
-    client.kill()
     return rows
 
 
-def _wakes(rounds: int, producer: Any) -> List[Dict]:
+def _wakes(rounds: int, producer: Any, client: Any, queue: Any) -> List[Dict]:
     """A take blocked in the actor, woken by a put from another process; the same with ray Queue.get."""
     import ray
-    from ray.util.queue import Queue
 
-    from ..ray import RemoteBuffer
 
     rows = []
-    client = RemoteBuffer.create(1024, max_age=10, strategy="wait", num_cpus=0)
-    queue = Queue(actor_options={"num_cpus": 0})
+    client.max_age = 0  # empty both: every entry is one step too old for the evict below
+    client.evict_stale(CURRENT_STEP + 1)  # the clock moves on one step: the takes below run at that step
+    client.max_age = 10
+    queue.get_nowait_batch(queue.size())
     for name, target, kind, take in (
-        (OURS, client, "buffer", lambda: client.take(1, CURRENT_STEP, timeout=30)),
+        (OURS, client, "buffer", lambda: client.take(1, CURRENT_STEP + 1, timeout=30)),
         (QUEUE, queue, "queue", lambda: queue.get(block=True, timeout=30)),
     ):
         latencies = []
@@ -228,8 +219,6 @@ def _wakes(rounds: int, producer: Any) -> List[Dict]:
             woken = time.perf_counter_ns()
             latencies.append((woken - ray.get(started)) / 1e9)
         rows.append(_latency_row("wake", name, 1, latencies))
-    queue.shutdown()
-    client.kill()
     return rows
 
 
@@ -245,13 +234,22 @@ def ray_case(plan: Any, skipped: Dict[str, str]) -> List[Dict]:
         ray.init(address="local", num_cpus=max(PRODUCERS) + 2, include_dashboard=False, log_to_driver=False,
                  logging_level=logging.ERROR)
     try:
+        from ray.util.queue import Queue
+
+        from ..ray import RemoteBuffer
+
         producer_cls, sink_cls = _remote_classes()
         producers = [producer_cls.remote() for _ in range(max(PRODUCERS))]
         sink = sink_cls.remote()
         ray.get([p.ping.remote() for p in producers] + [sink.sink.remote(np.arange(1))])
-        rows = _puts(tuple(plan.batches), plan.throughput_seconds, producers, sink)
-        rows += _takes(tuple(plan.batches), max(plan.repeat, 20), sink)
-        rows += _wakes(max(20, plan.wake_rounds // 3), producers[0])
+        # One buffer actor and one queue serve every phase: starting an actor costs seconds.
+        client = RemoteBuffer.create(1 << 20, max_age=10, on_full="evict_oldest", num_cpus=0)
+        queue = Queue(actor_options={"num_cpus": 0})
+        rows = _puts(tuple(plan.batches), plan.throughput_seconds, producers, sink, client)
+        rows += _takes(tuple(plan.batches), max(plan.repeat, 20), sink, client, queue)
+        rows += _wakes(max(20, plan.wake_rounds // 3), producers[0], client, queue)
+        client.kill()
+        queue.shutdown()
         return rows
     finally:
         if started:
@@ -279,7 +277,8 @@ def markdown(rows: List[Dict]) -> str:
     out += [f"| {r['batch']} | {r['contender']} | {r['entries_per_s']:.0f} |"
             for r in rows if r["op"] == "put+payload/1p"]
     out += ["", "| batch | pyfast_buffer actor take | ray Queue get_nowait_batch | Queue/actor "
-            "| floor: actor call returning 8 x batch int64 | in-process take |", "| --- | --- | --- | --- | --- | --- |"]
+            "| floor: actor call returning 8 x batch int64 | in-process take |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r["op"] == "take" and r["contender"] == OURS:
             q, f, loc = (find("take", c, r["batch"]) for c in (QUEUE, FLOOR, LOCAL))

@@ -26,7 +26,7 @@ def get(refs: Union["ray.ObjectRef", List["ray.ObjectRef"]]) -> Any:
         raise
 
 
-def _rebuild(cls: type, args: Tuple[Any, ...], state: Dict[str, Any]) -> BaseException:
+def _rebuild(cls: "type[BaseException]", args: Tuple[Any, ...], state: Dict[str, Any]) -> BaseException:
     exc = cls.__new__(cls)
     exc.args = args
     exc.__dict__.update(state)
