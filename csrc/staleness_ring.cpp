@@ -68,12 +68,39 @@ void check_timeout(std::optional<double> timeout) {
   if (timeout) checked_seconds_ns(*timeout, "timeout", true);
 }
 
-// Returns the first id that occurs twice in ids[0..n), if any.
+// Returns the first id (in call order) that occurs twice in ids[0..n), if any. An open-addressing table
+// of one flat array: no allocation per id, so the check costs a few ns per id on every put and dispatch.
 std::optional<int64_t> first_duplicate(const int64_t* ids, int64_t n) {
-  std::unordered_set<int64_t> seen;
-  seen.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    if (!seen.insert(ids[i]).second) return ids[i];
+  if (n < 2) return std::nullopt;
+  if (n <= 16) {  // small calls: a quadratic scan beats building a table
+    for (int64_t i = 1; i < n; ++i)
+      for (int64_t j = 0; j < i; ++j)
+        if (ids[j] == ids[i]) return ids[i];
+    return std::nullopt;
+  }
+  constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();  // the id kEmpty itself is tracked apart
+  size_t slots = 32;
+  while (slots < 2 * static_cast<size_t>(n)) slots <<= 1;  // load factor <= 1/2
+  std::vector<int64_t> table(slots, kEmpty);
+  const size_t mask = slots - 1;
+  const int shift = 64 - __builtin_ctzll(slots);
+  bool seen_empty_id = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    if (id == kEmpty) {
+      if (seen_empty_id) return id;
+      seen_empty_id = true;
+      continue;
+    }
+    size_t at = static_cast<size_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> shift);
+    for (;; at = (at + 1) & mask) {
+      if (table[at] == kEmpty) {
+        table[at] = id;
+        break;
+      }
+      if (table[at] == id) return id;
+    }
+  }
   return std::nullopt;
 }
 
@@ -144,7 +171,8 @@ void StalenessRing::check_not_live(const int64_t* traj_ids, int64_t n) const {
   if (!config_.unique_ids) return;
   for (int64_t i = 0; i < n; ++i)
     if (live_ids_.count(traj_ids[i]))
-      throw InvalidArgument(concat("traj_ids: trajectory ", traj_ids[i], " is already in the buffer and unique_ids=True",
+      throw InvalidArgument(concat("traj_ids: trajectory ", traj_ids[i],
+                                   " is already in the buffer and unique_ids=True",
                                    "; give every trajectory a fresh id (or pass unique_ids=False)"));
 }
 
@@ -206,7 +234,8 @@ StalenessRing::SteadyTime StalenessRing::next_wake(SteadyTime deadline) const {
   if (interrupt_check_) wake = std::min(wake, SteadyClock::now() + std::chrono::milliseconds(kInterruptCheckMs));
   const int64_t lease = in_flight_.earliest_deadline();
   if (lease != kNoLease && !manual_lease_clock_)  // the real lease clock is the steady clock
-    wake = std::min(wake, SteadyTime(std::chrono::duration_cast<SteadyClock::duration>(std::chrono::nanoseconds(lease))));
+    wake = std::min(wake, SteadyTime(std::chrono::duration_cast<SteadyClock::duration>(
+                              std::chrono::nanoseconds(lease))));
   return wake;
 }
 
@@ -254,7 +283,8 @@ void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if (!in_flight_.contains(prompt_ids[i]))
       throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
-                                   " is not in flight; dispatch it first (it may already be completed, failed or expired)"));
+                                   " is not in flight; dispatch it first (it may already be "
+                                   "completed, failed or expired)"));
   for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]);
   if (release_log_)
     for (int64_t i = 0; i < n; ++i) note_left(prompt_ids[i], ReleaseReason::kFailed);
@@ -401,7 +431,8 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
       const int64_t prompt = prompt_ids[groups.order[groups.bounds[g]]];
       if (!in_flight_.contains(prompt))
         throw InvalidArgument(concat("prompt_ids: prompt ", prompt,
-                                     " is not in flight; dispatch it first (it may already be completed, failed or expired)"));
+                                     " is not in flight; dispatch it first (it may already be "
+                                     "completed, failed or expired)"));
     }
     check_not_live(traj_ids, n);
     if (wait_for_room(lock, n, timeout, "complete", deadline)) break;

@@ -13,7 +13,7 @@ from . import _core, state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import Batch, make_metrics
 from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, BufferClosedError
+from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError
 from .released import Released
 
 Ids = Union[torch.Tensor, np.ndarray, Sequence[int]]
@@ -124,6 +124,9 @@ class StalenessBuffer:
         out = torch.empty(_N_COLUMNS * rows, dtype=torch.int64, pin_memory=self.pin_memory)
         stats = self._ring.take(out.numpy(), n, step, wait)
         taken = stats[0]
+        if 2 * taken < rows:  # much smaller than requested: copy, so the batch owns only the rows it returned
+            owned = torch.empty(_N_COLUMNS * taken, dtype=torch.int64, pin_memory=self.pin_memory)
+            out = owned.copy_(out[: _N_COLUMNS * taken])
         # The core wrote the batch field by field at stride `taken`: view it as (8, taken), contiguous.
         return Batch(out.as_strided((_N_COLUMNS, taken), (taken, 1)), make_metrics(stats))
 
@@ -176,6 +179,15 @@ class StalenessBuffer:
         """Closes the buffer and wakes every blocked take/put at once with BufferClosedError."""
         self._ring.close()
 
+    def __copy__(self) -> "StalenessBuffer":
+        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
+
+    def __deepcopy__(self, memo: Any) -> "StalenessBuffer":
+        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
+
     def __enter__(self) -> "StalenessBuffer":
         return self
 
@@ -204,7 +216,8 @@ class StalenessBuffer:
         flat["group_len"] = flat["group_len"].astype(np.int32)
         flat.update(in_flight_prompt=s["in_flight"]["prompt_id"], in_flight_step=s["in_flight"]["sample_step"],
                     in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"],
-                    in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"], in_flight_held_ns=s["in_flight"]["held_ns"],
+                    in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"],
+                    in_flight_held_ns=s["in_flight"]["held_ns"],
                     ledger=s["ledger"], clock=s["clock"],
                     evicted_unreported=s["evicted_unreported"])
         self._ring.import_state(flat)

@@ -22,7 +22,7 @@ from . import state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
 from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, BufferClosedError, BufferFullError
+from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError, BufferFullError
 from .released import NOT_TRACKED, Released, default_release_bound
 
 _RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of RELEASE_REASONS
@@ -273,7 +273,7 @@ class ReferenceBuffer:
             self._cond.notify_all()
 
     def complete(self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None) -> None:
-        trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
+        trajs, prompts = as_ids(traj_ids, "traj_ids", copy=True), as_ids(prompt_ids, "prompt_ids", copy=True)
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
         timeout = as_timeout(timeout)
         n = len(trajs)
@@ -304,11 +304,12 @@ class ReferenceBuffer:
             self._cond.notify_all()
 
     def put(self, traj_ids: Any, sample_step: Any, group_ids: Any = None, timeout: Optional[float] = None) -> None:
-        trajs = as_ids(traj_ids, "traj_ids")
-        steps = as_steps(sample_step, "sample_step", len(trajs)).tolist()
+        # Owned copies: each caller array is read once, as the native wrapper's copies are.
+        trajs = as_ids(traj_ids, "traj_ids", copy=True)
+        steps = as_steps(sample_step, "sample_step", len(trajs), copy=True).tolist()
         groups_arr = None
         if group_ids is not None:
-            groups_arr = as_ids(group_ids, "group_ids")
+            groups_arr = as_ids(group_ids, "group_ids", copy=True)
             same_length(trajs, "traj_ids", groups_arr, "group_ids")
         timeout = as_timeout(timeout)
         n = len(trajs)
@@ -546,6 +547,15 @@ class ReferenceBuffer:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def __copy__(self) -> "ReferenceBuffer":
+        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
+
+    def __deepcopy__(self, memo: Any) -> "ReferenceBuffer":
+        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
 
     def __enter__(self) -> "ReferenceBuffer":
         return self
