@@ -77,9 +77,11 @@ def signs(s: Dict[str, Any], base: Dict[str, Any]) -> List[str]:
 
 def over_age(s: Dict[str, Any]) -> Optional[str]:
     """A note when the arm trained on data older than its max_age (wait trains ready entries past it)."""
-    if s["age_max"] is None or s["age_max"] <= s["max_age"]:
+    if s["age_max"] is None or not s.get("age_over_bound", s["age_max"] > s["max_age"]):
         return None
-    return (f"trained on data up to {s['age_max']} trainer steps old, past max_age {s['max_age']}: "
+    bound = f"the max_age in force (adaptive, mean {s['max_age_mean']:.1f})" if s.get("adaptive") else \
+        f"max_age {s['max_age']}"
+    return (f"trained on data up to {s['age_max']} trainer steps old, past {bound}: "
             + ("wait blocks only on in-flight prompts at max_age and never drops ready entries, so ready "
                "entries age past it" if s["strategy"] == "wait" else "unexpected under drop"))
 
