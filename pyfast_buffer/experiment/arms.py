@@ -37,18 +37,18 @@ MaxAge = Union[int, Dict[str, Any]]
 
 
 def parse_max_age(item: str) -> MaxAge:
-    """One ``--max-age`` item: an int, or ``adaptive[:TARGET]`` with TARGET ``0.008`` (approx KL), ``kl=0.008``,
-    ``clip=0.05`` or ``kl=0.008+clip=0.05``; returns the int or the ArmConfig fields of an adaptive arm."""
+    """One ``--max-age`` item: an int, or ``adaptive[:TARGET]`` with TARGET ``0.01`` (approx KL), ``kl=0.01``,
+    ``clip=0.05`` or ``kl=0.01+clip=0.05``; returns the int or the ArmConfig fields of an adaptive arm."""
     item = item.strip()
     if not item.startswith("adaptive"):
         try:
             return int(item)
         except ValueError:
-            raise ValueError(f"{item!r} is neither an int nor adaptive[:TARGET]; pass e.g. 1,2,4,8,adaptive:0.008") \
+            raise ValueError(f"{item!r} is neither an int nor adaptive[:TARGET]; pass e.g. 1,2,4,8,adaptive:0.01") \
                 from None
     head, _, spec = item.partition(":")
     if head != "adaptive":
-        raise ValueError(f"{item!r} is not adaptive[:TARGET]; pass e.g. adaptive, adaptive:0.008 or adaptive:clip=0.05")
+        raise ValueError(f"{item!r} is not adaptive[:TARGET]; pass e.g. adaptive, adaptive:0.01 or adaptive:clip=0.05")
     if not spec:
         return {"target_kl": DEFAULT_ADAPTIVE_KL}
     fields: Dict[str, Any] = {}
@@ -56,11 +56,11 @@ def parse_max_age(item: str) -> MaxAge:
         key, sep, value = part.partition("=")
         key, value = (key, value) if sep else ("kl", key)
         if key not in ("kl", "clip"):
-            raise ValueError(f"{item!r}: {key!r} is not kl or clip; pass e.g. adaptive:kl=0.008 or adaptive:clip=0.05")
+            raise ValueError(f"{item!r}: {key!r} is not kl or clip; pass e.g. adaptive:kl=0.01 or adaptive:clip=0.05")
         try:
             fields[f"target_{key}"] = float(value)
         except ValueError:
-            raise ValueError(f"{item!r}: {value!r} is not a number; pass e.g. adaptive:0.008") from None
+            raise ValueError(f"{item!r}: {value!r} is not a number; pass e.g. adaptive:0.01") from None
     return fields
 
 

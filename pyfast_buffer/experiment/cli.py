@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", help="comma list of drop/wait (default drop)")
     p.add_argument("--max-age", dest="max_age", help="comma list of max_age values (default 4); an item "
                    "adaptive[:TARGET] is an arm whose max_age an AdaptiveMaxAge controller moves to hold approx KL "
-                   "TARGET (adaptive:kl=X, adaptive:clip=Y for the clip fraction; default adaptive:kl=0.008)")
+                   "TARGET (adaptive:kl=X, adaptive:clip=Y for the clip fraction; default adaptive:kl=0.01)")
     p.add_argument("--lag", help="comma list of rollout weight lags in trainer steps (default 0)")
     p.add_argument("--arm", action="append", metavar="SPEC",
                    help="an explicit arm, e.g. 'reuse=4,strategy=wait,max_age=2,lag=1' (repeatable; "
