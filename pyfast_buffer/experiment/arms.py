@@ -85,23 +85,19 @@ def product_arms(reuse: Optional[str] = None, strategy: Optional[str] = None, ma
     """Every combination of the four axes, reuse varying slowest. An unset (None) axis takes
     ``defaults`` (a preset's values) or AXIS_DEFAULTS; an empty string is an error."""
     fallback = {**AXIS_DEFAULTS, **(defaults or {})}
-    axes = {
-        "reuse": parse_list(fallback["reuse"] if reuse is None else reuse, "reuse", int),
-        "strategy": parse_list(fallback["strategy"] if strategy is None else strategy, "strategy", str),
-        "max_age": parse_list(fallback["max_age"] if max_age is None else max_age, "max_age", parse_max_age),
-        "lag": parse_list(fallback["lag"] if lag is None else lag, "lag", int),
-    }
-
-    for s in axes["strategy"]:
+    reuses = parse_list(fallback["reuse"] if reuse is None else reuse, "reuse", int)
+    strategies = parse_list(fallback["strategy"] if strategy is None else strategy, "strategy", str)
+    ages = parse_list(fallback["max_age"] if max_age is None else max_age, "max_age", parse_max_age)
+    lags = parse_list(fallback["lag"] if lag is None else lag, "lag", int)
+    for s in strategies:
         if s not in STRATEGIES:
             raise ValueError(f"--strategy has {s!r}; pass drop, wait or drop,wait")
-    return [make_arm(r, s, a, g)
-            for r, s, a, g in itertools.product(axes["reuse"], axes["strategy"], axes["max_age"], axes["lag"])]
+    return [make_arm(r, s, a, g) for r, s, a, g in itertools.product(reuses, strategies, ages, lags)]
 
 
 def parse_arm(spec: str) -> ArmConfig:
     """Parses one explicit arm, ``"reuse=4,strategy=wait,max_age=2,lag=1"``; omitted keys take ArmConfig's defaults."""
-    fields = {}
+    fields: Dict[str, Any] = {}
     for part in spec.split(","):
         key, sep, value = part.strip().partition("=")
         key = key.replace("-", "_")

@@ -29,7 +29,7 @@ def age_hist(batch: Any) -> Dict[str, int]:
 
 
 def blocked_by(batch: Any) -> str:
-    """Why a take returned short, by name ("" when it did not): ``batch.blocked_by`` if it is a name, else the metric."""
+    """Why a take returned short, by name ("" when it did not): ``batch.blocked_by`` if a name, else the metric."""
     name = getattr(batch, "blocked_by", None)
     if isinstance(name, str):
         return name

@@ -105,8 +105,8 @@ def resolve(args: argparse.Namespace) -> "tuple[ExperimentConfig, List[ArmConfig
     elif base and all(getattr(args, a, None) is None for a in AXES):
         arms = list(base.arms)
     else:  # unset axes keep the preset's values (or the defaults without a preset)
-        arms = product_arms(*(getattr(args, a, None) for a in AXES),
-                            defaults=axis_values(base.arms) if base else None)
+        reuse, strategy, max_age, lag = (getattr(args, a, None) for a in AXES)
+        arms = product_arms(reuse, strategy, max_age, lag, defaults=axis_values(base.arms) if base else None)
     return cfg, unique(arms)
 
 

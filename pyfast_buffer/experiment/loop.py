@@ -44,7 +44,8 @@ class ArmRun:
         self.trainer = Trainer(self.policy, cfg.lr, cfg.clip_eps)
         self.rollout = RolloutWorker(self.policy, cfg.parameter_sync_step, arm.lag)
         self.producer = Producer(cfg, self.task, self.buf, self.store, self.rollout)
-        self.eval_prompts = self.task.sample_prompts(cfg.eval_prompts, torch.Generator().manual_seed(cfg.seed * 1000 + 4))
+        eval_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 4)
+        self.eval_prompts = self.task.sample_prompts(cfg.eval_prompts, eval_gen)
         self.controller = (AdaptiveMaxAge(self.buf, target_kl=arm.target_kl, target_clip=arm.target_clip,
                                            min_age=cfg.adaptive_min_age, max_age=cfg.adaptive_max_age,
                                            initial=min(cfg.adaptive_max_age, max(cfg.adaptive_min_age, arm.max_age)))
@@ -61,7 +62,7 @@ class ArmRun:
         return {f"ledger/{k}": v for k, v in self.buf.ledger().items()}
 
     def evaluate(self, tick: int) -> None:
-        """Greedy decoding of the trainer's current weights on the fixed eval prompts (drawn from the training distribution)."""
+        """Greedy decoding of the trainer's current weights on the fixed eval prompts (training distribution)."""
         with self._lock:
             responses, _ = self.policy.sample(self.eval_prompts, self.cfg.length, torch.Generator(), greedy=True)
             score = float(self.task.reward(self.eval_prompts, responses).mean())
@@ -147,8 +148,8 @@ class ArmRun:
                 for t in range(self.cfg.ticks):
                     current[0] = t
                     sampled = self.producer.tick(t)
-                    self._after_tick(t, sampled, {"trainer_steps": None, "blocked_by": "", "dropped_stale_before_take": None},
-                                     bar)
+                    untimed = {"trainer_steps": None, "blocked_by": "", "dropped_stale_before_take": None}
+                    self._after_tick(t, sampled, untimed, bar)
                     time.sleep(self.cfg.tick_seconds)
             except BaseException as exc:  # surfaced in the trainer thread below
                 errors.append(exc)

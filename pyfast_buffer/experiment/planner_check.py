@@ -64,8 +64,8 @@ def compare(records: Sequence[Record], cfg: ExperimentConfig, arm: ArmConfig,
             "capacity": cfg.capacity, "parameter_sync_step": cfg.parameter_sync_step, "latency_steps": arm.lag,
             "planned": dict(p.age_distribution), "measured": measured, "planned_mean": p.age_mean,
             "measured_mean": mean, "tv_distance": total_variation(p.age_distribution, measured),
-            "buffer_full_share": sum(1 for r in steady if r["buffer_left"] + cfg.batch_size * (r["trainer_steps"] or 0)
-                                     >= cfg.capacity) / len(steady),
+            "buffer_full_share": sum(1 for r in steady if r["buffer_left"] + cfg.batch_size
+                                     * (r["trainer_steps"] or 0) >= cfg.capacity) / len(steady),
             "random_latency": cfg.latency_mean > 0 or cfg.fail_prob > 0}
 
 
@@ -77,7 +77,8 @@ def render(checks: Sequence[Dict[str, Any]]) -> List[str]:
            f"{STEADY_FROM:.0%} of the run on):"]
     for c in checks:
         out.append(f"- {c['arm']}" + (f" seed {c['seed']}" if c["seed"] is not None else "")
-                   + f": plan(produced_per_step={c['produced_per_step']:.4g}, consumed_per_step={c['consumed_per_step']}, "
+                   + f": plan(produced_per_step={c['produced_per_step']:.4g}, "
+                   f"consumed_per_step={c['consumed_per_step']}, "
                    f"capacity={c['capacity']}, parameter_sync_step={c['parameter_sync_step']}, "
                    f"latency_steps={c['latency_steps']})")
         ages = sorted(set(c["planned"]) | set(c["measured"]))

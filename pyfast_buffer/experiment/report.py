@@ -45,10 +45,12 @@ def _trend(last: Optional[float], first: Optional[float]) -> Optional[float]:
 def signs(s: Dict[str, Any], base: Dict[str, Any]) -> List[str]:
     """The procedure's signs that the data show for arm ``s`` against its reuse-1 ``base``, in words."""
     found = []
-    dl, dlb = _trend(s["loss_last_fresh"], s["loss_first_fresh"]), _trend(base["loss_last_fresh"], base["loss_first_fresh"])
+    dl = _trend(s["loss_last_fresh"], s["loss_first_fresh"])
+    dlb = _trend(base["loss_last_fresh"], base["loss_first_fresh"])
     dr = _trend(s["sample_reward_last"], s["sample_reward_first"])
     drb = _trend(base["sample_reward_last"], base["sample_reward_first"])
-    if None not in (dl, dlb, dr, drb) and dl <= dlb - LOSS_MARGIN and dr < drb + REWARD_MARGIN:
+    if (dl is not None and dlb is not None and dr is not None and drb is not None
+            and dl <= dlb - LOSS_MARGIN and dr < drb + REWARD_MARGIN):
         found.append(f"first-use training loss falls more than the baseline's while sampled reward does not rise "
                      f"more: first-use policy loss changed {dl:+.3f} vs {dlb:+.3f} (threshold: at least "
                      f"{LOSS_MARGIN} more fall), sampled reward changed {dr:+.3f} vs {drb:+.3f} (threshold: less "
@@ -146,7 +148,8 @@ def table(summaries: Sequence[Dict[str, Any]]) -> str:
             ("reward last", 11, lambda s: _f(s["sample_reward_last"])), ("eval last", 9, lambda s: _f(s["eval_last"])),
             ("entropy", 7, lambda s: _f(s["entropy_last"])), ("clip", 5, lambda s: _f(s["clip_frac_late"], 2)),
             ("age", 5, lambda s: _f(s["age_mean"], 1)),
-            ("age max", 7, lambda s: f"{s['age_max']}{'!' if over_age(s) else ''}"), ("retired", 7, lambda s: s["ledger"]["retired"]),
+            ("age max", 7, lambda s: f"{s['age_max']}{'!' if over_age(s) else ''}"),
+            ("retired", 7, lambda s: s["ledger"]["retired"]),
             ("dropped", 7, lambda s: s["ledger"]["dropped_stale"]), ("evicted", 7, lambda s: s["ledger"]["evicted"]),
             ("left", 5, lambda s: s["ledger"]["buffer_left"]), ("stalls", 6, lambda s: s["stalled_ticks"]),
             ("ledger", 6, lambda s: "ok" if s["reconciled"] else "BAD")]

@@ -97,7 +97,8 @@ def render(agg: Sequence[Dict[str, Any]], summaries: Sequence[Dict[str, Any]], c
                    if a["entropy_half_tick_reached"] < a["n"] else "")
         out.append(f"{a['arm']}: " + "; ".join(f"{label} {fmt(a[key], digits)}" for key, label, digits in METRICS
                                                if key != "max_age_mean" or a["max_age_spec"].startswith("adaptive"))
-                   + reached + "; ledger " + ("reconciles on every seed." if a["reconciled"] else "DOES NOT reconcile."))
+                   + reached + "; ledger " + ("reconciles on every seed." if a["reconciled"] else
+                                              "DOES NOT reconcile."))
     out += ["", "Differences (named only where the two arms' intervals do not overlap):"] + differences(agg)
     adaptive = adaptive_lines(agg)
     if adaptive:

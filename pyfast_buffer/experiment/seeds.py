@@ -21,7 +21,7 @@ Record = Dict[str, Any]
 
 
 def parse_seeds(text: str) -> List[int]:
-    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,3,7"`` -> [0, 3, 7]; ``"0-2,9"`` -> [0, 1, 2, 9]. ValueError names the flag."""
+    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,3,7"`` -> [0, 3, 7]; ``"0-2,9"`` -> [0, 1, 2, 9]; ValueError names --seeds."""
     example = "pass e.g. --seeds 0-4 or --seeds 0,3,7"
     out: List[int] = []
     for part in str(text).split(","):
