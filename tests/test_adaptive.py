@@ -7,6 +7,7 @@ from _helpers import assert_balanced
 
 from pyfast_buffer import ReferenceBuffer, StalenessBuffer
 from pyfast_buffer.adaptive import AdaptiveMaxAge
+from pyfast_buffer.experiment.batch_metrics import metric
 
 
 class Holder:
@@ -139,7 +140,7 @@ def _drive(cls):
         buf.put(list(range(step * 4, step * 4 + 4)), step)
         batch = buf.take(4, current_step=step)
         assert len(batch) == 0 or int(batch.age.max()) <= buf.max_age  # the bound in force, not the first one
-        trace.append((batch.traj_ids.tolist(), batch.metrics["dropped_stale"], buf.max_age))
+        trace.append((batch.traj_ids.tolist(), metric(batch, "dropped_stale"), buf.max_age))
         # high KL for the first 10 steps, then low: the bound falls to 1, then climbs back to 6
         ctl.update({"approx_kl": 0.05 if step < 10 else 0.002})
         led = assert_balanced(buf)

@@ -98,7 +98,9 @@ def arm_lines(s: Dict[str, Any]) -> List[str]:
         f"{_f(s['eval_first'])} -> {_f(s['eval_last'])}; entropy {_f(s['entropy_first'])} -> "
         f"{_f(s['entropy_last'])}; clip fraction {_f(s['clip_frac_late'])} and approx KL "
         f"{_f(s['approx_kl_late'], 4)} over the second half; age of trained data: mean {_f(s['age_mean'], 2)}, "
-        f"max {s['age_max']} trainer steps (max_age {s['max_age']}).",
+        f"max {s['age_max']} trainer steps ("
+        + (f"max_age {s['max_age_spec']}, mean {_f(s['max_age_mean'], 2)} in force, {s['max_age_changes']} changes"
+           if s.get("adaptive") else f"max_age {s['max_age']}") + ").",
         f"  trajectories: {led['retired']} retired, {led['dropped_stale']} dropped stale "
         f"({led['dropped_stale'] / sampled:.0%}), {led['evicted']} evicted ({led['evicted'] / sampled:.0%}), "
         f"{led['buffer_left']} left of {led['sampled_total']} sampled; uses per taken entry: {uses}; "
