@@ -151,13 +151,15 @@ def plot_bands(records: Sequence[Record], aggregate: Sequence[Dict[str, Any]], s
         ax.set_title(t, fontsize=10)
         ax.set_xlabel("sampling step")
         ax.grid(alpha=0.3)
-    flat[0].legend(fontsize=8, loc="best")
+    # below the panels: inside one, the legend hides the curves it names
+    fig.legend(*flat[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(aggregate), 6), fontsize=9,
+               frameon=False)
     flat[7].set_xticks(range(len(aggregate)))
     flat[7].set_xticklabels([a["arm"].replace("-", "\n") for a in aggregate], fontsize=7)
     flat[7].set_title("share of sampled trajectories dropped stale (95% interval)", fontsize=10)
     flat[7].grid(alpha=0.3, axis="y")
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
