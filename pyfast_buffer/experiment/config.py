@@ -173,8 +173,8 @@ PRESETS: Dict[str, Preset] = {
     # About 30 s on 2 CPU cores: reuse 1/2/4 under drop and under wait, rollouts one step behind; one seed.
     "demo": Preset(ExperimentConfig(ticks=600, eval_interval=50),
                    _arms(*[(r, s, 4, 1) for s in ("drop", "wait") for r in (1, 2, 4)])),
-    # The multi-seed study docs/experiment.md reports: 6 arms x 5 seeds x 600 sampling steps, about 3.5 CPU-minutes
-    # (30 runs of 3-10 s each; the wall time depends on --jobs and on what else the cores run).
+    # The multi-seed study docs/experiment.md reports: 6 arms x 5 seeds x 600 sampling steps, 188 CPU-seconds
+    # measured (30 runs of 3-10 s each; the wall time depends on --jobs and on what else the cores run).
     "study": Preset(ExperimentConfig(ticks=600, eval_interval=50), STUDY_ARMS, seeds=tuple(range(5))),
     # The rhythm planner's FIFO case, for planner-vs-measured: one trainer step per sampling step, production
     # (48 a step) above consumption (32), so the buffer fills and evicts oldest first; weights pushed every
