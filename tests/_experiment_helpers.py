@@ -39,3 +39,15 @@ def rows(result: ExperimentResult, kind: str, arm: ArmConfig) -> List[Dict[str, 
 
 def ledger_of(row: Dict[str, Any]) -> Dict[str, int]:
     return {k[len("ledger/"):]: v for k, v in row.items() if k.startswith("ledger/")}
+
+
+#: A multi-seed run small enough for the test suite: a reuse-1 arm and an adaptive reuse-4 arm, two seeds.
+SEEDED_ARMS = (ArmConfig(reuse=1, strategy="drop", max_age=4, lag=1),
+               ArmConfig(reuse=4, strategy="drop", max_age=4, lag=1, target_kl=0.003))
+
+
+@functools.lru_cache(maxsize=None)
+def seeded_run(jobs: int) -> ExperimentResult:
+    """The tiny preset's configuration over 16 sampling steps, seeds 0 and 1, in ``jobs`` processes."""
+    cfg = replace(preset("tiny").config, ticks=16)
+    return run_experiment(cfg, SEEDED_ARMS, fresh_dir(), make_figure=jobs == 1, say=None, seeds=[0, 1], jobs=jobs)

@@ -49,6 +49,15 @@ def test_experiment_cli_product_of_axes(capsys):
     (["--latency-mean", "nan"], "--latency-mean=nan must be a finite number >= 0"),
     (["--reuse", ""], "--reuse is empty"),
     (["--strategy", ""], "--strategy is empty"),
+    (["--seeds", "0-x"], "--seeds='0-x': '0-x' is not a seed or a range"),
+    (["--seed", "1", "--seeds", "0-1"], "--seed and --seeds are both given"),
+    (["--seeds", "0-1", "--jobs", "0"], "--jobs=0 must be an int >= 1"),
+    (["--max-age", "adaptive:speed=1"], "'speed' is not kl or clip"),
+    (["--max-age", "adaptive:x"], "'x' is not a number"),
+    (["--max-age", "adaptive:-1"], "target_kl=-1.0 must be a finite number > 0"),
+    (["--max-age", "2,adaptive2"], "'adaptive2' is not adaptive[:TARGET]"),
+    (["--arm", "max_age=adaptive:clip=y"], "--arm 'max_age=adaptive:clip=y'"),
+    (["--adaptive-min-age", "5", "--adaptive-max-age", "2"], "must satisfy 0 <= min <= max"),
 ])
 def test_bad_flags_name_the_argument_and_the_fix(capsys, flags, message):
     rc = main(["experiment", "--preset", "tiny", "--out", fresh_dir(), "--no-progress", *flags])
@@ -67,3 +76,40 @@ def test_one_axis_flag_keeps_the_presets_other_axes():
     _, arms = resolve(args)
     assert sorted((a.reuse, a.strategy, a.max_age, a.lag) for a in arms) == [
         (1, "drop", 4, 1), (1, "wait", 4, 1), (4, "drop", 4, 1), (4, "wait", 4, 1)]
+
+
+def test_max_age_axis_takes_adaptive_items():
+    import argparse
+
+    from pyfast_buffer.experiment.cli import add_parser, resolve, resolve_seeds
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["experiment", "--reuse", "4", "--max-age", "2,adaptive,adaptive:clip=0.05",
+                              "--arm", "reuse=4,max_age=adaptive:kl=0.02+clip=0.1"])
+    _, arms = resolve(args)
+    assert [(a.max_age_spec, a.target_kl, a.target_clip) for a in arms] == [("adaptive:kl=0.02+clip=0.1", 0.02, 0.1)]
+    args.arm = None
+    cfg, arms = resolve(args)
+    assert [a.max_age_spec for a in arms] == ["2", "adaptive:kl=0.01", "adaptive:clip=0.05"]
+    assert arms[1].name == "reuse4-drop-adaptive-kl=0.01-lag0"
+    assert resolve_seeds(args, cfg, arms) == ([0], 1)
+    args.seeds, args.jobs = "0-4", None
+    seeds, jobs = resolve_seeds(args, cfg, arms)
+    assert seeds == [0, 1, 2, 3, 4] and 1 <= jobs <= 15
+
+
+def test_study_preset_runs_its_seeds_by_default():
+    import argparse
+
+    from pyfast_buffer.experiment.cli import add_parser, resolve, resolve_seeds
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["experiment", "--preset", "study"])
+    cfg, arms = resolve(args)
+    seeds, _ = resolve_seeds(args, cfg, arms)
+    assert seeds == [0, 1, 2, 3, 4]
+    assert sorted(a.max_age_spec for a in arms if a.reuse == 4) == ["1", "2", "4", "8", "adaptive:kl=0.01"]
+    args = parser.parse_args(["experiment", "--preset", "study", "--seed", "3"])
+    assert resolve_seeds(args, *resolve(args))[0] == [3]

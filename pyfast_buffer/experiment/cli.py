@@ -10,6 +10,7 @@ from typing import Any, Dict, List
 from .arms import axis_values, parse_arm, product_arms, unique
 from .config import MODES, PRESETS, ArmConfig, ExperimentConfig, preset, with_overrides
 from .runner import run_experiment
+from .seeds import default_jobs, parse_seeds
 
 #: Flags that override one ExperimentConfig field: (flag, field, type, help).
 CONFIG_FLAGS = (
@@ -31,6 +32,9 @@ CONFIG_FLAGS = (
     ("--clip-eps", "clip_eps", float, "PPO clip range"),
     ("--hidden", "hidden", int, "GRU hidden size"),
     ("--tick-seconds", "tick_seconds", float, "thread mode: producer pause per sampling step"),
+    ("--max-steps-per-tick", "max_steps_per_tick", int, "trainer steps per sampling step at most (0: no cap)"),
+    ("--adaptive-min-age", "adaptive_min_age", int, "adaptive arms: lowest max_age the controller sets"),
+    ("--adaptive-max-age", "adaptive_max_age", int, "adaptive arms: highest max_age the controller sets"),
 )
 AXES = ("reuse", "strategy", "max_age", "lag")
 
@@ -41,6 +45,13 @@ def add_arguments(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument("--no-figure", action="store_true", help="skip the PNG")
 
 
+def add_seed_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", help="run every arm once per seed: a range 0-4, a list 0,3,7 or both 0-2,9 "
+                   "(default: --seed, or the preset's seeds); more than one adds 95%% bootstrap intervals")
+    p.add_argument("--jobs", type=int, help="worker processes for the runs (default: min(cores, runs)); the "
+                   "results are the same for any value")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("experiment", help="async GRPO runs on the buffer comparing reuse and staleness arms",
                        description="Runs a real asynchronous GRPO loop (tiny GRU policy, digit-sum task) once per "
@@ -49,7 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), help="start from a preset's configuration and arms")
     p.add_argument("--reuse", help="comma list of max_uses values (default 1,2,4)")
     p.add_argument("--strategy", help="comma list of drop/wait (default drop)")
-    p.add_argument("--max-age", dest="max_age", help="comma list of max_age values (default 4)")
+    p.add_argument("--max-age", dest="max_age", help="comma list of max_age values (default 4); an item "
+                   "adaptive[:TARGET] is an arm whose max_age an AdaptiveMaxAge controller moves to hold approx KL "
+                   "TARGET (adaptive:kl=X, adaptive:clip=Y for the clip fraction; default adaptive:kl=0.01)")
     p.add_argument("--lag", help="comma list of rollout weight lags in trainer steps (default 0)")
     p.add_argument("--arm", action="append", metavar="SPEC",
                    help="an explicit arm, e.g. 'reuse=4,strategy=wait,max_age=2,lag=1' (repeatable; "
@@ -57,8 +70,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=MODES, help="interleave (deterministic, default) or thread (a producer thread)")
     for flag, field, kind, text in CONFIG_FLAGS:
         p.add_argument(flag, dest=field, type=kind, help=text)
+    add_seed_arguments(p)
     add_arguments(p, "experiment-out")
     p.set_defaults(run=run)
+
+
+def resolve_seeds(args: argparse.Namespace, cfg: ExperimentConfig, arms: List[ArmConfig]) -> "tuple[List[int], int]":
+    """The seeds and worker count the flags ask for: --seeds, else --seed, else the preset's seeds."""
+    text = getattr(args, "seeds", None)
+    if text is not None:
+        if getattr(args, "seed", None) is not None:
+            raise ValueError("--seed and --seeds are both given; pass one (--seeds 0-4, or --seed 3)")
+        seeds = parse_seeds(text)
+    elif getattr(args, "seed", None) is not None or not getattr(args, "preset", None):
+        seeds = [cfg.seed]
+    else:
+        seeds = list(preset(args.preset).seeds)
+    jobs = getattr(args, "jobs", None)
+    if jobs is None:
+        jobs = default_jobs(len(seeds) * len(arms)) if len(seeds) > 1 else 1
+    elif isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs={jobs!r} must be an int >= 1; pass e.g. --jobs 2")
+    return seeds, jobs
 
 
 def resolve(args: argparse.Namespace) -> "tuple[ExperimentConfig, List[ArmConfig]]":
@@ -72,8 +105,8 @@ def resolve(args: argparse.Namespace) -> "tuple[ExperimentConfig, List[ArmConfig
     elif base and all(getattr(args, a, None) is None for a in AXES):
         arms = list(base.arms)
     else:  # unset axes keep the preset's values (or the defaults without a preset)
-        arms = product_arms(*(getattr(args, a, None) for a in AXES),
-                            defaults=axis_values(base.arms) if base else None)
+        reuse, strategy, max_age, lag = (getattr(args, a, None) for a in AXES)
+        arms = product_arms(reuse, strategy, max_age, lag, defaults=axis_values(base.arms) if base else None)
     return cfg, unique(arms)
 
 
@@ -81,6 +114,7 @@ def execute(args: argparse.Namespace, label: str) -> int:
     """Shared by ``experiment`` and ``demo``: run, print the report and table, say where files are."""
     try:
         cfg, arms = resolve(args)
+        seeds, jobs = resolve_seeds(args, cfg, arms)
     except (ValueError, TypeError) as exc:
         print(f"pyfast-buffer {label}: error: {exc}", file=sys.stderr)
         return 2
@@ -94,10 +128,11 @@ def execute(args: argparse.Namespace, label: str) -> int:
         print(f"pyfast-buffer {label}: error: --out={args.out!r} is not a writable directory "
               f"({exc.strerror or exc}); pass a directory you can write to", file=sys.stderr)
         return 2
-    print(f"{label}: {len(arms)} arms x {cfg.ticks} sampling steps ({cfg.mode} mode): "
+    runs = f" x {len(seeds)} seeds ({jobs} worker processes)" if len(seeds) > 1 else ""
+    print(f"{label}: {len(arms)} arms{runs} x {cfg.ticks} sampling steps ({cfg.mode} mode): "
           + ", ".join(a.name for a in arms), flush=True)
     result = run_experiment(cfg, arms, args.out, show_progress=not args.no_progress,
-                            make_figure=not args.no_figure)
+                            make_figure=not args.no_figure, seeds=seeds, jobs=jobs)
     print()
     print(result.report)
     print()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 STRATEGIES = ("drop", "wait")
 MODES = ("interleave", "thread")
+#: ``--max-age adaptive`` without a target: hold the trainer's approx KL at this, PPO's customary KL target,
+#: about what the reuse-1 arm (fresh data, rollouts one step behind) measures in the demo configuration.
+DEFAULT_ADAPTIVE_KL = 0.01
 
 
 @dataclass(frozen=True)
@@ -19,8 +22,17 @@ class ArmConfig:
     max_age: int = 4        # drop: entries older than this (trainer steps) are dropped; wait: blocks on in-flight
                             # prompts at this age but still trains ready entries past it
     lag: int = 0            # rollout weights are those of (sync step - lag)
+    # Adaptive arms: an AdaptiveMaxAge controller moves max_age (the starting value) between trainer steps,
+    # within the experiment's [adaptive_min_age, adaptive_max_age], to hold this approx KL or clip fraction.
+    target_kl: Optional[float] = None
+    target_clip: Optional[float] = None
 
     def __post_init__(self) -> None:
+        for target in ("target_kl", "target_clip"):
+            value = getattr(self, target)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{target}={value!r} must be a finite number > 0; pass e.g. adaptive:0.01")
         for name in ("reuse", "max_age", "lag"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -35,8 +47,22 @@ class ArmConfig:
             raise ValueError(f"strategy={self.strategy!r} is unknown; pass one of {', '.join(STRATEGIES)}")
 
     @property
+    def adaptive(self) -> bool:
+        return self.target_kl is not None or self.target_clip is not None
+
+    @property
+    def max_age_spec(self) -> str:
+        """The ``--max-age`` item that makes this arm: ``"4"``, ``"adaptive:kl=0.01"``, ``"adaptive:clip=0.05"``."""
+        if not self.adaptive:
+            return str(self.max_age)
+        parts = ([f"kl={self.target_kl:g}"] if self.target_kl is not None else []) + (
+            [f"clip={self.target_clip:g}"] if self.target_clip is not None else [])
+        return "adaptive:" + "+".join(parts)
+
+    @property
     def name(self) -> str:
-        return f"reuse{self.reuse}-{self.strategy}-age{self.max_age}-lag{self.lag}"
+        age = self.max_age_spec.replace(":", "-") if self.adaptive else f"age{self.max_age}"
+        return f"reuse{self.reuse}-{self.strategy}-{age}-lag{self.lag}"
 
 
 @dataclass(frozen=True)
@@ -62,13 +88,17 @@ class ExperimentConfig:
     hidden: int = 64
     mode: str = "interleave"    # interleave: deterministic; thread: a real producer thread
     tick_seconds: float = 0.01  # thread mode: the producer's pause between sampling steps
+    max_steps_per_tick: int = 0  # trainer steps per sampling step at most (0: as many as full batches allow)
+    adaptive_min_age: int = 1   # adaptive arms: the controller's bounds on max_age
+    adaptive_max_age: int = 8
 
     def __post_init__(self) -> None:
         def flag(name: str) -> str:
             return f"--{name.replace('_', '-')}"
 
         for name in ("seed", "digits", "length", "group_size", "prompts_per_tick", "batch_size", "capacity", "ticks",
-                     "eval_interval", "eval_prompts", "parameter_sync_step", "max_latency", "hidden"):
+                     "eval_interval", "eval_prompts", "parameter_sync_step", "max_latency", "hidden",
+                     "max_steps_per_tick", "adaptive_min_age", "adaptive_max_age"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{flag(name)}={value!r} must be an int")
@@ -85,6 +115,11 @@ class ExperimentConfig:
             raise ValueError(f"--seed={self.seed} must be >= 0")
         if self.max_latency < 0:
             raise ValueError(f"--max-latency={self.max_latency} must be >= 0")
+        if self.max_steps_per_tick < 0:
+            raise ValueError(f"--max-steps-per-tick={self.max_steps_per_tick} must be >= 0 (0 = no cap)")
+        if not 0 <= self.adaptive_min_age <= self.adaptive_max_age:
+            raise ValueError(f"--adaptive-min-age={self.adaptive_min_age} and --adaptive-max-age="
+                             f"{self.adaptive_max_age} must satisfy 0 <= min <= max")
         for name, lo, lo_ok, example in (("lr", 0.0, False, "3e-3"), ("clip_eps", 0.0, False, "0.2"),
                                          ("latency_mean", 0.0, True, "0.5"), ("tick_seconds", 0.0, True, "0.01"),
                                          ("fail_prob", 0.0, True, "0.02")):
@@ -112,24 +147,43 @@ class ExperimentConfig:
 
 @dataclass(frozen=True)
 class Preset:
-    """A named experiment: its fixed configuration and its arms."""
+    """A named experiment: its fixed configuration, its arms and the seeds it runs by default."""
 
     config: ExperimentConfig
     arms: List[ArmConfig] = field(default_factory=list)
+    seeds: Tuple[int, ...] = (0,)
 
 
 def _arms(*specs: tuple) -> List[ArmConfig]:
     return [ArmConfig(reuse=r, strategy=s, max_age=a, lag=lag) for r, s, a, lag in specs]
 
 
+#: The staleness-bound study's arms: reuse 4 under drop with rollouts one step behind, max_age fixed at
+#: 1, 2, 4, 8 or adaptive (starting at 4, held at approx KL DEFAULT_ADAPTIVE_KL, within [1, 8]), and reuse 1
+#: (max_age 4) as the near-on-policy reference.
+STUDY_ARMS = _arms(*[(4, "drop", a, 1) for a in (1, 2, 4, 8)]) + [
+    ArmConfig(reuse=4, strategy="drop", max_age=4, lag=1, target_kl=DEFAULT_ADAPTIVE_KL),
+    ArmConfig(reuse=1, strategy="drop", max_age=4, lag=1)]
+
 PRESETS: Dict[str, Preset] = {
     # Seconds: the test suite's preset. Easy task (base reward about 0.14), a higher learning rate.
     "tiny": Preset(ExperimentConfig(digits=5, length=2, group_size=8, prompts_per_tick=4, batch_size=32,
                                     capacity=128, ticks=100, eval_interval=25, eval_prompts=100, hidden=32, lr=1e-2),
                    _arms((1, "drop", 4, 1), (4, "drop", 4, 1), (4, "wait", 4, 1))),
-    # About 30 s on 2 CPU cores: reuse 1/2/4 under drop and under wait, rollouts one step behind.
+    # About 30 s on 2 CPU cores: reuse 1/2/4 under drop and under wait, rollouts one step behind; one seed.
     "demo": Preset(ExperimentConfig(ticks=600, eval_interval=50),
                    _arms(*[(r, s, 4, 1) for s in ("drop", "wait") for r in (1, 2, 4)])),
+    # The multi-seed study docs/experiment.md reports: 6 arms x 5 seeds x 600 sampling steps, 188 CPU-seconds
+    # measured (30 runs of 3-10 s each; the wall time depends on --jobs and on what else the cores run).
+    "study": Preset(ExperimentConfig(ticks=600, eval_interval=50), STUDY_ARMS, seeds=tuple(range(5))),
+    # The rhythm planner's FIFO case, for planner-vs-measured: one trainer step per sampling step, production
+    # (48 a step) above consumption (32), so the buffer fills and evicts oldest first; weights pushed every
+    # 2 steps; constant latency (the lag), no failures, no drops (max_age far above the ages). Seconds.
+    "fifo": Preset(ExperimentConfig(digits=5, length=2, group_size=8, prompts_per_tick=6, batch_size=32,
+                                    capacity=160, ticks=60, eval_interval=30, eval_prompts=50, hidden=32, lr=1e-2,
+                                    latency_mean=0.0, max_latency=0, fail_prob=0.0, max_steps_per_tick=1,
+                                    parameter_sync_step=2),
+                   _arms((1, "drop", 100, 0), (1, "drop", 100, 1))),
 }
 
 

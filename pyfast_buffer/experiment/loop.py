@@ -15,8 +15,9 @@ from typing import Any, Dict, List
 import torch
 
 from pyfast_buffer import StalenessBuffer
+from pyfast_buffer.adaptive import AdaptiveMaxAge
 
-from . import progress
+from . import batch_metrics, progress
 from .config import ArmConfig, ExperimentConfig
 from .policy import GRUPolicy
 from .producer import Producer
@@ -43,19 +44,25 @@ class ArmRun:
         self.trainer = Trainer(self.policy, cfg.lr, cfg.clip_eps)
         self.rollout = RolloutWorker(self.policy, cfg.parameter_sync_step, arm.lag)
         self.producer = Producer(cfg, self.task, self.buf, self.store, self.rollout)
-        self.eval_prompts = self.task.sample_prompts(cfg.eval_prompts, torch.Generator().manual_seed(cfg.seed * 1000 + 4))
+        eval_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 4)
+        self.eval_prompts = self.task.sample_prompts(cfg.eval_prompts, eval_gen)
+        self.controller = (AdaptiveMaxAge(self.buf, target_kl=arm.target_kl, target_clip=arm.target_clip,
+                                           min_age=cfg.adaptive_min_age, max_age=cfg.adaptive_max_age,
+                                           initial=min(cfg.adaptive_max_age, max(cfg.adaptive_min_age, arm.max_age)))
+                           if arm.adaptive else None)
+        self.max_age = self.controller.value if self.controller else arm.max_age
         self.records: List[Record] = []
         self._lock = threading.Lock()  # thread mode: records and the policy are shared with the producer
 
     # -- records -----------------------------------------------------------------------------------
     def _base(self, kind: str, tick: int) -> Record:
-        return {"kind": kind, "arm": self.arm.name, "tick": tick, "step": self.trainer.step}
+        return {"kind": kind, "arm": self.arm.name, "seed": self.cfg.seed, "tick": tick, "step": self.trainer.step}
 
     def _ledger(self) -> Record:
         return {f"ledger/{k}": v for k, v in self.buf.ledger().items()}
 
     def evaluate(self, tick: int) -> None:
-        """Greedy decoding of the trainer's current weights on the fixed eval prompts (drawn from the training distribution)."""
+        """Greedy decoding of the trainer's current weights on the fixed eval prompts (training distribution)."""
         with self._lock:
             responses, _ = self.policy.sample(self.eval_prompts, self.cfg.length, torch.Generator(), greedy=True)
             score = float(self.task.reward(self.eval_prompts, responses).mean())
@@ -67,13 +74,19 @@ class ArmRun:
         self.rollout.on_step(self.trainer.step, self.policy)
         uses = torch.bincount(batch.uses, minlength=self.arm.reuse + 1)[1:].tolist()
         first = batch.age[batch.uses == 1]
-        m = batch.metrics
+        ages = torch.bincount(batch.age).tolist()
         row = {**self._base("step", tick), "step": step, "batch_size": len(batch), **stats, "value_loss": None,
-               "age_mean": m["age_mean"], "age_max": m["age_max"],
-               "age_min_first_use": int(first.min()) if len(first) else None, "dropped_stale": m["dropped_stale"],
-               "buffer_left": m["buffer_left"], "in_flight": m["in_flight"],
-               **{k: v for k, v in m.items() if k.startswith("age_hist/")},
+               "max_age": self.max_age, "age_mean": batch_metrics.metric(batch, "age_mean"),
+               "age_max": batch_metrics.metric(batch, "age_max"),
+               "age_min_first_use": int(first.min()) if len(first) else None,
+               "dropped_stale": batch_metrics.metric(batch, "dropped_stale"),
+               "buffer_left": batch_metrics.metric(batch, "buffer_left"),
+               "in_flight": batch_metrics.metric(batch, "in_flight"), **batch_metrics.age_hist(batch),
+               **{f"age_count/{a}": c for a, c in enumerate(ages) if c},
                **{f"uses/{i + 1}": c for i, c in enumerate(uses)}, **self._ledger()}
+        if self.controller is not None:  # between trainer steps: the next take uses the new bound
+            self.max_age = self.controller.update(stats)
+            row["controller_signal"] = self.controller.signal
         self.records.append(row)
 
     # -- interleave --------------------------------------------------------------------------------
@@ -86,10 +99,11 @@ class ArmRun:
         """Trains while a batch's worth is ready; returns how many steps ran and what stopped it."""
         steps, blocked_by = 0, ""
         evicted = self._evict_stale()
-        while len(self.buf) >= self.cfg.batch_size:
+        cap = self.cfg.max_steps_per_tick
+        while len(self.buf) >= self.cfg.batch_size and (not cap or steps < cap):
             batch = self.buf.take(self.cfg.batch_size, self.trainer.step)
             if len(batch) == 0:  # wait: an in-flight prompt sits at max_age; drop: all were stale
-                blocked_by = batch.metrics["blocked_by"]
+                blocked_by = batch_metrics.blocked_by(batch)
                 break
             self.train_once(tick, batch)
             steps += 1
@@ -134,8 +148,8 @@ class ArmRun:
                 for t in range(self.cfg.ticks):
                     current[0] = t
                     sampled = self.producer.tick(t)
-                    self._after_tick(t, sampled, {"trainer_steps": None, "blocked_by": "", "dropped_stale_before_take": None},
-                                     bar)
+                    untimed = {"trainer_steps": None, "blocked_by": "", "dropped_stale_before_take": None}
+                    self._after_tick(t, sampled, untimed, bar)
                     time.sleep(self.cfg.tick_seconds)
             except BaseException as exc:  # surfaced in the trainer thread below
                 errors.append(exc)

@@ -80,3 +80,86 @@ def _ledger_bars(ax: Any, summaries: Sequence[Dict[str, Any]], colors: Dict[str,
     ax.set_ylabel("trajectories")
     ax.set_title("ledger: where every sampled trajectory went", fontsize=10)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2, frameon=False)
+
+
+#: The multi-seed figure's per-trainer-step panels: (record key, title).
+_BAND_STEP_PANELS = (("entropy", "entropy (nats/token)"), ("clip_frac", "clip fraction"),
+                     ("approx_kl", "approx KL to behaviour policy"), ("age_mean", "mean age of trained data (steps)"),
+                     ("max_age", "max_age in force (adaptive arms move it)"))
+
+
+def _seed_curve(rows: Sequence[Record], key: str, ticks: int, width: int) -> Any:
+    """One seed's per-sampling-step curve of ``key``, on every sampling step (interpolated between the steps that
+    have rows, NaN before the first and after the last), then smoothed over ``width`` steps."""
+    import numpy as np
+
+    xs, ys = _per_tick(rows, key)
+    grid = np.arange(ticks, dtype=float)
+    if not xs:
+        return np.full(ticks, np.nan)
+    curve = np.interp(grid, xs, ys, left=np.nan, right=np.nan)
+    kernel = np.ones(width) / width
+    valid = ~np.isnan(curve)
+    filled = np.where(valid, curve, 0.0)
+    counts = np.convolve(valid.astype(float), kernel, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        smooth = np.convolve(filled, kernel, mode="same") / counts
+    smooth[~valid] = np.nan
+    return smooth
+
+
+def plot_bands(records: Sequence[Record], aggregate: Sequence[Dict[str, Any]], seeds: Sequence[int], path: str,
+               title: str) -> str:
+    """The multi-seed figure: each arm's mean curve over seeds with its 95% bootstrap band (seeds resampled)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        return "no figure: matplotlib is not installed (pip install 'pyfast_buffer[demo]' adds it)"
+    from .aggregate import band
+
+    ticks = max(r["tick"] for r in records) + 1
+    width = max(1, ticks // 40)
+    fig, axes = plt.subplots(2, 4, figsize=(19, 8.5))
+    flat = axes.ravel()
+    for i, a in enumerate(aggregate):
+        colour, arm = f"C{i}", a["arm"]
+        by_seed = {s: [r for r in records if r["arm"] == arm and r.get("seed") == s] for s in seeds}
+        panels = [("tick", "sample_reward", flat[0])] + [("step", k, ax) for (k, _), ax in
+                                                          zip(_BAND_STEP_PANELS, flat[2:7])]
+        for kind, key, ax in panels:
+            curves = np.stack([_seed_curve([r for r in rows if r["kind"] == kind], key, ticks, width)
+                               for rows in by_seed.values()])
+            mean, low, high = band(curves)
+            grid = np.arange(ticks)
+            ax.plot(grid, mean, color=colour, label=arm if ax is flat[0] else None)
+            ax.fill_between(grid, low, high, color=colour, alpha=0.2, linewidth=0)
+        ev_ticks = sorted({r["tick"] for r in records if r["kind"] == "eval" and r["arm"] == arm})
+        ev = np.array([[next((r["eval_reward"] for r in rows if r["kind"] == "eval" and r["tick"] == t), np.nan)
+                        for t in ev_ticks] for rows in by_seed.values()])
+        mean, low, high = band(ev)
+        flat[1].plot(ev_ticks, mean, "o-", color=colour, ms=3)
+        flat[1].fill_between(ev_ticks, low, high, color=colour, alpha=0.2, linewidth=0)
+        share = a.get("drop_share")
+        if share is not None:
+            flat[7].bar(i, share[0], color=colour, yerr=[[share[0] - share[1]], [share[2] - share[0]]], capsize=4)
+    titles = ["sampled reward (rollout side)", "greedy eval reward (trainer weights)"] + \
+        [t for _, t in _BAND_STEP_PANELS]
+    for ax, t in zip(flat[:7], titles):
+        ax.set_title(t, fontsize=10)
+        ax.set_xlabel("sampling step")
+        ax.grid(alpha=0.3)
+    # below the panels: inside one, the legend hides the curves it names
+    fig.legend(*flat[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(aggregate), 6), fontsize=9,
+               frameon=False)
+    flat[7].set_xticks(range(len(aggregate)))
+    flat[7].set_xticklabels([a["arm"].replace("-", "\n") for a in aggregate], fontsize=7)
+    flat[7].set_title("share of sampled trajectories dropped stale (95% interval)", fontsize=10)
+    flat[7].grid(alpha=0.3, axis="y")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path

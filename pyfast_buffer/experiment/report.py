@@ -45,10 +45,12 @@ def _trend(last: Optional[float], first: Optional[float]) -> Optional[float]:
 def signs(s: Dict[str, Any], base: Dict[str, Any]) -> List[str]:
     """The procedure's signs that the data show for arm ``s`` against its reuse-1 ``base``, in words."""
     found = []
-    dl, dlb = _trend(s["loss_last_fresh"], s["loss_first_fresh"]), _trend(base["loss_last_fresh"], base["loss_first_fresh"])
+    dl = _trend(s["loss_last_fresh"], s["loss_first_fresh"])
+    dlb = _trend(base["loss_last_fresh"], base["loss_first_fresh"])
     dr = _trend(s["sample_reward_last"], s["sample_reward_first"])
     drb = _trend(base["sample_reward_last"], base["sample_reward_first"])
-    if None not in (dl, dlb, dr, drb) and dl <= dlb - LOSS_MARGIN and dr < drb + REWARD_MARGIN:
+    if (dl is not None and dlb is not None and dr is not None and drb is not None
+            and dl <= dlb - LOSS_MARGIN and dr < drb + REWARD_MARGIN):
         found.append(f"first-use training loss falls more than the baseline's while sampled reward does not rise "
                      f"more: first-use policy loss changed {dl:+.3f} vs {dlb:+.3f} (threshold: at least "
                      f"{LOSS_MARGIN} more fall), sampled reward changed {dr:+.3f} vs {drb:+.3f} (threshold: less "
@@ -77,9 +79,11 @@ def signs(s: Dict[str, Any], base: Dict[str, Any]) -> List[str]:
 
 def over_age(s: Dict[str, Any]) -> Optional[str]:
     """A note when the arm trained on data older than its max_age (wait trains ready entries past it)."""
-    if s["age_max"] is None or s["age_max"] <= s["max_age"]:
+    if s["age_max"] is None or not s.get("age_over_bound", s["age_max"] > s["max_age"]):
         return None
-    return (f"trained on data up to {s['age_max']} trainer steps old, past max_age {s['max_age']}: "
+    bound = f"the max_age in force (adaptive, mean {s['max_age_mean']:.1f})" if s.get("adaptive") else \
+        f"max_age {s['max_age']}"
+    return (f"trained on data up to {s['age_max']} trainer steps old, past {bound}: "
             + ("wait blocks only on in-flight prompts at max_age and never drops ready entries, so ready "
                "entries age past it" if s["strategy"] == "wait" else "unexpected under drop"))
 
@@ -94,7 +98,9 @@ def arm_lines(s: Dict[str, Any]) -> List[str]:
         f"{_f(s['eval_first'])} -> {_f(s['eval_last'])}; entropy {_f(s['entropy_first'])} -> "
         f"{_f(s['entropy_last'])}; clip fraction {_f(s['clip_frac_late'])} and approx KL "
         f"{_f(s['approx_kl_late'], 4)} over the second half; age of trained data: mean {_f(s['age_mean'], 2)}, "
-        f"max {s['age_max']} trainer steps (max_age {s['max_age']}).",
+        f"max {s['age_max']} trainer steps ("
+        + (f"max_age {s['max_age_spec']}, mean {_f(s['max_age_mean'], 2)} in force, {s['max_age_changes']} changes"
+           if s.get("adaptive") else f"max_age {s['max_age']}") + ").",
         f"  trajectories: {led['retired']} retired, {led['dropped_stale']} dropped stale "
         f"({led['dropped_stale'] / sampled:.0%}), {led['evicted']} evicted ({led['evicted'] / sampled:.0%}), "
         f"{led['buffer_left']} left of {led['sampled_total']} sampled; uses per taken entry: {uses}; "
@@ -144,7 +150,8 @@ def table(summaries: Sequence[Dict[str, Any]]) -> str:
             ("reward last", 11, lambda s: _f(s["sample_reward_last"])), ("eval last", 9, lambda s: _f(s["eval_last"])),
             ("entropy", 7, lambda s: _f(s["entropy_last"])), ("clip", 5, lambda s: _f(s["clip_frac_late"], 2)),
             ("age", 5, lambda s: _f(s["age_mean"], 1)),
-            ("age max", 7, lambda s: f"{s['age_max']}{'!' if over_age(s) else ''}"), ("retired", 7, lambda s: s["ledger"]["retired"]),
+            ("age max", 7, lambda s: f"{s['age_max']}{'!' if over_age(s) else ''}"),
+            ("retired", 7, lambda s: s["ledger"]["retired"]),
             ("dropped", 7, lambda s: s["ledger"]["dropped_stale"]), ("evicted", 7, lambda s: s["ledger"]["evicted"]),
             ("left", 5, lambda s: s["ledger"]["buffer_left"]), ("stalls", 6, lambda s: s["stalled_ticks"]),
             ("ledger", 6, lambda s: "ok" if s["reconciled"] else "BAD")]

@@ -45,9 +45,9 @@ def first_use(steps: Sequence[Record]) -> List[Record]:
     return [r for r in steps if r.get("uses/1") == r["batch_size"]]
 
 
-def summarise(records: Sequence[Record], arm: Any, ticks: int) -> Dict[str, Any]:
-    """Returns the numbers the report and the summary table show for one arm."""
-    mine = [r for r in records if r["arm"] == arm.name]
+def summarise(records: Sequence[Record], arm: Any, ticks: int, seed: Optional[int] = None) -> Dict[str, Any]:
+    """Returns the numbers the report and the summary table show for one arm (of one seed, when given)."""
+    mine = [r for r in records if r["arm"] == arm.name and (seed is None or r.get("seed") == seed)]
     steps = [r for r in mine if r["kind"] == "step"]
     tick_rows = [r for r in mine if r["kind"] == "tick"]
     evals = [r for r in mine if r["kind"] == "eval"]
@@ -56,13 +56,20 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int) -> Dict[str, Any]
     for r in steps:
         for k in uses:
             uses[k] += r[f"uses/{k}"]
-    entropy0 = steps[0]["entropy"] if steps else None
+    entropy0: Optional[float] = steps[0]["entropy"] if steps else None
     half = len(steps) // 2
     fresh = first_use(steps)
-    half_tick = first_tick_below(steps, "entropy", entropy0 / 2) if steps else None
+    half_tick = first_tick_below(steps, "entropy", entropy0 / 2) if entropy0 is not None else None
     half_step = next((r["step"] + 1 for r in steps if r["tick"] == half_tick), None)
+    bounds = [r["max_age"] for r in steps if "max_age" in r]
     return {
-        "arm": arm.name, "reuse": arm.reuse, "strategy": arm.strategy, "max_age": arm.max_age, "lag": arm.lag,
+        "arm": arm.name, "seed": seed if seed is not None else (mine[0].get("seed") if mine else None),
+        "reuse": arm.reuse, "strategy": arm.strategy, "max_age": arm.max_age, "lag": arm.lag,
+        "adaptive": arm.adaptive, "max_age_spec": arm.max_age_spec,
+        "max_age_mean": _mean(bounds),  # the bound in force at each take (moves on adaptive arms)
+        "age_over_bound": any(r["age_max"] > r["max_age"] for r in steps if "max_age" in r),
+        "max_age_changes": sum(1 for a, b in zip(bounds, bounds[1:]) if a != b),
+        "drop_share": ledger["dropped_stale"] / ledger["sampled_total"] if ledger.get("sampled_total") else 0.0,
         "trainer_steps": len(steps),
         "stalled_ticks": sum(1 for r in tick_rows if r["blocked_by"] == "in_flight_at_max_age"),
         "sample_reward_first": _window(tick_rows, "sample_reward", ticks, last=False),
