@@ -21,7 +21,19 @@ struct Ledger {
   int64_t expired = 0;          // prompts failed by the buffer: lease passed, or expire_in_flight
   int64_t released_overflow = 0;  // released-id records discarded unread (log full); not part of any state
 
-  /// Returns true iff both invariants of DESIGN.md hold.
+  /// Largest counter a checkpoint may carry: far beyond any real run, and small enough that the
+  /// sums below and the next increments cannot overflow int64.
+  static constexpr int64_t kMaxCounter = int64_t{1} << 60;
+
+  /// Returns true iff every counter lies in [0, kMaxCounter].
+  bool in_range() const {
+    for (int64_t v : {dispatched, completed, failed, put_total, taken, retired, dropped_stale, evicted, in_flight,
+                      buffer_left, max_age_changes, expired})
+      if (v < 0 || v > kMaxCounter) return false;
+    return true;
+  }
+
+  /// Returns true iff both invariants of DESIGN.md hold (call it on counters that are in_range()).
   bool balanced() const {
     return put_total == retired + dropped_stale + evicted + buffer_left &&
            dispatched == completed + failed + in_flight && 0 <= expired && expired <= failed;

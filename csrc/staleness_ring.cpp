@@ -902,6 +902,9 @@ void StalenessRing::import_state(const RingState& s) {
   Ledger ledger = s.ledger;
   ledger.in_flight = static_cast<int64_t>(m);
   ledger.buffer_left = n;
+  if (!ledger.in_range())
+    throw InvalidArgument(concat("state_dict: a ledger counter lies outside [0, ", Ledger::kMaxCounter,
+                                 "]; it was edited or is corrupt"));
   if (!ledger.balanced() || s.evicted_unreported < 0 || s.evicted_unreported > ledger.evicted)
     throw InvalidArgument("state_dict: the ledger does not balance with the entries it holds; it was edited or is corrupt");
 

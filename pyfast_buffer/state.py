@@ -19,6 +19,8 @@ LEDGER_KEYS = ("dispatched", "completed", "failed", "put_total", "taken", "retir
 #: Counters added later: written by pack, read as 0 from a state_dict that predates them.
 LATER_LEDGER_KEYS = ("max_age_changes", "expired")
 ALL_LEDGER_KEYS = LEDGER_KEYS + LATER_LEDGER_KEYS
+#: Largest ledger counter a state_dict may carry (the core's Ledger::kMaxCounter).
+MAX_COUNTER = 2**60
 
 
 Column = Union[np.ndarray, Sequence[int]]
@@ -114,9 +116,12 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         raise ValueError("state_dict has in-flight lease_left_ns below -1 or held_ns below 0; it was edited or is corrupt")
     led = {k: int(ledger.get(k, 0)) for k in ALL_LEDGER_KEYS}
     evicted_unreported = int(sd.get("evicted_unreported", 0))
-    # The clock is a step the API accepted (<= 2**63 - 1) or -1 before any.
-    if any(not 0 <= v < 2**63 for v in (*led.values(), evicted_unreported)) or not -1 <= clock < 2**63:
-        raise ValueError("state_dict has counters outside int64; it was edited or is corrupt")
+    # The clock is a step the API accepted (<= 2**63 - 1) or -1 before any. Counters stay within the
+    # core's bound (Ledger::kMaxCounter), so the buffer can go on adding to them without overflow.
+    if any(not 0 <= v <= MAX_COUNTER for v in (*led.values(), evicted_unreported)):
+        raise ValueError("state_dict has ledger counters outside [0, 2**60]; it was edited or is corrupt")
+    if not -1 <= clock < 2**63:
+        raise ValueError("state_dict has a clock outside int64; it was edited or is corrupt")
     if (led["put_total"] != led["retired"] + led["dropped_stale"] + led["evicted"] + n
             or led["dispatched"] != led["completed"] + led["failed"] + len(prompts)
             or not 0 <= evicted_unreported <= led["evicted"] or led["expired"] > led["failed"]):

@@ -48,8 +48,30 @@ def test_a_clock_past_int64_is_refused(impl):
     buf = impl(8)
     sd = buf.state_dict()
     sd["clock"] = 2**63
-    with pytest.raises(ValueError, match="counters outside int64"):
+    with pytest.raises(ValueError, match="clock outside int64"):
         buf.load_state_dict(sd)
+
+
+def test_ledger_counters_the_buffer_could_not_add_to_are_refused(impl):
+    # Raised together the ledger still balances, but the next put would overflow put_total.
+    buf = impl(8)
+    buf.put([1], 0)
+    sd = buf.state_dict()
+    sd["ledger"]["put_total"] += 2**63 - 2
+    sd["ledger"]["evicted"] += 2**63 - 2
+    with pytest.raises(ValueError, match=r"counters outside \[0, 2\*\*60\]"):
+        buf.load_state_dict(sd)
+    assert buf.ledger()["put_total"] == 1 and len(buf) == 1
+
+
+def test_the_core_refuses_out_of_range_counters_itself():
+    ring = _core.Ring(8, 3, "drop", 1, "block", 0)
+    ring.put(np.array([1], dtype=np.int64), None, np.array([0], dtype=np.int64), None)
+    state = ring.export_state()
+    state["ledger"]["evicted"] = 2**63 - 1  # would overflow the balance check's sum
+    with pytest.raises(ValueError, match="outside"):
+        ring.import_state(state)
+    assert len(ring) == 1
 
 
 def _ring() -> _core.Ring:
