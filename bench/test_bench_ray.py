@@ -8,6 +8,7 @@ Producer-process throughput and wake-up latency are in ``pyfast-buffer bench --c
 from __future__ import annotations
 
 import logging
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +18,9 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 from pyfast_buffer import StalenessBuffer  # noqa: E402
 from pyfast_buffer.bench.ray_case import CURRENT_STEP  # noqa: E402
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
+from pyfast_buffer.ray._local import init_local_cluster  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import this module
 
 BATCHES = [64, 512, 4096]
 CONTENDERS = ["pyfast_buffer actor", "ray Queue", "pyfast_buffer in-process", "actor call floor"]
@@ -35,7 +39,7 @@ class Floor:
 def targets():
     from ray.util.queue import Queue
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    init_local_cluster(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     try:
         yield {"pyfast_buffer actor": RemoteBuffer.create(1 << 20, max_age=10, num_cpus=0),
                "ray Queue": Queue(actor_options={"num_cpus": 0}),

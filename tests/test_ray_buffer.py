@@ -22,6 +22,11 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 import pyfast_buffer as pfb  # noqa: E402
 from pyfast_buffer.checkpoint import CheckpointError  # noqa: E402
 from pyfast_buffer.ray import RemoteBatch, RemoteBuffer  # noqa: E402
+from pyfast_buffer.ray._local import init_local_cluster  # noqa: E402
+
+# Workers unpickle this module's remote functions and actors by value: they need not (and, with the
+# repository off their sys.path, cannot) import the test module itself.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 NAMESPACE = "pyfast_buffer_tests"
 PAYLOAD_BYTES = 256 * 1024  # above Ray's 100 KiB inline limit: each payload lives in the shared object store
@@ -29,7 +34,7 @@ PAYLOAD_BYTES = 256 * 1024  # above Ray's 100 KiB inline limit: each payload liv
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(address="local", num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
+    init_local_cluster(num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR", object_store_memory=256 * 2**20)
     try:
         yield

@@ -8,6 +8,7 @@ groups go stale; under wait every prompt is dispatched, held in flight a moment,
 from __future__ import annotations
 
 import collections
+import sys
 import time
 from typing import List
 
@@ -17,6 +18,11 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
+from pyfast_buffer.ray._local import init_local_cluster  # noqa: E402
+
+# Workers unpickle this module's remote functions and actors by value: they need not (and, with the
+# repository off their sys.path, cannot) import the test module itself.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 TRAJECTORIES = 10_000
 GROUP = 4  # trajectories per prompt (GRPO's n)
@@ -28,7 +34,7 @@ BASE_STEP = 100  # the trainer's first step; producers stamp relative to it
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+    init_local_cluster(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
              object_store_memory=128 * 2**20)
     try:
         yield

@@ -231,7 +231,9 @@ def ray_case(plan: Any, skipped: Dict[str, str]) -> List[Dict]:
         return []
     started = not ray.is_initialized()
     if started:
-        ray.init(address="local", num_cpus=max(PRODUCERS) + 2, include_dashboard=False, log_to_driver=False,
+        from ..ray._local import init_local_cluster
+
+        init_local_cluster(num_cpus=max(PRODUCERS) + 2, include_dashboard=False, log_to_driver=False,
                  logging_level=logging.ERROR)
     try:
         from ray.util.queue import Queue
