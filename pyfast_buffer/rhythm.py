@@ -386,8 +386,45 @@ def parse_set(items: List[str]) -> Dict[str, Any]:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set {item!r} is not key=value; write e.g. --set capacity=4096")
-        out[key.strip()] = _scalar(text.strip())
+        key, value = key.strip(), _scalar(text.strip())
+        if key in RHYTHM_KEYS:
+            _check_rhythm_value(key, value)
+        out[key] = value
     return out
+
+
+#: What each rhythm key of ``--set`` must be: (whole number?, smallest value, whether the smallest is allowed).
+_RHYTHM_VALUE_RULES: Dict[str, Tuple[bool, float, bool]] = {
+    "produced_per_step": (False, 0, False),
+    "consumed_per_step": (False, 0, False),
+    "capacity": (True, 1, True),
+    "parameter_sync_step": (True, 1, True),
+    "max_age": (True, 0, True),
+    "latency_steps": (True, 0, True),
+}
+
+
+def _check_rhythm_value(key: str, value: Any) -> None:
+    """Raises ValueError when ``--set key=value`` gives a rhythm key a value it cannot have.
+
+    ``max_age`` and ``strategy`` may be null (not configured); the rates and counts must be numbers.
+    """
+    if value is None and key in ("max_age", "strategy"):
+        return
+    if key == "strategy":
+        if value not in ("drop", "wait"):
+            raise ValueError(f"--set strategy={value!r} is unknown; write --set strategy=drop or --set strategy=wait")
+        return
+    whole, minimum, inclusive = _RHYTHM_VALUE_RULES[key]
+    kind = "a whole number" if whole else "a number"
+    bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+    example = "8" if whole else "64"
+    if _number(value) is None or not math.isfinite(value):
+        raise ValueError(f"--set {key}={value!r} is not {kind}; write {kind} {bound}, e.g. --set {key}={example}")
+    if whole and value != int(value):
+        raise ValueError(f"--set {key}={value!r} is not {kind}; write {kind} {bound}, e.g. --set {key}={example}")
+    if value < minimum or (value == minimum and not inclusive):
+        raise ValueError(f"--set {key}={value!r} must be {bound}; e.g. --set {key}={example}")
 
 
 def _scalar(text: str) -> Any:

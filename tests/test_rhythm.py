@@ -1,6 +1,7 @@
 """rhythm: config keys with file:line, the derived rhythm, the FIFO plan, warnings and malformed files."""
 
 import json
+import re
 
 import pytest
 
@@ -187,12 +188,31 @@ def test_numbers_that_cannot_be_planned_say_why(capsys, tmp_path, text, words):
     assert code == 0 and "turnover: not computed: " + words in out and "suggested max_age" not in out
 
 
-@pytest.mark.parametrize("value, words", [("abc", "max_age='abc' is not a number"),
-                                          ("2.5", "max_age=2.5 is not a whole number"),
-                                          ("-1", "max_age=-1 is below 0")])
-def test_set_max_age_must_be_a_whole_number(capsys, value, words):
-    code, out, _ = run_cli(capsys, "rhythm", fixture("rhythm", "trl_grpo.yaml"), "--set", f"max_age={value}")
-    assert code == 0 and words in out
+@pytest.mark.parametrize("item, words", [
+    ("max_age=abc", "--set max_age='abc' is not a whole number; write a whole number >= 0"),
+    ("max_age=2.5", "--set max_age=2.5 is not a whole number"),
+    ("max_age=-1", "--set max_age=-1 must be >= 0"),
+    ("produced_per_step=abc", "--set produced_per_step='abc' is not a number; write a number > 0"),
+    ("consumed_per_step=0", "--set consumed_per_step=0 must be > 0"),
+    ("consumed_per_step=nan", "--set consumed_per_step=nan is not a number"),
+    ("capacity=0", "--set capacity=0 must be >= 1"),
+    ("capacity=true", "--set capacity=True is not a whole number"),
+    ("parameter_sync_step=1.5", "--set parameter_sync_step=1.5 is not a whole number"),
+    ("latency_steps=-2", "--set latency_steps=-2 must be >= 0"),
+    ("strategy=fifo", "--set strategy='fifo' is unknown; write --set strategy=drop or --set strategy=wait"),
+])
+def test_set_rhythm_values_are_validated_before_anything_runs(capsys, item, words):
+    with pytest.raises(ValueError, match="^" + re.escape(words)):
+        rhythm.parse_set([item])
+    code, out, err = run_cli(capsys, "rhythm", fixture("rhythm", "trl_grpo.yaml"), "--set", item)
+    assert code == 2 and out == "" and words in err
+
+
+def test_set_accepts_valid_rhythm_values_and_free_config_keys():
+    assert rhythm.parse_set(["max_age=0", "capacity=4096", "produced_per_step=0.5", "latency_steps=0",
+                             "parameter_sync_step=2", "strategy=drop", "some.config.key=abc"]) == {
+        "max_age": 0, "capacity": 4096, "produced_per_step": 0.5, "latency_steps": 0, "parameter_sync_step": 2,
+        "strategy": "drop", "some.config.key": "abc"}
 
 
 def test_set_reads_numbers_before_yaml():
