@@ -21,7 +21,7 @@ def test_extension_is_the_compiled_core():
     from pyfast_buffer import _core
 
     assert pathlib.Path(_core.__file__).suffix in {".so", ".pyd"}
-    assert _core.BATCH_COLUMNS == len(pyfast_buffer.FIELDS)
+    assert len(pyfast_buffer.FIELDS) == _core.BATCH_COLUMNS
     assert _core.BYTES_PER_ENTRY <= 64
 
 
@@ -38,6 +38,12 @@ def test_module_entry_point_prints_the_version(tmp_path):
     import subprocess
 
     # cwd outside the source tree: ``-m`` must find the installed package (CI tests the wheel).
-    out = subprocess.run([sys.executable, "-m", "pyfast_buffer", "--version"], capture_output=True, text=True,
-                         check=True, timeout=120, cwd=tmp_path).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "pyfast_buffer", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd=tmp_path,
+    ).stdout
     assert out.strip() == f"pyfast-buffer {pyfast_buffer.__version__}"
