@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
 # Directories a recursive search never enters: environments, caches, VCS metadata.
@@ -188,14 +189,14 @@ def _read_json(path: str, text: str) -> List[Entry]:
 
 def _read_toml(path: str, text: str) -> List[Entry]:
     try:
-        import tomllib as toml  # Python 3.11+
+        if sys.version_info >= (3, 11):
+            import tomllib as toml
+        else:  # a declared dependency below 3.11; missing only in a hand-made environment
+            import tomli as toml
     except ImportError:
-        try:
-            import tomli as toml  # type: ignore[no-redef]
-        except ImportError:
-            raise _Unreadable(
-                "TOML needs Python 3.11+ (tomllib) or `pip install tomli`; convert it to YAML/JSON otherwise"
-            ) from None
+        raise _Unreadable(
+            "TOML needs Python 3.11+ (tomllib) or `pip install tomli`; convert it to YAML/JSON otherwise"
+        ) from None
     try:
         data = toml.loads(text)
     except Exception as exc:  # tomllib.TOMLDecodeError; tomli's has the same name but another class
@@ -211,9 +212,10 @@ _TOML_TABLE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?")
 _TOML_KEY = re.compile(r"^\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
 
 
-def _toml_lines(text: str) -> dict:
+def _toml_lines(text: str) -> Dict[str, int]:
     """Maps dotted keys to the line that sets them (tomllib keeps no positions)."""
-    lines, table = {}, ""
+    lines: Dict[str, int] = {}
+    table = ""
     for number, line in enumerate(text.splitlines(), 1):
         if m := _TOML_TABLE.match(line):
             table = _unquote(m.group(1))

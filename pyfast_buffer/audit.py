@@ -22,7 +22,7 @@ from typing import IO, Dict, Iterable, List, Optional, Tuple
 from ._config_files import is_binary
 from .batch import AGE_BUCKETS
 
-COUNT_FIELDS = ("dropped_stale", "taken", "retired", "evicted")  # since the previous record: summed
+COUNT_FIELDS: Tuple[str, ...] = ("dropped_stale", "taken", "retired", "evicted")  # since the previous record: summed
 RUNNING_FIELDS = ("buffer_left", "sampled_total")  # running values: the last one counts
 FIELDS = COUNT_FIELDS + RUNNING_FIELDS
 #: The terms of the ledger identity ``sampled_total == retired + dropped_stale + evicted + buffer_left``.
@@ -369,7 +369,7 @@ def format_result(result: AuditResult) -> str:
                 f"{since} {seg.accounted}: gap {seg.gap} ({seg.gap_percent:.2f}%) -> "
                 f"{'balanced' if seg.balanced else 'NOT balanced'}"
             )
-            if _DOUBLED[0] <= seg.gap_percent <= _DOUBLED[1]:
+            if seg.gap_percent is not None and _DOUBLED[0] <= seg.gap_percent <= _DOUBLED[1]:
                 out.append(
                     "  hint: about twice as much accounted as sampled: the same records are probably counted "
                     "twice (several ranks or writers in one log, or a duplicated log handler); audit one "

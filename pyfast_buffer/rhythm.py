@@ -256,7 +256,9 @@ def _derive_areal(roles, num, put, ref) -> None:
         if queue is not None:
             put("capacity", queue * n, f"{ref('areal.queue_size')} x {n_text}")
         elif consumer is not None or prompts is not None:
-            per_step = (consumer if consumer is not None else prompts) * n
+            base = consumer if consumer is not None else prompts
+            assert base is not None  # the elif: one of them is set
+            per_step = base * n
             put(
                 "capacity",
                 (head + 1) * per_step,
@@ -494,11 +496,10 @@ def _check_rhythm_value(key: str, value: Any) -> None:
     kind = "a whole number" if whole else "a number"
     bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
     example = "8" if whole else "64"
-    if _number(value) is None or not math.isfinite(value):
+    number = _number(value)  # None for text, booleans, NaN and infinities
+    if number is None or (whole and number != int(number)):
         raise ValueError(f"--set {key}={value!r} is not {kind}; write {kind} {bound}, e.g. --set {key}={example}")
-    if whole and value != int(value):
-        raise ValueError(f"--set {key}={value!r} is not {kind}; write {kind} {bound}, e.g. --set {key}={example}")
-    if value < minimum or (value == minimum and not inclusive):
+    if number < minimum or (number == minimum and not inclusive):
         raise ValueError(f"--set {key}={value!r} must be {bound}; e.g. --set {key}={example}")
 
 

@@ -18,7 +18,7 @@ import os
 import random
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Set
 
 from ._args import MAX_CAPACITY
 from .audit import ledger_gap
@@ -79,7 +79,8 @@ def perturb(
             f"small_max_age={small_max_age}, large_max_age={large_max_age}: need "
             f"0 <= small < large <= {MAX_AGE_LIMIT} (int64)"
         )
-    ledgers, strategies = [], set()
+    ledgers: List[Dict[str, int]] = []
+    strategies: Set[str] = set()
     for max_age in (small_max_age, large_max_age):
         built: List[Any] = []
 
@@ -214,8 +215,11 @@ def load_workload(spec: str) -> Workload:
             if not os.path.isfile(module_name):
                 raise ValueError(f"--workload {spec!r}: no file {module_name}")
             loaded = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
+            if loaded is None or loaded.loader is None:
+                raise ValueError(f"--workload {spec!r}: {module_name} cannot be loaded as a Python module")
             module = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(module)
+            loader: Any = loaded.loader  # typeshed's Loader types lack exec_module before 3.10 on some checkers
+            loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
     except ValueError:
