@@ -2,7 +2,7 @@
 
 Two sources: the public config keys of verl, AReaL and TRL (matched on the dotted key,
 anywhere in a file), and the keyword patterns of the practitioner procedure
-(``seeds/000``), matched on the last part of the key for any other framework.
+(docs/workflow.md), matched on the last part of the key for any other framework.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ KNOWN_KEYS = (
     KnownKey("generation_batch_size", PRODUCTION, "TRL", "trl.generation_batch_size", "completions per generation"),
 )
 
-# The procedure's three grep patterns (seeds/000), checked in this order on the key's last part.
+# The procedure's three grep patterns (docs/workflow.md), checked in this order on the key's last part.
 KEYWORD_PATTERNS = (
     (CAPACITY, re.compile(r"replay|buffer|queue|maxlen|capacity|pool", re.I)),
     (PRODUCTION, re.compile(r"rollout|sample_batch|n_samples|batch_size|group_size", re.I)),

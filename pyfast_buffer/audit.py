@@ -1,6 +1,6 @@
 """``pyfast-buffer audit``: reconcile the buffer's log records with the ledger identity.
 
-Step four of the staleness procedure (``seeds/000``): from the logs alone, check
+Step four of the staleness procedure (docs/workflow.md): from the logs alone, check
 ``sampled_total == retired + dropped_stale + evicted + buffer_left``. The buffer's own
 record (``batch.LOG_FORMAT``) carries per-record counts (``dropped_stale``, ``taken``,
 ``retired``, ``evicted``) and running values (``buffer_left``, ``sampled_total``); other

@@ -1,6 +1,6 @@
 """``pyfast-buffer rhythm``: the produce / store / consume rhythm read from config files.
 
-Step one of the staleness procedure (``seeds/000``): find the keys that set how fast
+Step one of the staleness procedure (docs/workflow.md): find the keys that set how fast
 trajectories are produced, how many the buffer holds and how fast the trainer consumes
 them, then work out how many steps one full turnover takes, how old trajectories get
 under FIFO, and what ``max_age`` fits. ``scan(paths)`` and ``plan(...)`` are the Python faces.

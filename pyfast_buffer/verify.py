@@ -1,6 +1,6 @@
 """``pyfast-buffer perturb``: prove the drop path runs by perturbing ``max_age``.
 
-Step five of the staleness procedure (``seeds/000``): run the same workload with a very
+Step five of the staleness procedure (docs/workflow.md): run the same workload with a very
 small and a very large ``max_age``; drops must rise sharply with the small one and fall
 to about zero with the large one. When they do not move, the drop code is never called
 (another consumption path, another buffer, or the ``wait`` strategy). ``perturb(run)`` is
