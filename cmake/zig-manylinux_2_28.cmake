@@ -9,3 +9,8 @@ set(CMAKE_CXX_COMPILER "${CMAKE_CURRENT_LIST_DIR}/zig-cxx" CACHE FILEPATH "zig c
 # interposing with another extension's (torch's pybind11 is built against libstdc++).
 set(CMAKE_CXX_VISIBILITY_PRESET hidden)
 set(CMAKE_VISIBILITY_INLINES_HIDDEN ON)
+# pybind11 probes -flto at configure time for its pybind11::lto target, which this project does not use;
+# under zig the probe links an LTO build of libc++ (minutes on a cold zig cache). Answer it up front.
+set(HAS_FLTO_THIN OFF CACHE BOOL "pybind11's LTO probe, unused")
+set(HAS_FLTO_AUTO OFF CACHE BOOL "pybind11's LTO probe, unused")
+set(HAS_FLTO OFF CACHE BOOL "pybind11's LTO probe, unused")
