@@ -11,3 +11,7 @@ import pytest
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--verl-src", default=None, help="a verl checkout, for test_bench_verl.py's verl rows")

@@ -1,161 +1,116 @@
-"""verl sampling at 4k, 17k and 70k TransferQueue tags: where one ``sample`` spends its time.
+"""verl sampling at 4k, 17k and 70k TransferQueue tags: verl's real ReplayBufferAsync against ours.
 
-Per size, one benchmark group with four rows:
-- ``tq round trip``: ``tq.kv_list(partition)`` alone, on a real TransferQueue.
-- ``verl polling model, cpu``: the per-poll work of verl's design on that answer (rebuild every
-  status set and the trajectory map, sort the sampleable prompts, select, collect keys). This is our
-  model of the design described in verl PR #6778, not verl's code; verl adds a sleep of
-  ``poll_interval`` (2 s) per poll that finds too little, which no row here includes.
-- ``pyfast_buffer, cpu``: FastReplayBuffer's work on the same answer (diff into the mirror, drop,
-  native take, collect keys).
-- ``pyfast_buffer sample, end to end``: ``FastReplayBuffer.sample`` on the real TransferQueue
-  (round trip + cpu + clearing the sampled prompt keys).
-Each round consumes ``BATCH`` groups and the next one adds as many, so the partition stays at size.
+``pytest bench/test_bench_verl.py --verl-src /path/to/verl`` (or ``VERL_SRC=...``); without a verl
+checkout the verl rows are skipped with the reason. Per size, one benchmark group with:
+- ``tq round trip``: ``kv_list`` of the partition alone, on a real TransferQueue (the floor);
+- ``verl cpu`` / ``pyfast_buffer cpu``: one ``sample`` on an answer already listed (an in-process
+  dict stands in for TransferQueue), so only the sampler's work is timed;
+- ``verl end to end`` / ``pyfast_buffer end to end``: one ``sample`` on the real TransferQueue.
+Between two rounds (untimed) the trainer's step is replayed: the batch's trajectories are cleared and
+as many fresh groups written, so the partition stays at size. See pyfast_buffer/bench/verl_case.py.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from _verl_helpers import clear_partition, new_partition, new_uid, put_prompts_bulk, running_transfer_queue
+pytest.importorskip("transfer_queue", reason="the verl extra is not installed: pip install '.[verl]'")
+ours = pytest.importorskip("pyfast_buffer.integrations.verl", reason="the verl extra is not installed")
+from pyfast_buffer.bench import verl_case  # after the skip: it needs the verl extra
+from pyfast_buffer.integrations import _verl_state
 
-verl_mod = pytest.importorskip("pyfast_buffer.integrations.verl", reason="the verl extra is not installed")
-
-SESSIONS = 3  # a group is 1 prompt tag + 3 trajectory tags
-BATCH = 64  # prompts per sample
-STEP = 10
-SIZES = [4_000, 17_000, 70_000]
+ROUNDS = 5
 
 
 @pytest.fixture(scope="module")
 def tq_running():
-    with running_transfer_queue() as tq:
+    with verl_case.running_transfer_queue() as tq:
         yield tq
 
 
-def groups(tags: int) -> int:
-    return tags // (SESSIONS + 1)
+@pytest.fixture(scope="module")
+def verl(request):
+    src = request.config.getoption("--verl-src", default=None) or os.environ.get("VERL_SRC", "")
+    if not src:
+        pytest.skip("verl's rows need a verl checkout: pass --verl-src PATH (or set VERL_SRC)")
+    return verl_case.load_verl(src)
 
 
-def fake_items(n_groups: int, step: int = STEP) -> dict:
-    items = {}
-    for _ in range(n_groups):
-        add_group(items, step)
-    return items
+@pytest.fixture
+def partition(tq_running, request):
+    pid = f"bench-{request.node.name.replace('[', '-').rstrip(']')}"
+    yield pid
+    verl_case.clear_partition(tq_running, pid)
 
 
-def add_group(items: dict, step: int) -> str:
-    uid = new_uid()
-    for s in range(SESSIONS):
-        items[f"{uid}_{s}_0"] = {"is_prompt": False, "global_steps": step}
-    items[uid] = {"is_prompt": True, "status": "finished", "global_steps": step}
-    return uid
+def cpu_round(benchmark, cls, modules, tags):
+    stand_in = verl_case.ListedAnswer("bench", verl_case.groups(tags))
+    rb = verl_case.make_sampler(cls)
+    last = {"keys": []}
 
-
-def consume(items: dict, uids) -> None:
-    """What the trainer does after a step: the prompt and its trajectories leave TransferQueue."""
-    for uid in uids:
-        del items[uid]
-        for s in range(SESSIONS):
-            items.pop(f"{uid}_{s}_0", None)
-
-
-def replace_taken(items: dict, uids) -> None:
-    """Consumes the sampled groups and adds as many fresh ones, so the partition stays at size."""
-    consume(items, uids)
-    for _ in uids:
-        add_group(items, STEP)
-
-
-def verl_polling_model(items: dict, batch_size: int) -> tuple[list, list]:
-    """One poll of the polling design: everything rebuilt from the listed tags, then sort and select."""
-    pending, running, finished, failure, steps, trajs = set(), set(), set(), set(), {}, {}
-    by_status = {"pending": pending, "running": running, "finished": finished, "failure": failure}
-    for key, tag in items.items():
-        if tag.get("is_prompt", False):
-            steps[key] = tag["global_steps"]
-            by_status[tag["status"]].add(key)
-        else:
-            trajs.setdefault(key, {}).update(tag)
-    if len(finished) + len(failure) < batch_size:
-        return [], []
-    chosen = sorted(finished | failure, key=lambda k: steps.get(k, 0))[:batch_size]
-    wanted = set(chosen)
-    keys = [k for k in trajs if k.split("_")[0] in wanted]
-    return chosen, keys
-
-
-def make_sampler():
-    return verl_mod.FastReplayBuffer(trainer_mode="separate_async", trainer_config={}, max_off_policy_threshold=8,
-                                     max_off_policy_strategy="drop", sampler_kwargs={"capacity": 1 << 17})
-
-
-@pytest.mark.parametrize("tags", SIZES)
-def test_tq_round_trip(benchmark, tq_running, tags):
-    benchmark.group = f"verl sample B={BATCH} tags={tags}"
-    pid = new_partition()
-    try:
-        put_prompts_bulk(pid, groups(tags), "finished", STEP, SESSIONS)
-        listed = benchmark.pedantic(lambda: tq_running.kv_list(partition_id=pid), rounds=10, warmup_rounds=1)
-        assert len(listed[pid]) == groups(tags) * (SESSIONS + 1)
-    finally:
-        clear_partition(pid)
-
-
-@pytest.mark.parametrize("tags", SIZES)
-def test_verl_polling_model_cpu(benchmark, tags):
-    benchmark.group = f"verl sample B={BATCH} tags={tags}"
-    items = fake_items(groups(tags))
-
-    def one_sample():
-        chosen, keys = verl_polling_model(items, BATCH)
-        replace_taken(items, chosen)
-        return chosen, keys
-
-    chosen, keys = benchmark.pedantic(one_sample, rounds=10, warmup_rounds=1)
-    assert len(chosen) == BATCH and len(keys) == BATCH * SESSIONS
-
-
-@pytest.mark.parametrize("tags", SIZES)
-def test_pyfast_buffer_cpu(benchmark, tags):
-    benchmark.group = f"verl sample B={BATCH} tags={tags}"
-    items = fake_items(groups(tags))
-    mirror = make_sampler()._mirror("bench")
-    mirror.refresh(items)  # steady state: the mirror already knows the partition
-
-    def one_sample():
-        mirror.refresh(items)
-        mirror.drop_stale(STEP)
-        taken, _ = mirror.take(BATCH, STEP)
-        replace_taken(items, taken.uids)
-        return taken.uids, taken.keys
-
-    uids, keys = benchmark.pedantic(one_sample, rounds=10, warmup_rounds=1)
-    assert len(uids) == BATCH and len(keys) == BATCH * SESSIONS
-
-
-@pytest.mark.parametrize("tags", SIZES)
-def test_pyfast_buffer_sample_end_to_end(benchmark, tq_running, tags):
-    benchmark.group = f"verl sample B={BATCH} tags={tags}"
-    pid = new_partition()
-    rb = make_sampler()
-    last = {}
-
-    def refill():
-        if last:  # the trainer clears a consumed batch's trajectories; new groups replace the consumed ones
-            tq_running.kv_clear(keys=last["keys"], partition_id=pid)
-        put_prompts_bulk(pid, BATCH, "finished", STEP, SESSIONS)
+    def setup():
+        stand_in.replay_trainer_step(last["keys"])
         return (), {}
 
-    def one_sample():
-        batch, _ = rb.sample(global_steps=STEP, partition_id=pid, batch_size=BATCH)
+    def one():
+        batch, _ = rb.sample(global_steps=verl_case.STEP, partition_id="bench", batch_size=verl_case.BATCH)
         last["keys"] = batch.keys
         return batch
 
-    try:
-        put_prompts_bulk(pid, groups(tags) - BATCH, "finished", STEP, SESSIONS)
-        rb.get_sampleable_count(STEP, pid)  # steady state: the mirror already knows the partition
-        batch = benchmark.pedantic(one_sample, setup=refill, rounds=5, warmup_rounds=1)
-        assert len(batch.keys) == BATCH * SESSIONS
-    finally:
-        clear_partition(pid)
+    with verl_case.transfer_queue_module(modules, stand_in):
+        batch = benchmark.pedantic(one, setup=setup, rounds=ROUNDS, warmup_rounds=1)
+    assert len(batch.keys) == verl_case.BATCH * verl_case.SESSIONS
+
+
+def end_to_end_round(benchmark, tq, cls, pid, tags):
+    rb = verl_case.make_sampler(cls)
+    last = {"keys": []}
+
+    def setup():
+        if last["keys"]:
+            tq.kv_clear(keys=last["keys"], partition_id=pid)
+        verl_case.put_groups(tq, pid, verl_case.BATCH)
+        return (), {}
+
+    def one():
+        batch, _ = rb.sample(global_steps=verl_case.STEP, partition_id=pid, batch_size=verl_case.BATCH)
+        last["keys"] = batch.keys
+        return batch
+
+    verl_case.put_groups(tq, pid, verl_case.groups(tags) - verl_case.BATCH)
+    batch = benchmark.pedantic(one, setup=setup, rounds=ROUNDS, warmup_rounds=1)
+    assert len(batch.keys) == verl_case.BATCH * verl_case.SESSIONS
+
+
+@pytest.mark.parametrize("tags", verl_case.SIZES)
+def test_tq_round_trip(benchmark, tq_running, partition, tags):
+    benchmark.group = f"verl sample B={verl_case.BATCH} tags={tags}"
+    verl_case.put_groups(tq_running, partition, verl_case.groups(tags))
+    listed = benchmark.pedantic(lambda: tq_running.kv_list(partition_id=partition), rounds=ROUNDS, warmup_rounds=1)
+    assert len(listed[partition]) == verl_case.groups(tags) * (verl_case.SESSIONS + 1)
+
+
+@pytest.mark.parametrize("tags", verl_case.SIZES)
+def test_verl_cpu(benchmark, verl, tags):
+    benchmark.group = f"verl sample B={verl_case.BATCH} tags={tags}"
+    cpu_round(benchmark, verl.ReplayBufferAsync, [verl], tags)
+
+
+@pytest.mark.parametrize("tags", verl_case.SIZES)
+def test_pyfast_buffer_cpu(benchmark, tags):
+    benchmark.group = f"verl sample B={verl_case.BATCH} tags={tags}"
+    cpu_round(benchmark, ours.FastReplayBuffer, [ours, _verl_state], tags)
+
+
+@pytest.mark.parametrize("tags", verl_case.SIZES)
+def test_verl_end_to_end(benchmark, tq_running, verl, partition, tags):
+    benchmark.group = f"verl sample B={verl_case.BATCH} tags={tags}"
+    end_to_end_round(benchmark, tq_running, verl.ReplayBufferAsync, partition, tags)
+
+
+@pytest.mark.parametrize("tags", verl_case.SIZES)
+def test_pyfast_buffer_end_to_end(benchmark, tq_running, partition, tags):
+    benchmark.group = f"verl sample B={verl_case.BATCH} tags={tags}"
+    end_to_end_round(benchmark, tq_running, ours.FastReplayBuffer, partition, tags)

@@ -2,17 +2,22 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "errors.hpp"
 #include "in_flight.hpp"
 #include "ledger.hpp"
 #include "monotonic_condition.hpp"
+#include "release_log.hpp"
 #include "ring_columns.hpp"
 
 namespace pyfast_buffer {
@@ -24,6 +29,12 @@ enum class BlockedBy : int { kNone = 0, kTooFewReady = 1, kInFlightAtMaxAge = 2 
 /// Largest capacity accepted: keeps every column's byte size far from int64 overflow.
 constexpr int64_t kMaxCapacity = int64_t{1} << 40;
 
+/// Longest timeout, lease or expire_in_flight age accepted, in seconds (about 31 years).
+constexpr double kMaxSeconds = 1e9;
+
+/// Longest a blocking call sleeps between two interrupt checks (see set_interrupt_check).
+constexpr int64_t kInterruptCheckMs = 100;
+
 /// Construction parameters; the constructor rejects out-of-range values.
 struct RingConfig {
   int64_t capacity = 0;             // ready entries the ring holds (> 0)
@@ -32,7 +43,19 @@ struct RingConfig {
   int64_t max_uses = 1;             // uses before an entry retires (>= 1)
   OnFull on_full = OnFull::kEvictOldest;
   int64_t parameter_sync_step = 0;  // > 0 stamps policy_version = step / it; 0 stamps -1
+  bool track_released = false;      // keep a ReleaseLog of every id that leaves (see take_released)
+  int64_t release_bound = 0;        // records that log holds (> 0), or 0 for default_release_bound(capacity)
+  bool unique_ids = false;          // refuse a trajectory id that is already ready in the ring
 };
+
+/// Ids that left the buffer since the previous take_released(), oldest first, with ReleaseReason codes.
+struct Released {
+  std::vector<int64_t> ids;
+  std::vector<int8_t> reasons;
+};
+
+/// Signed 128-bit integer: sums of ages, which can pass 2**63 (GCC and Clang extension).
+__extension__ typedef __int128 Int128;
 
 /// Number of fixed age-histogram buckets: 0, 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+.
 constexpr int kAgeBuckets = 8;
@@ -67,12 +90,14 @@ struct TakeStats {
   int64_t retired = 0;        // entries this call retired (reached max_uses)
   int64_t evicted = 0;        // entries on_full evicted since the previous take or evict_stale
   BlockedBy blocked_by = BlockedBy::kNone;
-  int64_t age_sum = 0;
+  Int128 age_sum = 0;  // exact: ages are < 2**63 and a batch holds < 2**40 entries
   int64_t age_max = 0;
   std::array<int64_t, kAgeBuckets> age_hist{};
   int64_t buffer_left = 0;
   int64_t in_flight = 0;
   int64_t sampled_total = 0;
+  int64_t max_age = 0;  // the max_age in force for this call
+  int64_t expired = 0;  // Ledger::expired after this call
 };
 
 /// The whole logical state in ring order (oldest first), as checkpoints store it.
@@ -80,6 +105,8 @@ struct RingState {
   std::vector<int64_t> traj_id, group_id, sample_step, policy_version, dispatch_ns, complete_ns;
   std::vector<int32_t> uses, group_len;
   std::vector<int64_t> in_flight_prompt, in_flight_step, in_flight_dispatch_ns;
+  std::vector<int64_t> in_flight_lease_left_ns;  // lease time left when exported (>= 0), or -1 for no lease
+  std::vector<int64_t> in_flight_held_ns;        // time in flight when exported (>= 0)
   Ledger ledger;
   int64_t clock = -1;               // largest step seen, -1 before any
   int64_t evicted_unreported = 0;   // evictions not yet reported by a take
@@ -89,14 +116,34 @@ struct RingState {
 class StalenessRing {
  public:
   /// Builds an empty ring; `borrowed` (may be null) supplies caller-owned columns of capacity entries.
+  /// Throws InvalidArgument for an out-of-range config and OutOfMemory if the columns cannot be allocated.
   StalenessRing(const RingConfig& config, const ColumnPointers* borrowed);
   StalenessRing(const StalenessRing&) = delete;
   StalenessRing& operator=(const StalenessRing&) = delete;
 
-  /// Marks `n` prompts in flight since `sample_step`; throws InvalidArgument if one repeats or is in flight.
-  void dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step);
+  /// Marks `n` prompts in flight since `sample_step`, each with a lease of `lease` seconds if given (> 0,
+  /// finite, <= kMaxSeconds); throws InvalidArgument, changing nothing, if an id repeats or is in flight.
+  void dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step,
+                std::optional<double> lease = std::nullopt);
 
-  /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step.
+  /// Gives each of `n` in-flight prompts a lease of `lease` seconds from now; throws InvalidArgument,
+  /// changing nothing, if an id repeats or is not in flight.
+  void renew(const int64_t* prompt_ids, int64_t n, double lease);
+
+  /// Fails (as expired) every in-flight prompt dispatched at least `older_than` seconds ago (>= 0,
+  /// finite); returns how many prompts this call expired, lease expiries included.
+  int64_t expire_in_flight(double older_than);
+
+  /// Freezes the lease clock at `now_ns` (nullopt: back to the steady clock); a hook for deterministic tests.
+  void set_lease_clock(std::optional<int64_t> now_ns);
+
+  /// Installs `check`, called without the lock at least every kInterruptCheckMs while a call blocks; it
+  /// may throw to abort that call, which then changes nothing. Set it before the ring is shared.
+  void set_interrupt_check(std::function<void()> check) { interrupt_check_ = std::move(check); }
+
+  /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step; throws
+  /// InvalidArgument, changing nothing, if a trajectory id repeats, a prompt is not in flight, or (unique_ids) an
+  /// id is already ready; with on_full=block and a timeout, waits for room (interruptible, see set_interrupt_check).
   void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
                 std::optional<double> timeout);
 
@@ -104,27 +151,40 @@ class StalenessRing {
   void fail(const int64_t* prompt_ids, int64_t n);
 
   /// Dispatch + complete in one call; null `group_ids` makes each trajectory its own group, and
-  /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory.
+  /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory; refuses repeated ids (and,
+  /// with unique_ids, ready ones) with InvalidArgument, changing nothing; waits for room as complete does.
   void put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
            int64_t n_steps, int64_t n, std::optional<double> timeout);
 
   /// Takes up to `batch_size` entries under the strategy into `out` (room for kBatchColumns *
   /// batch_size int64), column f of a k-entry batch at out[f*k, f*k+k) so it is contiguous; without
-  /// a timeout it never blocks, with one it waits for a full batch or throws Timeout naming the cause.
+  /// a timeout it never blocks, with one it waits for a full batch or throws Timeout naming the cause, waking
+  /// at least every kInterruptCheckMs (when an interrupt check is set) and at the earliest lease deadline.
   TakeStats take(int64_t batch_size, int64_t current_step, std::optional<double> timeout, int64_t* out);
 
   /// Drops every ready entry with age > max_age: a binary search when stamps are non-decreasing in
   /// ring order, else one branch-free compaction pass; returns what it did.
   TakeStats evict_stale(int64_t current_step);
 
-  /// Returns a consistent copy of the ledger.
-  Ledger ledger() const;
+  /// Returns a consistent copy of the ledger (after failing prompts whose lease passed).
+  Ledger ledger();
+
+  /// Moves out every released-id record kept since the previous call; throws InvalidArgument unless the ring
+  /// was built with track_released.
+  Released take_released();
+
+  /// Returns the max_age in force now.
+  int64_t max_age() const;
+
+  /// Sets max_age (>= 0, else InvalidArgument); the next take or evict_stale applies it to every ready
+  /// entry, entries already dropped stay dropped; counts a change in Ledger::max_age_changes.
+  void set_max_age(int64_t max_age);
 
   /// Returns the number of ready entries.
   int64_t size() const;
 
-  /// Returns the number of in-flight prompts.
-  int64_t in_flight() const;
+  /// Returns the number of in-flight prompts (after failing prompts whose lease passed).
+  int64_t in_flight();
 
   /// Returns true iff close() has been called.
   bool closed() const;
@@ -132,8 +192,8 @@ class StalenessRing {
   /// Closes the ring and wakes every waiter, which then throws Closed; calling it again does nothing.
   void close();
 
-  /// Returns a copy of the whole state, ready entries oldest first.
-  RingState export_state() const;
+  /// Returns a copy of the whole state, ready entries oldest first (after failing prompts whose lease passed).
+  RingState export_state();
 
   /// Replaces the whole state; throws InvalidArgument, changing nothing, if it is inconsistent or does not fit.
   void import_state(const RingState& state);
@@ -141,7 +201,7 @@ class StalenessRing {
   /// Returns a one-line description of configuration and state, for __repr__.
   std::string debug_string() const;
 
-  /// Returns the configuration the ring was built with.
+  /// Returns the configuration the ring was built with (its max_age is the initial one; see max_age()).
   const RingConfig& config() const { return config_; }
 
   /// Returns true iff the columns are borrowed from the caller (pinned memory).
@@ -149,6 +209,7 @@ class StalenessRing {
 
  private:
   using Lock = std::unique_lock<std::mutex>;
+  using SteadyTime = std::chrono::steady_clock::time_point;
   struct Span {
     int64_t start, count;  // logical indices [start, start + count) of entries to take
   };
@@ -168,6 +229,11 @@ class StalenessRing {
     return p >= config_.capacity ? p - config_.capacity : p;
   }
   void check_open() const;
+  int64_t lease_now() const;
+  int64_t expire_due();
+  void expire_prompts(const std::vector<int64_t>& prompts);
+  void check_interrupt(Lock& lock, SteadyTime& last_check);
+  SteadyTime next_wake(SteadyTime deadline) const;
   void check_clock(int64_t current_step) const;
   bool wait_blocked(int64_t current_step) const;
   std::string wait_blocked_message(int64_t current_step) const;
@@ -175,14 +241,20 @@ class StalenessRing {
   void plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const;
   void commit_take(const TakePlan& plan, int64_t current_step, int64_t* out, TakeStats& stats);
   void fill_state(TakeStats& stats);
-  bool wait_for_room(Lock& lock, int64_t n, std::optional<double> timeout, const char* call);
+  bool wait_for_room(Lock& lock, int64_t n, std::optional<double> timeout, const char* call,
+                     std::optional<SteadyTime>& deadline);
   void append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
                     int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
                     int64_t complete_ns);
   void remove_prefix(int64_t n);
+  bool leave_hooks() const { return release_log_ != nullptr || config_.unique_ids; }
+  void note_left(int64_t id, ReleaseReason reason);
+  void note_prefix_left(int64_t count, ReleaseReason reason);
+  void note_walked(int64_t walked, int64_t current_step);
+  void check_not_live(const int64_t* traj_ids, int64_t n) const;
   void evict_oldest_groups(int64_t need);
 
-  const RingConfig config_;
+  const RingConfig config_;  // as constructed; max_age_ below is the one in force
   RingColumns columns_;
   mutable std::mutex mutex_;
   MonotonicCondition ready_cv_;       // consumers: entries arrived, prompts finished, or closed
@@ -192,9 +264,14 @@ class StalenessRing {
   bool sorted_ = true;  // sample_step non-decreasing in ring order
   bool closed_ = false;
   int64_t clock_ = -1;
+  int64_t max_age_;  // config_.max_age until set_max_age changes it
   int64_t evicted_unreported_ = 0;
   InFlightTable in_flight_;
   Ledger ledger_;
+  std::optional<int64_t> manual_lease_clock_;  // set_lease_clock's frozen time, if any
+  std::unique_ptr<ReleaseLog> release_log_;    // null unless config_.track_released
+  std::unordered_set<int64_t> live_ids_;       // ids ready in the ring, kept only with config_.unique_ids
+  std::function<void()> interrupt_check_;
 };
 
 }  // namespace pyfast_buffer

@@ -4,9 +4,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .batch import AGE_BUCKETS, FIELDS, LOG_FORMAT, Batch
 from .buffer import StalenessBuffer
+from .checkpoint import CheckpointError as CheckpointError
 from .config import BufferConfig, config_from_verl, max_age_from_threshold, sample_step_from_tag
 from .errors import BufferClosedError, BufferFullError
 from .reference import ReferenceBuffer
+from .released import RELEASE_REASONS, Released
 
 try:
     __version__ = version("pyfast_buffer")
@@ -17,11 +19,13 @@ __all__ = [
     "AGE_BUCKETS",
     "FIELDS",
     "LOG_FORMAT",
+    "RELEASE_REASONS",
     "Batch",
     "BufferClosedError",
     "BufferConfig",
     "BufferFullError",
     "ReferenceBuffer",
+    "Released",
     "StalenessBuffer",
     "__version__",
     "config_from_verl",

@@ -15,7 +15,7 @@ import torch
 
 _INT_TORCH_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
 _INT64_MAX = int(np.iinfo(np.int64).max)
-#: Longest wait honoured (about 31 years); the core clamps to the same, and threading overflows far beyond it.
+#: Longest timeout, lease or expiry age accepted, in seconds (about 31 years): the core's kMaxSeconds.
 MAX_TIMEOUT = 1e9
 #: Largest ring capacity (the core's kMaxCapacity).
 MAX_CAPACITY = 1 << 40
@@ -25,10 +25,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
-def as_ids(value: Any, name: str) -> np.ndarray:
-    """Returns ``value`` as a 1-D contiguous int64 numpy array, or raises TypeError/ValueError naming ``name``."""
+def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
+    """Returns ``value`` as a 1-D contiguous int64 numpy array, or raises TypeError/ValueError naming ``name``.
+
+    The result may share memory with the caller's array; with ``copy`` it never does, and the caller's
+    data is read exactly once (so another thread rewriting it cannot make this call see two versions).
+    The native core copies what it is given before it releases the GIL, so its wrapper passes no copy.
+    """
     if isinstance(value, np.ndarray) and value.dtype == np.int64 and value.ndim == 1:
-        return np.ascontiguousarray(value)
+        return np.array(value, order="C") if copy else np.ascontiguousarray(value)
     if isinstance(value, torch.Tensor):
         if value.dtype not in _INT_TORCH_DTYPES:
             raise TypeError(f"{name} has dtype {value.dtype}; pass integer ids (e.g. tensor.long())")
@@ -50,6 +55,8 @@ def as_ids(value: Any, name: str) -> np.ndarray:
         raise TypeError(f"{name} has dtype {array.dtype}; ids must be ints, not floats or bools")
     if array.ndim != 1:
         raise ValueError(f"{name} has shape {tuple(array.shape)}; pass a 1-D sequence (flatten it first)")
+    if copy or array.dtype.kind == "u":  # own the data before reading its values: they are checked, then converted
+        array = np.array(array, order="C")
     if array.dtype.kind == "u" and array.size and int(array.max()) > _INT64_MAX:
         raise ValueError(f"{name} has ids above 2**63 - 1; pass ids that fit int64")
     return np.ascontiguousarray(array, dtype=np.int64)
@@ -73,13 +80,13 @@ def as_step(value: Any, name: str) -> int:
     return value
 
 
-def as_steps(value: Any, name: str, n: int) -> np.ndarray:
+def as_steps(value: Any, name: str, n: int, copy: bool = False) -> np.ndarray:
     """Returns one stamp (shape (1,)) or ``n`` stamps as int64 >= 0, or raises naming ``name``."""
     if type(value) is int and 0 <= value <= _INT64_MAX:
         return np.array((value,), dtype=np.int64)
     if _is_int(value) or isinstance(value, float) or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0):
         return np.array([as_step(value, name)], dtype=np.int64)
-    steps = as_ids(value, name)
+    steps = as_ids(value, name, copy)
     if len(steps) != n:
         raise ValueError(f"{name} has {len(steps)} stamps for {n} trajectories; pass one int or one per trajectory")
     if steps.size and steps.min() < 0:
@@ -100,16 +107,35 @@ def as_count(value: Any, name: str, minimum: int = 1, maximum: int = _INT64_MAX)
     return int(value)
 
 
+def as_seconds(value: Any, name: str, allow_zero: bool, fix: str) -> float:
+    """Returns ``value`` as a finite float of seconds, > 0 (>= 0 with allow_zero) and <= MAX_TIMEOUT, or raises
+    TypeError/ValueError naming ``name`` and ending with ``fix``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r} is not a number; pass seconds as a float; {fix}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float, e.g. 10**400
+        raise ValueError(f"{name}={value} is too large; pass at most {MAX_TIMEOUT:g} s; {fix}") from None
+    low = ">= 0" if allow_zero else "> 0"
+    if math.isnan(seconds) or math.isinf(seconds) or not (seconds >= 0 if allow_zero else seconds > 0):
+        raise ValueError(f"{name}={seconds} must be a finite number of seconds {low}; {fix}")
+    if seconds > MAX_TIMEOUT:
+        raise ValueError(f"{name}={seconds:g} exceeds the longest accepted, {MAX_TIMEOUT:g} s (about 31 years); {fix}")
+    return seconds
+
+
 def as_timeout(value: Any) -> Optional[float]:
-    """Returns None or a finite float >= 0 of seconds, or raises TypeError/ValueError."""
+    """Returns None or a finite float in [0, MAX_TIMEOUT] of seconds, or raises TypeError/ValueError."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"timeout={value!r} is not a number; pass seconds as a float >= 0, or None not to block")
-    value = float(value)
-    if not value >= 0 or math.isinf(value):
-        raise ValueError(f"timeout={value} must be a finite number of seconds >= 0; pass None not to block")
-    return min(value, MAX_TIMEOUT)
+    return as_seconds(value, "timeout", True, "pass None not to block")
+
+
+def as_lease(value: Any) -> Optional[float]:
+    """Returns None or a lease as a finite float in (0, MAX_TIMEOUT] seconds, or raises TypeError/ValueError."""
+    if value is None:
+        return None
+    return as_seconds(value, "lease", False, "pass None for no lease")
 
 
 def same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:

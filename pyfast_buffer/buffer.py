@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from . import _core, state
-from ._args import as_count, as_ids, as_step, as_steps, as_timeout, same_length
+from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import Batch, make_metrics
-from .config import BufferConfig, config_from_verl, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, BufferClosedError
+from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
+from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError
+from .released import Released
 
 Ids = Union[torch.Tensor, np.ndarray, Sequence[int]]
 _N_COLUMNS = _core.BATCH_COLUMNS
@@ -36,26 +39,56 @@ class StalenessBuffer:
             evicted), ``"block"`` (wait for room, with a timeout) or ``"error"`` (BufferFullError).
         pin_memory: keep the ring and batches in pinned host memory; None pins iff CUDA is available.
         parameter_sync_step: trainer steps between weight pushes; stamps ``policy_version``.
+        track_released: report every id that leaves, with why, through ``released()``.
+        release_bound: records ``released()`` keeps between two calls (default ``2 * capacity + 65536``);
+            past it the oldest are discarded and counted in ``ledger()["released_overflow"]``.
+        unique_ids: refuse (ValueError) a trajectory id that is already ready in the ring; costs a hash
+            set of the ready ids (about 40 bytes per entry) and one lookup per id put or taken.
     """
 
     def __init__(self, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
                  on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
-                 parameter_sync_step: Optional[int] = None) -> None:
-        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step)
+                 parameter_sync_step: Optional[int] = None, track_released: bool = False,
+                 release_bound: Optional[int] = None, unique_ids: bool = False) -> None:
+        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step,
+                                   track_released, release_bound, unique_ids)
+        check_capacity_fits(capacity)
+        self._config_lock = threading.Lock()  # keeps config.max_age in step with the core's under concurrent setters
         self.pin_memory = resolve_pin_memory(pin_memory)
         # Pinned columns are allocated once by torch and borrowed by the core; this object keeps them alive.
         self._columns = _pinned_columns(capacity) if self.pin_memory else None
         self._ring = _core.Ring(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step or 0,
-                                tuple(t.numpy() for t in self._columns) if self._columns else None)
+                                tuple(t.numpy() for t in self._columns) if self._columns else None,
+                                track_released=track_released, release_bound=release_bound or 0,
+                                unique_ids=unique_ids)
 
     @classmethod
     def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> "StalenessBuffer":
         """Builds a buffer from verl's ``trainer.v1.sampler`` block and trainer config (see config_from_verl)."""
         return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
-    def dispatch(self, prompt_ids: Ids, step: int) -> None:
-        """Marks prompts as in flight, generated with the weights of ``step``."""
-        self._ring.dispatch(as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"))
+    def dispatch(self, prompt_ids: Ids, step: int, lease: Optional[float] = None) -> None:
+        """Marks prompts as in flight, generated with the weights of ``step``.
+
+        With ``lease`` (seconds, > 0), a prompt neither completed, failed nor renewed within it is failed by
+        the buffer (counted in ``failed`` and ``expired``) at the next call that looks at the in-flight table,
+        or while a blocking take waits; see docs/reliability.md.
+        """
+        self._ring.dispatch(as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease))
+
+    def renew(self, prompt_ids: Ids, lease: float) -> None:
+        """Gives in-flight prompts a lease of ``lease`` seconds from now (also prompts dispatched without one)."""
+        prompts = as_ids(prompt_ids, "prompt_ids")
+        self._ring.renew(prompts, as_seconds(lease, "lease", False, "renew with a lease > 0"))
+
+    def expire_in_flight(self, older_than_s: float) -> int:
+        """Fails, as expired, every in-flight prompt dispatched at least ``older_than_s`` seconds ago; returns
+        how many prompts this call expired (leases that passed included). For callers without leases."""
+        return self._ring.expire_in_flight(as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0"))
+
+    def _set_lease_clock(self, now_ns: Optional[int]) -> None:
+        """Test hook: freezes the lease clock at ``now_ns`` (None: the monotonic clock again)."""
+        self._ring._set_lease_clock(now_ns)
 
     def complete(self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None) -> None:
         """Moves finished trajectories into the ring; ``prompt_ids[i]`` is the prompt of ``traj_ids[i]``."""
@@ -91,6 +124,9 @@ class StalenessBuffer:
         out = torch.empty(_N_COLUMNS * rows, dtype=torch.int64, pin_memory=self.pin_memory)
         stats = self._ring.take(out.numpy(), n, step, wait)
         taken = stats[0]
+        if 2 * taken < rows:  # much smaller than requested: copy, so the batch owns only the rows it returned
+            owned = torch.empty(_N_COLUMNS * taken, dtype=torch.int64, pin_memory=self.pin_memory)
+            out = owned.copy_(out[: _N_COLUMNS * taken])
         # The core wrote the batch field by field at stride `taken`: view it as (8, taken), contiguous.
         return Batch(out.as_strided((_N_COLUMNS, taken), (taken, 1)), make_metrics(stats))
 
@@ -100,12 +136,35 @@ class StalenessBuffer:
         make_metrics(stats)
         return stats[1]
 
+    def released(self) -> Released:
+        """Returns every id that left the buffer since the previous call, oldest first, with its reason code
+        (see ``RELEASE_REASONS``); needs ``track_released=True`` (ValueError otherwise)."""
+        ids, reasons = self._ring.released()
+        return Released(ids, reasons)
+
     def ledger(self) -> Dict[str, int]:
         """Returns the cumulative counters; see DESIGN.md for the two invariants they satisfy."""
         return self._ring.ledger()
 
     def __len__(self) -> int:
         return len(self._ring)
+
+    @property
+    def max_age(self) -> int:
+        """The largest age that may be trained on, in force now.
+
+        Settable between calls (``buf.max_age = k``, an int >= 0, thread-safe): the next take or
+        evict_stale applies the new cutoff to every ready entry; entries already dropped stay dropped.
+        Each change is counted in ``ledger()["max_age_changes"]`` and ``config`` follows it.
+        """
+        return self._ring.max_age
+
+    @max_age.setter
+    def max_age(self, value: int) -> None:
+        max_age = as_count(value, "max_age", 0)
+        with self._config_lock:
+            self._ring.max_age = max_age
+            self.config = dataclasses.replace(self.config, max_age=max_age)
 
     @property
     def in_flight(self) -> int:
@@ -119,6 +178,15 @@ class StalenessBuffer:
     def close(self) -> None:
         """Closes the buffer and wakes every blocked take/put at once with BufferClosedError."""
         self._ring.close()
+
+    def __copy__(self) -> "StalenessBuffer":
+        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
+
+    def __deepcopy__(self, memo: Any) -> "StalenessBuffer":
+        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
 
     def __enter__(self) -> "StalenessBuffer":
         return self
@@ -134,7 +202,8 @@ class StalenessBuffer:
         s = self._ring.export_state()
         entries = {k: s[k] for k in state.ENTRY_COLUMNS}
         in_flight = {"prompt_id": s["in_flight_prompt"], "sample_step": s["in_flight_step"],
-                     "dispatch_ns": s["in_flight_dispatch_ns"]}
+                     "dispatch_ns": s["in_flight_dispatch_ns"], "lease_left_ns": s["in_flight_lease_left_ns"],
+                     "held_ns": s["in_flight_held_ns"]}
         return state.pack(self.config, entries, in_flight, s["ledger"], s["clock"], s["evicted_unreported"])
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -146,6 +215,25 @@ class StalenessBuffer:
         flat["uses"] = flat["uses"].astype(np.int32)
         flat["group_len"] = flat["group_len"].astype(np.int32)
         flat.update(in_flight_prompt=s["in_flight"]["prompt_id"], in_flight_step=s["in_flight"]["sample_step"],
-                    in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"], ledger=s["ledger"], clock=s["clock"],
+                    in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"],
+                    in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"],
+                    in_flight_held_ns=s["in_flight"]["held_ns"],
+                    ledger=s["ledger"], clock=s["clock"],
                     evicted_unreported=s["evicted_unreported"])
         self._ring.import_state(flat)
+
+    # -- durable checkpoints: thin delegations to checkpoint.py (docs/checkpoints.md) ---------------------------
+    # checkpoint is imported in each method so that this block is the only checkpoint code in this file.
+    def save(self, path: Any) -> None:
+        """Writes the state to ``path`` (str or os.PathLike) atomically: the old file or the new, never a mix."""
+        from . import checkpoint
+        checkpoint.save(self, path)
+
+    def load(self, path: Any, in_flight: str = "fail") -> torch.Tensor:
+        """Replaces the state with a save()d file, or raises CheckpointError changing nothing.
+
+        ``in_flight="fail"`` fails restored in-flight prompts (their workers are usually gone) and returns
+        their ids to dispatch again; ``"keep"`` keeps them in flight (under wait they block take).
+        """
+        from . import checkpoint
+        return checkpoint.load(self, path, in_flight)

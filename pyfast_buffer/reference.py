@@ -9,19 +9,27 @@ over speed.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 import numpy as np
 import torch
 
 from . import state
-from ._args import as_count, as_ids, as_step, as_steps, as_timeout, same_length
+from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
-from .config import BufferConfig, config_from_verl, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, BufferClosedError, BufferFullError
+from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
+from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError, BufferFullError
+from .released import NOT_TRACKED, Released, default_release_bound
+
+_RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of RELEASE_REASONS
+
+
+_NO_LEASE = 2**63 - 1  # the deadline of a prompt without a lease, as in the core
+_WAKE_S = 0.1  # longest sleep of a blocking call between two looks at signals, leases and its deadline
 
 
 class _Plan:
@@ -36,14 +44,25 @@ class ReferenceBuffer:
 
     def __init__(self, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
                  on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
-                 parameter_sync_step: Optional[int] = None) -> None:
-        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step)
+                 parameter_sync_step: Optional[int] = None, track_released: bool = False,
+                 release_bound: Optional[int] = None, unique_ids: bool = False) -> None:
+        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step,
+                                   track_released, release_bound, unique_ids)
+        check_capacity_fits(capacity)
+        # (id, reason code) of everything that left, oldest first, until released() drains it
+        self._released: Optional[deque] = deque() if track_released else None
+        self._release_bound = release_bound or default_release_bound(capacity)
+        self._released_overflow = 0
+        self._live: Optional[Set[int]] = set() if unique_ids else None  # ids ready in the ring
         resolve_pin_memory(pin_memory)  # same checks as the native buffer; the twin never pins
         self.pin_memory = False
         self._groups: deque = deque()  # oldest first; each group is a list of record dicts
         self._size = 0
-        self._in_flight: Dict[int, tuple] = {}  # prompt id -> (sample_step, dispatch_ns)
-        self._counts = dict.fromkeys(state.LEDGER_KEYS, 0)
+        # prompt id -> (sample_step, dispatch_ns, since_ns, deadline_ns); since/deadline on the lease clock
+        self._in_flight: Dict[int, tuple] = {}
+        self._leases: Dict[int, int] = {}  # prompt id -> deadline_ns, for leased prompts only
+        self._manual_clock: Optional[int] = None  # _set_lease_clock's frozen time, if any
+        self._counts = dict.fromkeys(state.ALL_LEDGER_KEYS, 0)
         self._clock = -1
         self._evicted_unreported = 0
         self._closed = False
@@ -72,13 +91,62 @@ class ReferenceBuffer:
         for p in prompts:
             if p not in self._in_flight:
                 raise ValueError(f"prompt_ids: prompt {p} is not in flight; dispatch it first "
-                                 "(it may already be completed or failed)")
+                                 "(it may already be completed, failed or expired)")
+
+    def _note_left(self, id_: int, code: int) -> None:
+        if self._released is not None:
+            if len(self._released) >= self._release_bound:
+                self._released.popleft()
+                self._released_overflow += 1
+            self._released.append((id_, code))
+        if self._live is not None and code <= _EVICTED:
+            self._live.discard(id_)
+
+    def _check_not_live(self, traj_list: List[int]) -> None:
+        if self._live is None:
+            return
+        for t in traj_list:
+            if t in self._live:
+                raise ValueError(f"traj_ids: trajectory {t} is already in the buffer and unique_ids=True; "
+                                 "give every trajectory a fresh id (or pass unique_ids=False)")
+
+    def _lease_now(self) -> int:
+        return self._manual_clock if self._manual_clock is not None else time.monotonic_ns()
+
+    def _pop_in_flight(self, prompt: int) -> tuple:
+        self._leases.pop(prompt, None)
+        return self._in_flight.pop(prompt)
+
+    def _expire(self, prompts: List[int]) -> None:
+        for p in prompts:
+            self._pop_in_flight(p)
+            self._note_left(p, _EXPIRED)
+        self._counts["failed"] += len(prompts)
+        self._counts["expired"] += len(prompts)
+        if prompts:
+            self._cond.notify_all()
+
+    def _expire_due(self) -> int:
+        """Fails every prompt whose lease passed, by deadline then id; returns how many."""
+        if self._closed or not self._leases:
+            return 0
+        now = self._lease_now()
+        due = sorted((d, p) for p, d in self._leases.items() if d <= now)
+        self._expire([p for _, p in due])
+        return len(due)
+
+    def _wait(self, deadline: float) -> None:
+        """Sleeps on the condition until notified, the deadline, the earliest lease deadline or _WAKE_S."""
+        wait = min(deadline - time.monotonic(), _WAKE_S)
+        if self._leases and self._manual_clock is None:
+            wait = min(wait, (min(self._leases.values()) - time.monotonic_ns()) / 1e9)
+        self._cond.wait(max(wait, 0.0))
 
     def _policy_version(self, step: int) -> int:
         sync = self.config.parameter_sync_step
         return step // sync if sync else -1
 
-    def _wait_for_room(self, n: int, timeout: Optional[float], call: str) -> bool:
+    def _wait_for_room(self, n: int, timeout: Optional[float], call: str, deadline: float) -> bool:
         cap, on_full = self.config.capacity, self.config.on_full
         if self._size + n <= cap or on_full == "evict_oldest":
             return True
@@ -86,9 +154,13 @@ class ReferenceBuffer:
             hint = ", or pass timeout= to wait for room" if on_full == "block" else " or 'block'"
             raise BufferFullError(f"ring full: {n} entries do not fit, {self._size} of capacity={cap} are ready; "
                                   f"take more often, raise capacity, use on_full='evict_oldest'{hint}")
-        if self._cond.wait_for(lambda: self._closed or self._size + n <= cap, timeout):
+        while True:
+            self._wait(deadline)
             self._check_open()
-            return False
+            if self._size + n <= cap:
+                return False  # room after waiting: the caller re-validates its arguments
+            if time.monotonic() >= deadline:
+                break
         raise TimeoutError(f"{call} timed out after {timeout} s waiting for room: {n} entries need room, "
                            f"{self._size} of capacity={cap} are ready; take more often, raise capacity "
                            "or use on_full='evict_oldest'")
@@ -100,10 +172,14 @@ class ReferenceBuffer:
             oldest = self._groups.popleft()
             self._size -= len(oldest)
             evicted += len(oldest)
+            for rec in oldest:
+                self._note_left(rec["traj_id"], _EVICTED)
         self._counts["evicted"] += evicted
         self._evicted_unreported += evicted
         self._groups.append(records)
         self._size += need
+        if self._live is not None:
+            self._live.update(rec["traj_id"] for rec in records)
 
     @staticmethod
     def _group_stably(keys: np.ndarray) -> Dict[int, List[int]]:
@@ -122,11 +198,13 @@ class ReferenceBuffer:
         return None
 
     # -- producer side -------------------------------------------------------------------
-    def dispatch(self, prompt_ids: Any, step: int) -> None:
+    def dispatch(self, prompt_ids: Any, step: int, lease: Optional[float] = None) -> None:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
         step = as_step(step, "step")
+        lease = as_lease(lease)
         with self._cond:
             self._check_open()
+            self._expire_due()
             dup = self._first_duplicate(prompts)
             if dup is not None:
                 raise ValueError(f"prompt_ids: prompt {dup} appears twice; dispatch each prompt once")
@@ -134,9 +212,12 @@ class ReferenceBuffer:
                 if p in self._in_flight:
                     raise ValueError(f"prompt_ids: prompt {p} is already in flight (dispatched at step "
                                      f"{self._in_flight[p][0]}); complete or fail it before dispatching it again")
-            now = time.time_ns()
+            now, since = time.time_ns(), self._lease_now()
+            deadline = _NO_LEASE if lease is None else min(since + int(lease * 1e9), _NO_LEASE - 1)
             for p in prompts:
-                self._in_flight[p] = (step, now)
+                self._in_flight[p] = (step, now, since, deadline)
+                if lease is not None:
+                    self._leases[p] = deadline
             self._counts["dispatched"] += len(prompts)
             self._clock = max(self._clock, step)
 
@@ -144,45 +225,91 @@ class ReferenceBuffer:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
         with self._cond:
             self._check_open()
+            self._expire_due()
             dup = self._first_duplicate(prompts)
             if dup is not None:
                 raise ValueError(f"prompt_ids: prompt {dup} appears twice; fail each prompt once")
             self._check_in_flight(prompts)
             for p in prompts:
-                del self._in_flight[p]
+                self._pop_in_flight(p)
+                self._note_left(p, _FAILED)
             self._counts["failed"] += len(prompts)
             self._cond.notify_all()
 
+    def renew(self, prompt_ids: Any, lease: float) -> None:
+        prompts = as_ids(prompt_ids, "prompt_ids").tolist()
+        lease = as_seconds(lease, "lease", False, "renew with a lease > 0")
+        with self._cond:
+            self._check_open()
+            self._expire_due()
+            dup = self._first_duplicate(prompts)
+            if dup is not None:
+                raise ValueError(f"prompt_ids: prompt {dup} appears twice; renew each prompt once")
+            for p in prompts:
+                if p not in self._in_flight:
+                    raise ValueError(f"prompt_ids: prompt {p} is not in flight; only in-flight prompts can be renewed "
+                                     "(it may already be completed, failed or expired)")
+            deadline = min(self._lease_now() + int(lease * 1e9), _NO_LEASE - 1)
+            for p in prompts:
+                step, dispatched_at, since, _ = self._in_flight[p]
+                self._in_flight[p] = (step, dispatched_at, since, deadline)
+                self._leases[p] = deadline
+
+    def expire_in_flight(self, older_than_s: float) -> int:
+        older_ns = int(as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0") * 1e9)
+        with self._cond:
+            self._check_open()
+            by_lease = self._expire_due()
+            cutoff = self._lease_now() - older_ns
+            old = sorted((rec[2], p) for p, rec in self._in_flight.items() if rec[2] <= cutoff)
+            self._expire([p for _, p in old])
+            return by_lease + len(old)
+
+    def _set_lease_clock(self, now_ns: Optional[int]) -> None:
+        if now_ns is not None and now_ns < 0:
+            raise ValueError(f"lease clock={now_ns} must be >= 0")
+        with self._cond:
+            self._manual_clock = now_ns
+            self._cond.notify_all()
+
     def complete(self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None) -> None:
-        trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
+        trajs, prompts = as_ids(traj_ids, "traj_ids", copy=True), as_ids(prompt_ids, "prompt_ids", copy=True)
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
         timeout = as_timeout(timeout)
         n = len(trajs)
         with self._cond:
             self._check_open()
+            self._expire_due()
             if n == 0:
                 return
             self._check_fits(n, "complete fewer prompts")
+            traj_list = trajs.tolist()
+            dup = self._first_duplicate(traj_list)
+            if dup is not None:
+                raise ValueError(f"traj_ids: trajectory {dup} appears twice; complete each trajectory once")
             groups = self._group_stably(prompts)
+            deadline = time.monotonic() + (timeout or 0.0)
             while True:
+                self._expire_due()
                 self._check_in_flight(groups)
-                if self._wait_for_room(n, timeout, "complete"):
+                self._check_not_live(traj_list)
+                if self._wait_for_room(n, timeout, "complete", deadline):
                     break
             now = time.time_ns()
-            traj_list = trajs.tolist()
             for p, members in groups.items():
-                step, dispatched_at = self._in_flight.pop(p)
+                step, dispatched_at, _, _ = self._pop_in_flight(p)
                 self._append([self._record(traj_list[i], p, step, dispatched_at, now) for i in members])
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
             self._cond.notify_all()
 
     def put(self, traj_ids: Any, sample_step: Any, group_ids: Any = None, timeout: Optional[float] = None) -> None:
-        trajs = as_ids(traj_ids, "traj_ids")
-        steps = as_steps(sample_step, "sample_step", len(trajs)).tolist()
+        # Owned copies: each caller array is read once, as the native wrapper's copies are.
+        trajs = as_ids(traj_ids, "traj_ids", copy=True)
+        steps = as_steps(sample_step, "sample_step", len(trajs), copy=True).tolist()
         groups_arr = None
         if group_ids is not None:
-            groups_arr = as_ids(group_ids, "group_ids")
+            groups_arr = as_ids(group_ids, "group_ids", copy=True)
             same_length(trajs, "traj_ids", groups_arr, "group_ids")
         timeout = as_timeout(timeout)
         n = len(trajs)
@@ -193,6 +320,9 @@ class ReferenceBuffer:
             if n == 0:
                 return
             self._check_fits(n, "put fewer")
+            dup = self._first_duplicate(traj_list)
+            if dup is not None:
+                raise ValueError(f"traj_ids: trajectory {dup} appears twice; put each trajectory once")
             if groups_arr is None:
                 groups = {i: [i] for i in range(n)}  # each trajectory is its own group
                 key_of = traj_list
@@ -204,8 +334,11 @@ class ReferenceBuffer:
                         if step_of(i) != step_of(members[0]):
                             raise ValueError(f"sample_step: group {g} has entries stamped {step_of(members[0])} "
                                              f"and {step_of(i)}; a group shares one sample_step")
-            while not self._wait_for_room(n, timeout, "put"):
-                pass
+            deadline = time.monotonic() + (timeout or 0.0)
+            while True:  # after a wait, validate again: another thread may have put one of these ids
+                self._check_not_live(traj_list)
+                if self._wait_for_room(n, timeout, "put", deadline):
+                    break
             now = time.time_ns()
             for members in groups.values():
                 gid = key_of[members[0]]
@@ -225,12 +358,12 @@ class ReferenceBuffer:
     def _wait_blocked(self, current_step: int) -> bool:
         if not self._in_flight:
             return False
-        oldest = min(step for step, _ in self._in_flight.values())
+        oldest = min(rec[0] for rec in self._in_flight.values())
         return current_step - oldest >= self.config.max_age
 
     def _wait_blocked_message(self, current_step: int) -> str:
         limit = current_step - self.config.max_age
-        blocking = sorted((s, p) for p, (s, _) in self._in_flight.items() if s <= limit)
+        blocking = sorted((rec[0], p) for p, rec in self._in_flight.items() if rec[0] <= limit)
         names = ", ".join(f"prompt {p} since step {s}" for s, p in blocking[:8])
         more = ", ..." if len(blocking) > 8 else ""
         return (f"{len(blocking)} in-flight prompt(s) at max_age={self.config.max_age} ({names}{more}); "
@@ -270,13 +403,16 @@ class ReferenceBuffer:
         timeout = as_timeout(timeout)
         with self._cond:
             self._check_open()
+            self._expire_due()
             self._check_clock(current_step)
             plan = self._plan(batch_size, current_step)
             if timeout is not None and not plan.full:
                 deadline = time.monotonic() + timeout
                 while not plan.full:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or not self._cond.wait(remaining):
+                    self._wait(deadline)
+                    self._check_open()
+                    self._expire_due()
+                    if time.monotonic() >= deadline:
                         plan = self._plan(batch_size, current_step)
                         if plan.full:
                             break
@@ -287,7 +423,6 @@ class ReferenceBuffer:
                                      f"({self._size} ready in all, {len(self._in_flight)} prompts in flight); "
                                      "produce faster, lower batch_size or raise the timeout")
                         raise TimeoutError(f"take timed out after {timeout} s under {self.config.strategy}: {cause}")
-                    self._check_open()
                     self._check_clock(current_step)  # a producer may have stamped a later step
                     plan = self._plan(batch_size, current_step)
             self._clock = max(self._clock, current_step)
@@ -302,6 +437,8 @@ class ReferenceBuffer:
             group = self._groups.popleft()
             self._size -= len(group)
             if self._is_stale(group, current_step):
+                for rec in group:
+                    self._note_left(rec["traj_id"], _DROPPED_STALE)
                 continue
             for rec in group:
                 rec["uses"] += 1
@@ -316,6 +453,8 @@ class ReferenceBuffer:
                 keep.append(group)  # reused entries keep their place at the front
             else:
                 retired += len(group)
+                for rec in group:
+                    self._note_left(rec["traj_id"], _RETIRED)
         for group in reversed(keep):
             self._groups.appendleft(group)
             self._size += len(group)
@@ -325,7 +464,8 @@ class ReferenceBuffer:
         if plan.walked:
             self._cond.notify_all()
         stats = (plan.taken, plan.dropped, retired, self._report_evicted(), plan.blocked_by, age_sum, age_max,
-                 tuple(hist), self._size, len(self._in_flight), self._counts["put_total"])
+                 tuple(hist), self._size, len(self._in_flight), self._counts["put_total"], self.config.max_age,
+                 self._counts["expired"])
         return Batch(torch.tensor(columns, dtype=torch.int64).reshape(8, plan.taken), make_metrics(stats))
 
     def _report_evicted(self) -> int:
@@ -336,9 +476,14 @@ class ReferenceBuffer:
         current_step = as_step(current_step, "current_step")
         with self._cond:
             self._check_open()
+            self._expire_due()
             self._check_clock(current_step)
             self._clock = current_step
             cutoff = current_step - self.config.max_age
+            for group in self._groups:
+                if group[0]["sample_step"] < cutoff:
+                    for rec in group:
+                        self._note_left(rec["traj_id"], _DROPPED_STALE)
             fresh = deque(g for g in self._groups if g[0]["sample_step"] >= cutoff)
             removed = self._size - sum(len(g) for g in fresh)
             self._groups, self._size = fresh, self._size - removed
@@ -346,25 +491,53 @@ class ReferenceBuffer:
             if removed:
                 self._cond.notify_all()
             stats = (0, removed, 0, self._report_evicted(), "none", 0, 0, (0,) * len(AGE_BUCKETS), self._size,
-                     len(self._in_flight), self._counts["put_total"])
+                     len(self._in_flight), self._counts["put_total"], self.config.max_age, self._counts["expired"])
         make_metrics(stats)
         return removed
 
     # -- introspection, lifecycle, checkpoints ---------------------------------------------
+    def released(self) -> Released:
+        with self._cond:
+            if self._released is None:
+                raise ValueError(NOT_TRACKED)
+            records, self._released = list(self._released), deque()
+        ids = np.array([i for i, _ in records], dtype=np.int64)
+        return Released(ids, np.array([c for _, c in records], dtype=np.int8))
+
     def ledger(self) -> Dict[str, int]:
         with self._cond:
+            self._expire_due()
             c = self._counts
             return {"dispatched": c["dispatched"], "completed": c["completed"], "failed": c["failed"],
                     "put_total": c["put_total"], "sampled_total": c["put_total"], "taken": c["taken"],
                     "retired": c["retired"], "dropped_stale": c["dropped_stale"], "evicted": c["evicted"],
-                    "in_flight": len(self._in_flight), "buffer_left": self._size}
+                    "in_flight": len(self._in_flight), "buffer_left": self._size,
+                    "max_age_changes": c["max_age_changes"], "expired": c["expired"],
+                    "released_overflow": self._released_overflow}
 
     def __len__(self) -> int:
         return self._size
 
     @property
+    def max_age(self) -> int:
+        with self._cond:
+            return self.config.max_age
+
+    @max_age.setter
+    def max_age(self, value: int) -> None:
+        max_age = as_count(value, "max_age", 0)
+        with self._cond:
+            if max_age == self.config.max_age:
+                return
+            self.config = dataclasses.replace(self.config, max_age=max_age)
+            self._counts["max_age_changes"] += 1
+            self._cond.notify_all()  # under wait, a raised bound may unblock a waiting take
+
+    @property
     def in_flight(self) -> int:
-        return len(self._in_flight)
+        with self._cond:
+            self._expire_due()
+            return len(self._in_flight)
 
     @property
     def closed(self) -> bool:
@@ -374,6 +547,15 @@ class ReferenceBuffer:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def __copy__(self) -> "ReferenceBuffer":
+        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
+
+    def __deepcopy__(self, memo: Any) -> "ReferenceBuffer":
+        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
 
     def __enter__(self) -> "ReferenceBuffer":
         return self
@@ -389,12 +571,16 @@ class ReferenceBuffer:
 
     def state_dict(self) -> Dict[str, Any]:
         with self._cond:
+            self._expire_due()
             records = [(rec, len(g)) for g in self._groups for rec in g]
             entries = {k: [r[k] for r, _ in records] for k in state.ENTRY_COLUMNS if k != "group_len"}
             entries["group_len"] = [n for _, n in records]
             prompts = sorted(self._in_flight.items())
-            in_flight = {"prompt_id": [p for p, _ in prompts], "sample_step": [s for _, (s, _) in prompts],
-                         "dispatch_ns": [d for _, (_, d) in prompts]}
+            now = self._lease_now()
+            in_flight = {"prompt_id": [p for p, _ in prompts], "sample_step": [r[0] for _, r in prompts],
+                         "dispatch_ns": [r[1] for _, r in prompts],
+                         "lease_left_ns": [-1 if r[3] == _NO_LEASE else max(r[3] - now, 0) for _, r in prompts],
+                         "held_ns": [max(now - r[2], 0) for _, r in prompts]}
             return state.pack(self.config, entries, in_flight, self._counts, self._clock, self._evicted_unreported)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -402,6 +588,13 @@ class ReferenceBuffer:
             self._check_open()
             s = state.unpack(state_dict, self.config.capacity, self.config.max_uses)
             cols = {k: v.tolist() for k, v in s["entries"].items()}
+            live = None
+            if self._live is not None:
+                live = set(cols["traj_id"])
+                if len(live) != len(cols["traj_id"]):
+                    dup = self._first_duplicate(cols["traj_id"])
+                    raise ValueError(f"state_dict: trajectory {dup} is ready twice, which unique_ids=True forbids; "
+                                     "load it into a buffer without unique_ids")
             groups: deque = deque()
             i = 0
             while i < len(cols["traj_id"]):
@@ -409,9 +602,34 @@ class ReferenceBuffer:
                 groups.append([{k: cols[k][j] for k in state.ENTRY_COLUMNS if k != "group_len"} for j in range(i, i + n)])
                 i += n
             self._groups, self._size = groups, len(cols["traj_id"])
+            self._live = live
             f = {k: v.tolist() for k, v in s["in_flight"].items()}
-            self._in_flight = {p: (st, d) for p, st, d in zip(f["prompt_id"], f["sample_step"], f["dispatch_ns"])}
+            now = self._lease_now()
+            self._in_flight, self._leases = {}, {}
+            for p, st, d, left, held in zip(f["prompt_id"], f["sample_step"], f["dispatch_ns"], f["lease_left_ns"],
+                                            f["held_ns"]):
+                # A restored lease keeps the time it had left when saved; the time since dispatch likewise.
+                deadline = _NO_LEASE if left < 0 else min(now + left, _NO_LEASE - 1)
+                self._in_flight[p] = (st, d, now - min(held, now), deadline)
+                if left >= 0:
+                    self._leases[p] = deadline
             self._counts = dict(s["ledger"])
             self._clock = s["clock"]
             self._evicted_unreported = s["evicted_unreported"]
             self._cond.notify_all()
+
+    # -- durable checkpoints: thin delegations to checkpoint.py (docs/checkpoints.md) ---------------------------
+    # checkpoint is imported in each method so that this block is the only checkpoint code in this file.
+    def save(self, path: Any) -> None:
+        """Writes the state to ``path`` (str or os.PathLike) atomically: the old file or the new, never a mix."""
+        from . import checkpoint
+        checkpoint.save(self, path)
+
+    def load(self, path: Any, in_flight: str = "fail") -> torch.Tensor:
+        """Replaces the state with a save()d file, or raises CheckpointError changing nothing.
+
+        ``in_flight="fail"`` fails restored in-flight prompts (their workers are usually gone) and returns
+        their ids to dispatch again; ``"keep"`` keeps them in flight (under wait they block take).
+        """
+        from . import checkpoint
+        return checkpoint.load(self, path, in_flight)

@@ -11,6 +11,7 @@ import uuid
 from contextlib import contextmanager
 
 import pytest
+import torch
 
 ray = pytest.importorskip("ray", reason="the verl extra is not installed: pip install '.[verl]'")
 tq = pytest.importorskip("transfer_queue", reason="the verl extra is not installed: pip install '.[verl]'")
@@ -45,15 +46,42 @@ def put_prompt(partition_id: str, uid: str, status: str, global_steps: int) -> N
 
 
 def put_group(partition_id: str, status: str, global_steps: int = 0, sessions: int = 1,
-              uid: str | None = None) -> tuple[str, list[str]]:
-    """Writes a prompt's trajectories, then its prompt tag (verl's order); returns (uid, trajectory keys)."""
+              uid: str | None = None, rewards: list[float] | None = None) -> tuple[str, list[str]]:
+    """Writes a prompt's trajectories, then its prompt tag (verl's order); returns (uid, trajectory keys).
+
+    With ``rewards`` (one per session) each trajectory's value carries
+    ``extra_fields.reward_extra_info.acc``, the field DAPO group filtering reads.
+    """
     uid = uid or new_uid()
     keys = [f"{uid}_{s}_0" for s in range(sessions)]
-    if keys:
-        tq.kv_batch_put(keys=keys, partition_id=partition_id,
-                        tags=[{"is_prompt": False, "global_steps": global_steps, "seq_len": 3} for _ in keys])
+    tags = [{"is_prompt": False, "global_steps": global_steps, "seq_len": 3} for _ in keys]
+    if rewards is not None:
+        for key, tag, reward in zip(keys, tags, rewards, strict=True):
+            tq.kv_put(key=key, partition_id=partition_id, tag=tag,
+                      fields={"input_ids": torch.tensor([1, 2, 3]),
+                              "extra_fields": {"reward_extra_info": {"acc": float(reward)}}})
+    elif keys:
+        tq.kv_batch_put(keys=keys, partition_id=partition_id, tags=tags)
     put_prompt(partition_id, uid, status, global_steps)
     return uid, keys
+
+
+class Refiller:
+    """A trainer's refill_fn: records each request and writes that many fresh finished groups."""
+
+    def __init__(self, partition_id: str, global_steps: int, sessions: int = 1,
+                 rewards: list[float] | None = None) -> None:
+        self.partition_id, self.global_steps = partition_id, global_steps
+        self.sessions, self.rewards = sessions, rewards
+        self.calls: list[int] = []
+        self.uids: list[str] = []
+
+    def __call__(self, count: int) -> int:
+        self.calls.append(count)
+        for _ in range(count):
+            uid, _ = put_group(self.partition_id, "finished", self.global_steps, self.sessions, rewards=self.rewards)
+            self.uids.append(uid)
+        return count
 
 
 def put_prompts_bulk(partition_id: str, n: int, status: str, global_steps: int, sessions: int = 1) -> list[str]:
@@ -92,7 +120,7 @@ class Background(threading.Thread):
     def run(self):
         try:
             self.result = self.fn()
-        except BaseException as exc:  # handed to the test thread
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             self.error = exc
 
     def outcome(self, timeout: float = 30.0):

@@ -43,15 +43,20 @@ def _runtime_params(method: str) -> List[str]:
     return names[1:]
 
 
+def _is_property(decorator: ast.expr) -> bool:
+    """``@property`` or ``@name.setter`` / ``@name.getter`` / ``@name.deleter``: not a method call."""
+    if isinstance(decorator, ast.Name):
+        return decorator.id == "property"
+    return isinstance(decorator, ast.Attribute) and decorator.attr in ("setter", "getter", "deleter")
+
+
 def _stub_methods() -> Dict[str, Tuple[List[str], List[str]]]:
     """Ring's stub methods: name -> (positional-only parameters, other parameters), self excluded."""
     tree = ast.parse(STUB.read_text())
     ring = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Ring")
     out = {}
     for node in ring.body:
-        if isinstance(node, ast.FunctionDef) and not any(
-            isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list
-        ):
+        if isinstance(node, ast.FunctionDef) and not any(_is_property(d) for d in node.decorator_list):
             posonly = [a.arg for a in node.args.posonlyargs]
             named = [a.arg for a in node.args.args]
             if posonly:

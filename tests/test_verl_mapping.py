@@ -1,4 +1,10 @@
-"""from_verl: threshold * parameter_sync_step - 1, proven equal to verl's own formulas."""
+"""Staleness formulas against verl's.
+
+``StalenessBuffer.from_verl`` maps the threshold as verl PR #6778 did (``threshold * parameter_sync_step
+- 1``); verl's replay buffers today measure staleness as ``global_steps - step + 1`` with no
+``parameter_sync_step``, and the verl sampler (pyfast_buffer.integrations.verl) uses exactly that.
+Both are checked here against the formulas written out.
+"""
 
 import pytest
 
@@ -87,3 +93,34 @@ def test_tag_without_global_steps_is_a_clear_value_error():
         pfb.sample_step_from_tag({"global_steps": -1})
     with pytest.raises(TypeError, match="not a mapping"):
         pfb.sample_step_from_tag(3)
+
+
+def today_verl_drops(global_steps, step, threshold):
+    """verl's async drop rule today (finished groups): global_steps - step + 1 > threshold."""
+    return global_steps - step + 1 > threshold
+
+
+def today_verl_blocks(global_steps, step, threshold):
+    """verl's async wait rule today (in-flight prompts): global_steps - step + 1 >= threshold."""
+    return global_steps - step + 1 >= threshold
+
+
+@pytest.mark.parametrize("threshold", range(1, 11))
+def test_verl_sampler_cut_and_wait_gate_equal_todays_verl(threshold):
+    verl = pytest.importorskip("pyfast_buffer.integrations.verl", reason="the verl extra is not installed")
+    now = 14
+    steps = range(0, now + 3)  # includes prompts stamped ahead of the trainer, as verl's tests write them
+    finished = {f"f{s}": {"is_prompt": True, "status": "finished", "global_steps": s} for s in steps}
+    running = {f"r{s}": {"is_prompt": True, "status": "running", "global_steps": s} for s in steps}
+    for strategy in ("drop", "wait"):
+        rb = verl.FastReplayBuffer("separate_async", {}, threshold, strategy, {})
+        rb._apply_listing("train", {**finished, **running})  # a listing applied without TransferQueue
+        stale = rb._stale_groups(now, "train")
+        blocking = set(rb._blocked_by_wait(now, "train"))
+        if strategy == "drop":
+            assert stale == {f"f{s}" for s in steps if today_verl_drops(now, s, threshold)} and not blocking
+        else:
+            assert blocking == {f"r{s}" for s in steps if today_verl_blocks(now, s, threshold)} and not stale
+    sync = verl.FastReplayBuffer("sync", {}, threshold, "drop", {})
+    sync._apply_listing("train", {**finished, **running})
+    assert not sync._stale_groups(now, "train") and not sync._blocked_by_wait(now, "train")

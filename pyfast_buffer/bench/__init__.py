@@ -13,12 +13,15 @@ import time
 from typing import Dict, List, Optional
 
 from . import report
-from .cases import CASES, Plan
+from .cases import CASES as _CASES
+from .cases import Plan
+from .verl_case import with_verl_case
 
 
 def run(args: argparse.Namespace) -> int:
     plan = Plan.quick() if args.quick else Plan()
-    names = args.cases.split(",") if args.cases else list(CASES)
+    CASES = with_verl_case(_CASES, args.verl_src)
+    names = args.cases.split(",") if args.cases else [n for n in CASES if n != "verl" or args.verl_src]
     unknown = [n for n in names if n not in CASES]
     if unknown:
         print(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}", file=sys.stderr)
@@ -51,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small configurations, under a minute on 2 cores")
-    p.add_argument("--cases", default="", help=f"comma-separated subset of: {', '.join(CASES)}")
+    p.add_argument("--cases", default="", help=f"comma-separated subset of: {', '.join(_CASES)}, verl")
     p.add_argument("--out", default=".", help="directory for bench-results.json and bench-results.png")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    p.add_argument("--verl-src", metavar="PATH", default="",
+                   help="a verl checkout: the verl case (run by default when given) times verl's own ReplayBufferAsync")
     p.add_argument("--update-readme", metavar="PATH", default="",
                    help="write the results between the latest-run markers of PATH (bench/README.md)")
 

@@ -311,3 +311,7 @@ CASES: Dict[str, Callable[[Plan, Dict[str, str]], List[Dict]]] = {
     "throughput_2p1c": throughput_case,
     "memory": memory_case,
 }
+
+from .ray_case import ray_case  # noqa: E402  (the buffer as a Ray actor; skips itself when ray is missing)
+
+CASES["ray"] = ray_case

@@ -7,7 +7,7 @@ import platform
 import time
 from typing import Dict, List, Optional, Tuple
 
-KEYS = ("case", "capacity", "batch", "stale", "order")
+KEYS = ("case", "op", "capacity", "batch", "stale", "order")
 
 
 def _key(r: Dict) -> Tuple:

@@ -1,55 +1,55 @@
-"""``FastReplayBuffer``: a drop-in for verl's ``trainer.v1`` ReplayBuffer, backed by the native core.
+"""verl's ``trainer.v1`` replay buffers over pyfast_buffer: ``ReplayBuffer``, ``ReplayBufferAsync`` and
+``FastReplayBuffer``.
 
-Point verl at this file::
+Point verl at this file (``FastReplayBuffer`` acts as verl's sync or async buffer by ``trainer_mode``,
+as verl itself chooses)::
 
     trainer.v1.sampler.custom_sampler.path=$(python -c "import pyfast_buffer.integrations.verl as m; print(m.__file__)")
     trainer.v1.sampler.custom_sampler.name=FastReplayBuffer
 
-It keeps verl's constructor, ``sample(global_steps, partition_id, batch_size) -> (KVBatchMeta,
-metrics)``, tags and metric names, and differs where verl's ReplayBuffer is wrong or slow: stale
-groups are dropped before selection, waits poll briefly under ``sampler_kwargs.timeout``, concurrent
-calls never share a prompt, bad configs and tags are ValueErrors at their source, and each
-partition is listed and validated on its own.
+The semantics are verl's (main branch, 2026-08): groups are evicted before selection for staleness
+(async ``drop``), for failure (async, or sync with ``sync_refill_failed_groups``) and by DAPO group
+filtering; ``refill_fn(k)`` asks the trainer for exactly the ``k`` prompts evicted; ``wait`` blocks
+while an in-flight prompt has reached the threshold; the ``val`` partition never evicts. The metrics
+dict carries verl's keys only (our ledger goes to the ``pyfast_buffer.verl`` log, and into the dict
+with ``sampler_kwargs.ledger_metrics: true``). Where verl differs, see docs/verl.md.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from collections import Counter
+from typing import Any, Callable
 
 try:
-    import transfer_queue as tq
-    from transfer_queue import KVBatchMeta
+    import transfer_queue as tq  # type: ignore[import-untyped]
+    from transfer_queue import KVBatchMeta  # type: ignore[import-untyped]
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "pyfast_buffer.integrations.verl needs TransferQueue; install it with: pip install 'pyfast_buffer[verl]'"
     ) from exc
 
-from pyfast_buffer import config_from_verl
-from pyfast_buffer._args import MAX_TIMEOUT
-from pyfast_buffer.integrations._verl_mirror import PartitionMirror, Taken
+from pyfast_buffer.integrations import _verl_options as options
+from pyfast_buffer.integrations._verl_options import VerlConfigError
+from pyfast_buffer.integrations._verl_state import VerlState
+
+__all__ = [
+    "DAPO_FILTERED_REWARD_COUNTS_KEY",
+    "LEDGER_PREFIX",
+    "FastReplayBuffer",
+    "ReplayBuffer",
+    "ReplayBufferAsync",
+    "VerlConfigError",
+]
 
 logger = logging.getLogger("pyfast_buffer.verl")  # under the package's "pyfast_buffer" logger
 
-DEFAULT_TIMEOUT_S = 600.0  # verl waits forever (verl issue #7155); a stuck rollout should fail a run, not hang it
-DEFAULT_POLL_CAP_S = 0.05  # TransferQueue has no change notification, so poll: 1 ms, doubling, capped here
-LEDGER_PREFIX = "pyfast_buffer"
+DAPO_FILTERED_REWARD_COUNTS_KEY = "_dapo_filtered_reward_counts"  # verl's name; a dict {metric value: groups}
+LEDGER_PREFIX = "pyfast_buffer"  # ledger metrics: {training|validation}/pyfast_buffer/<counter>
+VAL = "val"  # verl's validation partition: never evicts
 
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    """Reads ``key`` from a dict or an omegaconf DictConfig (both have ``get``); None counts as absent."""
-    if cfg is None:
-        return default
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
-
-
-def _seconds(value: Any, name: str, maximum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= maximum:
-        raise ValueError(f"sampler_kwargs.{name}={value!r} must be a number of seconds in (0, {maximum:g}]")
-    return float(value)
+Reasons = tuple[set[str], set[str], set[str], Counter]  # (stale, DAPO-filtered, failed, filtered value counts)
 
 
 def metrics_prefix(partition_id: str) -> str:
@@ -57,322 +57,392 @@ def metrics_prefix(partition_id: str) -> str:
     return "training" if partition_id == "train" else "validation"
 
 
-class FastReplayBuffer:
-    """verl's ReplayBuffer interface over ``StalenessBuffer``; see the module docstring.
+def _accumulate_eviction_metrics(acc: dict, new: dict, stale_count: int) -> None:
+    """Adds one eviction pass's metrics to ``acc``: counts add, value counts merge, and the staleness
+    mean stays a mean over every stale group (weighted by ``stale_count``, this pass's stale groups)."""
+    count_key = next((k for k in new if k.endswith("/off_policy/evicted_samples")), None)
+    before = acc.get(count_key, 0) if count_key else 0
+    for key, value in new.items():
+        if key.endswith("/evicted_samples_staleness/mean"):
+            total = before + stale_count
+            acc[key] = (acc.get(key, 0.0) * before + value * stale_count) / total if total else value
+        elif key.endswith("/evicted_samples_staleness/max"):
+            acc[key] = max(acc.get(key, value), value)
+        elif key.endswith("/evicted_samples_staleness/min"):
+            acc[key] = min(acc.get(key, value), value)
+        elif key == DAPO_FILTERED_REWARD_COUNTS_KEY:
+            merged = Counter(acc.get(key, {}))
+            merged.update(value)
+            acc[key] = dict(merged)
+        else:
+            acc[key] = acc.get(key, 0) + value
 
-    Args:
-        trainer_mode: verl's trainer mode (kept for interface parity; the strategy decides).
-        trainer_config: ``trainer.v1.<mode>``; ``parameter_sync_step`` is read from it (1 if absent).
-        max_off_policy_threshold: int >= 1; staleness ``(g - s + 1) / parameter_sync_step`` above it is stale.
-        max_off_policy_strategy: ``"drop"`` or ``"wait"``.
-        sampler_kwargs: ``timeout`` (s, default 600), ``poll_interval`` (s, cap of the poll backoff,
-            default 0.05) and ``capacity`` (ready prompts held per partition, default 65536).
-        poll_interval: verl's argument; used as the poll cap only when below the default cap.
+
+def _reward_value(extra_fields: Any, metric: str) -> float | None:
+    extra_fields = getattr(extra_fields, "data", extra_fields)  # TransferQueue may wrap non-tensor values
+    info = extra_fields.get("reward_extra_info", {}) if hasattr(extra_fields, "get") else {}
+    return float(info[metric]) if hasattr(info, "get") and metric in info else None
+
+
+class ReplayBuffer(VerlState):
+    """verl's sync (on-policy) replay buffer: ``max_off_policy_strategy`` is a no-op.
+
+    Failed groups stay sampleable (verl pads their missing trajectories) unless
+    ``sync_refill_failed_groups``, which evicts failed groups with no trajectory and refills them.
+    With ``filter_groups_metric`` (DAPO), each filtered group earns two refill credits, dispatched in
+    multiples of ``gen_batch_size`` while pending + running stays under
+    ``max_inflight_gen_batches * train_batch_size``; once a batch is sampleable the in-flight prompts
+    are drained and the surplus discarded.
+
+    Args are verl's. ``sampler_kwargs`` may also carry ``filter_groups_metric``,
+    ``sync_refill_failed_groups``, ``train_batch_size``, ``gen_batch_size``, ``max_inflight_gen_batches``
+    (verl passes these to its own buffer only), ``timeout`` (s, default 600: a sample that waits longer
+    raises TimeoutError), ``poll_backoff_max`` (s, cap of our poll backoff, default 0.05), ``capacity``
+    (largest batch_size, default 65536) and ``ledger_metrics`` (bool). ``poll_interval`` stays verl's
+    value (its separate_async trainer reads it to tell an idle step).
     """
+
+    _ON_POLICY: bool | None = True  # None: decided by trainer_mode (FastReplayBuffer)
 
     def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int,
                  max_off_policy_strategy: str, sampler_kwargs: Any = None, poll_interval: float = 2.0,
-                 **kwargs: Any) -> None:
+                 refill_fn: Callable[[int], Any] | None = None, filter_groups_metric: str | None = None,
+                 train_batch_size: int | None = None, gen_batch_size: int | None = None,
+                 max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False) -> None:
+        self.on_policy = trainer_mode == "sync" if self._ON_POLICY is None else self._ON_POLICY
+        opts = options.parse(self.on_policy, max_off_policy_threshold, max_off_policy_strategy, sampler_kwargs,
+                             poll_interval, refill_fn, filter_groups_metric, train_batch_size, gen_batch_size,
+                             max_inflight_gen_batches, sync_refill_failed_groups)
+        self.options = opts
         self.trainer_mode = trainer_mode
         self.trainer_config = trainer_config
-        self.max_off_policy_threshold = max_off_policy_threshold
-        self.max_off_policy_strategy = max_off_policy_strategy
+        self.max_off_policy_threshold = opts.max_off_policy_threshold
+        self.max_off_policy_strategy = opts.max_off_policy_strategy
         self.sampler_kwargs = sampler_kwargs
-        self.extra_kwargs = kwargs  # newer verl passes refill_fn etc.; accepted, not used
-        sampler_cfg = {"max_off_policy_threshold": max_off_policy_threshold,
-                       "max_off_policy_strategy": max_off_policy_strategy,
-                       "sampler_kwargs": sampler_kwargs}
-        self._buffer_kwargs = config_from_verl(sampler_cfg, trainer_config)  # raises on bad threshold/sync/strategy
-        self.parameter_sync_step = self._buffer_kwargs["parameter_sync_step"]
-        self.timeout = _seconds(_get(sampler_kwargs, "timeout", DEFAULT_TIMEOUT_S), "timeout", MAX_TIMEOUT)
-        cap = _get(sampler_kwargs, "poll_interval", min(poll_interval, DEFAULT_POLL_CAP_S))
-        self.poll_interval = _seconds(cap, "poll_interval", 1.0)
-        self._mirrors: Dict[str, PartitionMirror] = {}
-        self._mirrors_lock = threading.Lock()
+        self.poll_interval = poll_interval
+        self.refill_fn = refill_fn
+        self.filter_groups_metric = opts.filter_groups_metric
+        self.train_batch_size = opts.train_batch_size
+        self.gen_batch_size = opts.gen_batch_size
+        self.max_inflight_gen_batches = opts.max_inflight_gen_batches
+        self.sync_refill_failed_groups = opts.sync_refill_failed_groups
+        self.timeout = opts.timeout
+        self.poll_backoff_max = opts.poll_backoff_max
+        self._init_state(opts.capacity)
 
-    # ---- verl's interface --------------------------------------------------------------------
-    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> Tuple[KVBatchMeta, dict]:
-        """Returns ``batch_size`` whole prompt groups of ``partition_id`` (oldest ``global_steps`` first) and metrics.
-
-        Blocks until the strategy allows a full batch, polling TransferQueue (see ``_pause``), and
-        raises TimeoutError after ``sampler_kwargs.timeout`` naming the prompts it waited on.
-        """
-        self._check_sample_args(global_steps, partition_id, batch_size)
-        mirror = self._mirror(partition_id)
-        start = time.monotonic()
-        deadline, backoff, polls = start + self.timeout, 0.001, 0
-        drop_metrics: dict = {}
-        while True:
-            polls += 1
-            taken, why = self._poll(mirror, global_steps, batch_size, drop_metrics)
-            if taken is not None:
+    # ---- eviction (verl's three reasons) ---------------------------------------------------------
+    def _stale_groups(self, global_steps: int, partition_id: str) -> set[str]:
+        """Finished groups with ``global_steps - prompt_step + 1 > threshold`` (async ``drop`` only)."""
+        if self.on_policy or partition_id == VAL or self.max_off_policy_strategy != "drop":
+            return set()
+        cutoff = global_steps + 1 - self.max_off_policy_threshold  # stale iff prompt_step < cutoff
+        finished = self.finished_keys[partition_id]
+        stale = set()
+        for step, uid in self._book(partition_id).order:  # sorted by step: the stale ones come first
+            if step >= cutoff:
                 break
-            if time.monotonic() >= deadline:
-                raise self._timeout_error(mirror, global_steps, partition_id, batch_size, why)
-            backoff = self._pause(mirror, backoff, deadline)
-        metrics = dict(drop_metrics)
-        metrics.update(self._ledger_metrics(mirror, partition_id, taken.batch.metrics, time.monotonic() - start, polls))
-        return KVBatchMeta(partition_id=partition_id, keys=taken.keys, tags=taken.tags), metrics
+            if uid in finished:
+                stale.add(uid)
+        return stale
 
-    def _sync_metadata_from_transfer_queue(self, partition_id: Optional[str] = None) -> None:
-        """Refreshes one partition, or every partition TransferQueue lists, from one ``kv_list``.
+    def _dapo_filtered_keys(self, partition_id: str) -> tuple[set[str], Counter]:
+        """Finished groups whose ``filter_groups_metric`` is the same on every (>= 2) trajectory, and a
+        count of the groups per shared value. Each group is read once: finished groups never change."""
+        metric = self.filter_groups_metric
+        if partition_id == VAL or metric is None:
+            return set(), Counter()
+        finished = self.finished_keys[partition_id]
+        cache = self._dapo_classification_cache[partition_id]
+        for uid in cache.keys() - finished:
+            del cache[uid]
+        fresh = finished - cache.keys()
+        keys = self._group_keys(partition_id, fresh)
+        values: dict[str, list[float]] = {uid: [] for uid in fresh}
+        missing = set(fresh) - {key.split("_", 1)[0] for key in keys}
+        if keys:
+            data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields"])
+            for key, extra in zip(keys, list(data["extra_fields"]), strict=True):
+                value = _reward_value(extra, metric)
+                if value is None:
+                    missing.add(key.split("_", 1)[0])
+                else:
+                    values[key.split("_", 1)[0]].append(value)
+        if missing:
+            raise RuntimeError(f"Finished groups are missing DAPO metric {metric!r} in "
+                               f"extra_fields.reward_extra_info: {sorted(missing)[:5]}; the reward function must "
+                               f"write it, or unset filter_groups_metric")
+        for uid in fresh:
+            group = values[uid]
+            cache[uid] = group[0] if len(group) > 1 and all(v == group[0] for v in group) else None
+        filtered = {uid: value for uid, value in cache.items() if value is not None}
+        return set(filtered), Counter(filtered.values())
 
-        Each partition is refreshed on its own: a bad tag raises a ValueError naming its partition
-        after the others were refreshed, so it never hides another partition's data. A refresh
-        only reads: it clears nothing in TransferQueue.
-        """
-        if partition_id is not None:
-            mirror = self._mirror(partition_id)
-            with mirror.poll_lock:
-                items = self._list(mirror)
-                with mirror.lock:
-                    mirror.refresh(items)
-            return
-        with self._mirrors_lock:
-            known = sorted(self._mirrors.items())
-        errors: List[str] = []
-        held = [m for _, m in known]
-        for m in held:  # always in partition order: no deadlock between two such calls
-            m.poll_lock.acquire()
+    def _failed_groups(self, partition_id: str) -> set[str]:
+        """Async: every failed group. Sync: failed groups without a trajectory, with sync_refill_failed_groups."""
+        failure = self.failure_keys[partition_id]
+        if not self.on_policy:
+            return set(failure)
+        if not self.sync_refill_failed_groups:
+            return set()
+        return {uid for uid in failure if not self._has_trajectories(partition_id, uid)}
+
+    def _terminal_eviction_reasons(self, global_steps: int, partition_id: str) -> Reasons:
+        """(stale, DAPO-filtered, failed, filtered value counts) of one snapshot; the sets may overlap."""
+        if partition_id == VAL:
+            return set(), set(), set(), Counter()
+        stale = self._stale_groups(global_steps, partition_id)
+        filtered, counts = self._dapo_filtered_keys(partition_id)
+        return stale, filtered, self._failed_groups(partition_id), counts
+
+    def _sampleable(self, partition_id: str, reasons: Reasons) -> set[str]:
+        stale, filtered, failed, _ = reasons
+        return (self.finished_keys[partition_id] | self.failure_keys[partition_id]) - (stale | filtered | failed)
+
+    def _evict_terminal_groups(self, global_steps: int, partition_id: str,
+                               eviction_reasons: Reasons) -> tuple[set[str], int, int, dict]:
+        """Evicts the union of the reasons once; returns (evicted uids, stale count, filtered count, verl's metrics)."""
+        stale, filtered, failed, counts = eviction_reasons
+        evicted = stale | filtered | failed
+        if not evicted:
+            return set(), 0, 0, {}
+        prefix = metrics_prefix(partition_id)
+        metrics: dict = {}
+        if stale:
+            steps = self.prompt_global_steps[partition_id]
+            spans = [float(global_steps - steps.get(uid, global_steps) + 1) for uid in stale]
+            metrics[f"{prefix}/off_policy/evicted_samples"] = len(stale)
+            metrics[f"{prefix}/off_policy/evicted_samples_staleness/mean"] = sum(spans) / len(spans)
+            metrics[f"{prefix}/off_policy/evicted_samples_staleness/max"] = max(spans)
+            metrics[f"{prefix}/off_policy/evicted_samples_staleness/min"] = min(spans)
+        if filtered:
+            metrics[f"{prefix}/filter_groups/evicted_samples"] = len(filtered)
+            metrics[DAPO_FILTERED_REWARD_COUNTS_KEY] = dict(counts)
+        if failed:
+            metrics[f"{prefix}/rollout_failure/evicted_samples"] = len(failed)
+        ledger = self._book(partition_id).ledger
+        ledger["evicted_stale"] += len(stale)
+        ledger["evicted_filtered"] += len(filtered)
+        ledger["evicted_failure"] += len(failed)
+        self._clear_groups(partition_id, evicted)
+        logger.info("evicted %d groups from partition %s (stale %d, filtered %d, failed %d)", len(evicted),
+                    partition_id, len(stale), len(filtered), len(failed))
+        return evicted, len(stale), len(filtered), metrics
+
+    # ---- one poll ------------------------------------------------------------------------------
+    def _eviction_pass(self, global_steps: int, partition_id: str, acc: dict) -> tuple[Reasons, set[str], dict]:
+        """List, evict and accumulate the metrics (the caller holds the lock); returns (reasons, evicted, listing)."""
+        items = self._sync_metadata_from_transfer_queue(partition_id)[partition_id]
+        reasons = self._terminal_eviction_reasons(global_steps, partition_id)
+        evicted, stale_count, _, metrics = self._evict_terminal_groups(global_steps, partition_id, reasons)
+        if evicted:
+            _accumulate_eviction_metrics(acc, metrics, stale_count)
+        return reasons, evicted, items
+
+    def _refill(self, partition_id: str, count: int) -> None:
+        """Asks ``refill_fn`` for ``count`` prompts and books the answer; an exception is logged and raised."""
+        with self._lock:  # the call itself runs unlocked: it may take long, or call back into this sampler
+            ledger = self._book(partition_id).ledger
+            if self.refill_fn is None:
+                ledger["unrefilled"] += count
+                return
+            ledger["refill_calls"] += 1
+            ledger["refill_requested"] += count
         try:
-            listing = tq.kv_list() or {}
-            for pid, items in sorted(listing.items()):
-                with self._mirrors_lock:
-                    mirror = self._mirrors.get(pid)
-                    if mirror is None:  # new here: nobody can poll it before this answer is applied
-                        mirror = self._mirrors[pid] = PartitionMirror(pid, self._buffer_kwargs)
-                        mirror.poll_lock.acquire()
-                        held.append(mirror)
-                    elif mirror not in held:
-                        continue  # created by another call after this listing began: it may hold a newer answer
-                try:
-                    with mirror.lock:
-                        mirror.refresh(items or {})
-                except ValueError as exc:
-                    errors.append(str(exc))
-        finally:
-            for m in held:
-                m.poll_lock.release()
-        if errors:
-            raise ValueError("; ".join(errors))
+            answer = self.refill_fn(count)
+        except BaseException:
+            with self._lock:
+                ledger["refill_failed"] += count
+            logger.error("refill_fn(%d) raised for partition %s; %d evicted groups are not replaced", count,
+                         partition_id, count)
+            raise
+        # verl's contract: refill_fn submits exactly ``count``; an int answer is what it submitted.
+        delivered = count if not isinstance(answer, int) or isinstance(answer, bool) else max(answer, 0)
+        with self._lock:
+            ledger["refill_delivered"] += min(delivered, count)
+            ledger["refill_short"] += max(count - delivered, 0)
+        if delivered < count:
+            logger.warning("refill_fn(%d) submitted only %d prompts for partition %s", count, delivered, partition_id)
+        elif delivered > count:
+            logger.warning("refill_fn(%d) submitted %d prompts for partition %s", count, delivered, partition_id)
 
-    def _has_enough_samples(self, global_steps: int, partition_id: str, batch_size: int) -> bool:
-        """Whether ``sample`` could return a full batch now, on the last refreshed view."""
-        mirror = self._mirror(partition_id)
-        with mirror.lock:
-            if mirror.strategy == "wait" and mirror.waited_on(global_steps):
-                return False
-            return len(mirror.sampleable(global_steps)) >= batch_size
+    def _pause(self, partition_id: str, backoff: float, deadline: float) -> float:
+        """Sleeps before the next poll: 1 ms doubling to ``poll_backoff_max``, never shorter than the last
+        listing took (so a waiting sampler keeps TransferQueue's controller busy at most about half the time)."""
+        last_list = self._book(partition_id).last_list_s
+        time.sleep(max(0.0, min(max(backoff, last_list), deadline - time.monotonic())))
+        return min(backoff * 2, self.poll_backoff_max)
 
-    def _drop_max_off_policy_samples(self, global_steps: int, partition_id: str,
-                                     batch: Optional[KVBatchMeta] = None) -> Tuple[Optional[KVBatchMeta], dict]:
-        """Under drop, removes stale groups from the buffer and TransferQueue; returns (batch, metrics).
+    def _timeout(self, call: str, global_steps: int, partition_id: str, wanted: int, why: str) -> TimeoutError:
+        return TimeoutError(
+            f"{call}(global_steps={global_steps}, partition_id={partition_id!r}) timed out after {self.timeout:g} s "
+            f"wanting {wanted} groups: {why}. Check the rollout workers, or raise "
+            "trainer.v1.sampler.sampler_kwargs.timeout")
 
-        Without ``batch`` it drops every stale ready group (what ``sample`` does before selecting).
-        With a ``KVBatchMeta`` it filters that batch the way verl does, by each trajectory tag's
-        ``global_steps`` (a tag without it is a ValueError), and clears the stale keys.
-        """
-        if batch is not None:
-            return self._filter_batch(global_steps, partition_id, batch)
-        mirror = self._mirror(partition_id)
-        with mirror.poll_lock:
-            with mirror.lock:
-                dropped = mirror.drop_stale(global_steps)
-            return None, self._clear_dropped(partition_id, global_steps, dropped)
-
-    def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
-        """Refreshes ``partition_id``, drops stale groups and returns how many groups are ready."""
-        mirror = self._mirror(partition_id)
-        self._poll(mirror, global_steps, None, {})
-        with mirror.lock:
-            return len(mirror.sampleable(global_steps))
-
-    def wait_for_sampleable(self, global_steps: int, partition_id: str, target_count: int) -> Tuple[set, dict]:
-        """Waits (under the timeout) until ``target_count`` groups are sampleable; returns (uids, drop metrics)."""
-        self._check_sample_args(global_steps, partition_id, target_count)
-        mirror = self._mirror(partition_id)
-        deadline, backoff, metrics = time.monotonic() + self.timeout, 0.001, {}
-        while True:
-            self._poll(mirror, global_steps, None, metrics)
-            with mirror.lock:
-                ready = mirror.sampleable(global_steps)
-                blocked = mirror.strategy == "wait" and bool(mirror.waited_on(global_steps))
-            if len(ready) >= target_count and not blocked:
-                return set(ready), metrics
-            if time.monotonic() >= deadline:
-                raise self._timeout_error(mirror, global_steps, partition_id, target_count, None)
-            backoff = self._pause(mirror, backoff, deadline)
-
-    # ---- verl's attribute views, read from the last refresh ------------------------------------
-    def _mirror_list(self) -> List[Tuple[str, PartitionMirror]]:
-        with self._mirrors_lock:
-            return list(self._mirrors.items())
-
-    def _status_view(self, status: str) -> Dict[str, set]:
-        return {pid: m.keys_with_status(status) for pid, m in self._mirror_list()}
-
-    pending_keys = property(lambda self: self._status_view("pending"))
-    running_keys = property(lambda self: self._status_view("running"))
-    finished_keys = property(lambda self: self._status_view("finished"))
-    failure_keys = property(lambda self: self._status_view("failure"))
-
-    @property
-    def prompt_global_steps(self) -> Dict[str, Dict[str, int]]:
-        return {pid: {u: t.get("global_steps") for u, t in m.prompt_tags().items()} for pid, m in self._mirror_list()}
-
-    @property
-    def partitions(self) -> Dict[str, Dict[str, dict]]:
-        return {pid: {k: t for k, t in m.items.items() if not t.get("is_prompt", False)}
-                for pid, m in self._mirror_list()}
-
-    def ledger(self, partition_id: str) -> Dict[str, int]:
-        """The partition's buffer ledger (counts prompt groups: one ring entry per prompt)."""
-        return self._mirror(partition_id).buf.ledger()
-
-    # ---- internals ------------------------------------------------------------------------------
-    def _check_sample_args(self, global_steps: Any, partition_id: Any, batch_size: Any) -> None:
+    def _check_call(self, global_steps: Any, partition_id: Any, count: Any, name: str) -> None:
         if isinstance(global_steps, bool) or not isinstance(global_steps, int) or global_steps < 0:
             raise ValueError(f"global_steps={global_steps!r} must be an int >= 0 (the trainer's step)")
         if not isinstance(partition_id, str) or not partition_id:
             raise ValueError(f"partition_id={partition_id!r} must be a non-empty str such as 'train' or 'val'")
-        capacity = self._buffer_kwargs["capacity"]
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 0 < batch_size <= capacity:
-            raise ValueError(f"batch_size={batch_size!r} must be an int in [1, {capacity}] (prompts per batch; "
-                             "raise sampler_kwargs.capacity for larger batches)")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= self.options.capacity:
+            raise ValueError(f"{name}={count!r} must be an int in [1, {self.options.capacity}] (prompts; raise "
+                             "sampler_kwargs.capacity for more)")
 
-    def _mirror(self, partition_id: str) -> PartitionMirror:
-        with self._mirrors_lock:
-            mirror = self._mirrors.get(partition_id)
-            if mirror is None:
-                mirror = self._mirrors[partition_id] = PartitionMirror(partition_id, self._buffer_kwargs)
-            return mirror
+    def _held_summary(self, partition_id: str) -> str:
+        steps = self.prompt_global_steps[partition_id]
+        waiting = sorted(self.pending_keys[partition_id] | self.running_keys[partition_id],
+                         key=lambda u: (steps.get(u, 0), u))
+        shown = ", ".join(f"{u}@{steps.get(u)}" for u in waiting[:8]) + (
+            f" and {len(waiting) - 8} more" if len(waiting) > 8 else "")
+        return f"in-flight prompts (uid@step): {shown or 'none'}"
 
-    def _list(self, mirror: PartitionMirror) -> Dict[str, dict]:
-        """One ``kv_list`` of the partition (the caller holds its ``poll_lock``); times it to pace polling."""
-        t0 = time.monotonic()
-        items = (tq.kv_list(partition_id=mirror.partition_id) or {}).get(mirror.partition_id) or {}
-        mirror.last_list_s = time.monotonic() - t0
-        return items
+    def _finish(self, global_steps: int, partition_id: str, keys: list[str], tags: list[dict],
+                metrics: dict) -> tuple[KVBatchMeta, dict]:
+        ledger = self.ledger(partition_id)
+        logger.info("partition=%s step=%d " + " ".join(f"{k}=%d" for k in ledger), partition_id, global_steps,
+                    *ledger.values())
+        if self.options.ledger_metrics:
+            prefix = f"{metrics_prefix(partition_id)}/{LEDGER_PREFIX}"
+            metrics.update({f"{prefix}/{k}": v for k, v in ledger.items()})
+        return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
-    def _pause(self, mirror: PartitionMirror, backoff: float, deadline: float) -> float:
-        """Sleeps between polls; returns the next backoff.
+    # ---- verl's interface ----------------------------------------------------------------------
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+        """Returns ``batch_size`` whole groups (oldest ``global_steps`` first) and verl's eviction metrics.
 
-        The backoff starts at 1 ms and doubles up to ``poll_interval``; the pause is never shorter
-        than the last ``kv_list`` took, so a waiting sampler keeps TransferQueue's controller busy
-        at most about half the time (at 70k tags a listing takes ~165 ms, so it pauses >= 165 ms).
+        Blocks until they are sampleable, polling TransferQueue; raises TimeoutError after
+        ``sampler_kwargs.timeout`` naming the in-flight prompts, and RuntimeError (verl's) when every
+        selected group is a failed one without trajectories.
         """
-        time.sleep(max(0.0, min(max(backoff, mirror.last_list_s), deadline - time.monotonic())))
-        return min(backoff * 2, self.poll_interval)
+        if not self.on_policy:
+            return self._sample_async(global_steps, partition_id, batch_size)
+        self._check_call(global_steps, partition_id, batch_size, "batch_size")
+        dapo = partition_id != VAL and self.filter_groups_metric is not None
+        inflight_cap = self.max_inflight_gen_batches * (self.train_batch_size or 0) if dapo else 0
+        acc: dict = {}
+        credit, draining = 0, False
+        deadline, backoff = time.monotonic() + self.timeout, 0.001
+        while True:
+            refill = 0
+            with self._lock:
+                reasons, _, items = self._eviction_pass(global_steps, partition_id, acc)
+                sampleable = self._sampleable(partition_id, reasons)
+                enough = len(sampleable) >= batch_size
+                in_flight = len(self.pending_keys[partition_id]) + len(self.running_keys[partition_id])
+                failed = len(reasons[2])
+                if not dapo and failed and not enough:
+                    refill = failed
+                elif dapo:
+                    if enough:  # stop dispatching; drain what is already running under this policy
+                        draining, credit = True, 0
+                    elif not draining:
+                        credit += 2 * len(reasons[1]) + failed
+                    if not draining and credit > 0:
+                        refill = min(credit, max(0, inflight_cap - in_flight))
+                        refill -= refill % (self.gen_batch_size or 1)
+                        credit -= refill
+                if not refill and enough and (not dapo or in_flight == 0):
+                    chosen = self._oldest(partition_id, sampleable, batch_size)
+                    if partition_id != VAL and not any(self._has_trajectories(partition_id, u) for u in chosen):
+                        message = ("Sync replay buffer selected terminal groups with no materializable "
+                                   f"trajectories ({len(chosen)} failed groups, none written).")
+                        if not self.sync_refill_failed_groups:
+                            message += " Enable trainer.v1.sampler.sync_refill_failed_groups to replace failed groups."
+                        raise RuntimeError(message)
+                    if dapo:  # sync stays bufferless: the drained surplus is discarded
+                        surplus = sampleable - set(chosen)
+                        if surplus:
+                            self._book(partition_id).ledger["discarded_surplus"] += len(surplus)
+                            self._clear_groups(partition_id, surplus)
+                            key = f"{metrics_prefix(partition_id)}/filter_groups/discarded_surplus_samples"
+                            acc[key] = acc.get(key, 0) + len(surplus)
+                    keys, tags = self._take_groups(partition_id, chosen, items)
+                    return self._finish(global_steps, partition_id, keys, tags, acc)
+            if refill:
+                self._refill(partition_id, refill)
+                continue
+            if time.monotonic() >= deadline:
+                raise self._timeout("sample", global_steps, partition_id, batch_size,
+                                    f"{len(sampleable)} sampleable; {self._held_summary(partition_id)}")
+            backoff = self._pause(partition_id, backoff, deadline)
 
-    def _poll(self, mirror: PartitionMirror, global_steps: int, batch_size: Optional[int],
-              drop_metrics: dict) -> Tuple[Optional[Taken], str]:
-        """One list + refresh + drop + (optional) take + clear, serialised per partition by ``poll_lock``.
+    def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
+        """How many terminal groups could be sampled now (one listing; evicts nothing, consumes nothing)."""
+        with self._lock:
+            self._sync_metadata_from_transfer_queue(partition_id)
+            return len(self._sampleable(partition_id, self._terminal_eviction_reasons(global_steps, partition_id)))
 
-        Holding ``poll_lock`` from ``kv_list`` to ``kv_clear`` applies listings in the order they
-        were made, so an older answer can never undo a newer one (resurrect a taken prompt, or fail
-        an in-flight one); the take and its batch rows are built under the state lock.
+    def wait_for_sampleable(self, global_steps: int, partition_id: str, target_count: int) -> tuple[set[str], dict]:
+        """Polls until ``target_count`` groups are sampleable, evicting and refilling meanwhile (async rules).
+
+        Returns the sampleable uids and the eviction metrics of the wait; raises TimeoutError after
+        ``sampler_kwargs.timeout``.
         """
-        taken, why = None, ""
-        with mirror.poll_lock:
-            items = self._list(mirror)
-            with mirror.lock:
-                mirror.refresh(items)
-                dropped = mirror.drop_stale(global_steps)
-                if batch_size is not None:
-                    taken, why = mirror.take(batch_size, global_steps)
-            _accumulate(drop_metrics, self._clear_dropped(mirror.partition_id, global_steps, dropped))
-            if taken is not None:  # verl's contract: sampled prompt keys are cleared
-                self._clear(mirror.partition_id, taken.uids, "sampled prompt")
-        return taken, why
+        self._check_call(global_steps, partition_id, target_count, "target_count")
+        ready, metrics, _ = self._wait(global_steps, partition_id, target_count, take=False, call="wait_for_sampleable")
+        return ready, metrics
 
-    def _clear(self, partition_id: str, keys: List[str], what: str) -> None:
-        """``kv_clear`` that never loses a batch: retried once, then logged; the keys stay in TransferQueue."""
-        if not keys:
+    # ---- async -----------------------------------------------------------------------------------
+    def _blocked_by_wait(self, global_steps: int, partition_id: str) -> list[str]:
+        """Under async ``wait``: the in-flight prompts with ``global_steps - step + 1 >= threshold``."""
+        if self.on_policy or self.max_off_policy_strategy != "wait":
+            return []
+        steps = self.prompt_global_steps[partition_id]
+        limit = global_steps + 1 - self.max_off_policy_threshold  # blocking iff prompt_step <= limit
+        return [u for u in self.pending_keys[partition_id] | self.running_keys[partition_id] if steps[u] <= limit]
+
+    def _wait(self, global_steps: int, partition_id: str, count: int, take: bool,
+              call: str) -> tuple[set[str], dict, tuple[KVBatchMeta, dict] | None]:
+        acc: dict = {}
+        deadline, backoff = time.monotonic() + self.timeout, 0.001
+        while True:
+            with self._lock:
+                reasons, evicted, items = self._eviction_pass(global_steps, partition_id, acc)
+                if not evicted:
+                    sampleable = self._sampleable(partition_id, reasons)
+                    blocked = self._blocked_by_wait(global_steps, partition_id)
+                    if len(sampleable) >= count and not blocked:
+                        if not take:
+                            return sampleable, acc, None
+                        chosen = self._oldest(partition_id, sampleable, count)
+                        self._check_fresh(global_steps, partition_id, chosen)
+                        keys, tags = self._take_groups(partition_id, chosen, items)
+                        return sampleable, acc, self._finish(global_steps, partition_id, keys, tags, acc)
+            if evicted:
+                self._refill(partition_id, len(evicted))
+                continue
+            if time.monotonic() >= deadline:
+                why = (f"in-flight prompts at the staleness threshold under wait: {sorted(blocked)[:8]}" if blocked
+                       else f"{len(sampleable)} sampleable; {self._held_summary(partition_id)}")
+                raise self._timeout(call, global_steps, partition_id, count, why)
+            backoff = self._pause(partition_id, backoff, deadline)
+
+    def _check_fresh(self, global_steps: int, partition_id: str, chosen: list[str]) -> None:
+        """Under drop, a selected group past the threshold is a bug here (verl asserts the same)."""
+        if partition_id == VAL or self.max_off_policy_strategy != "drop":
             return
-        for attempt in (1, 2):
-            try:
-                tq.kv_clear(keys=keys, partition_id=partition_id)
-                return
-            except Exception as exc:  # noqa: BLE001 - the groups are already consumed; report, do not raise
-                if attempt == 2:
-                    logger.error("kv_clear of %d %s keys in partition %s failed twice (%r); they stay in "
-                                 "TransferQueue (this sampler ignores them) until cleared", len(keys), what,
-                                 partition_id, exc)
+        steps = self.prompt_global_steps[partition_id]
+        spans = [global_steps - steps[u] + 1 for u in chosen]
+        if any(span > self.max_off_policy_threshold for span in spans):
+            raise RuntimeError(f"pyfast_buffer: drop strategy selected stale prompts: spans={spans}, "
+                               f"threshold={self.max_off_policy_threshold}")
 
-    def _clear_dropped(self, partition_id: str, global_steps: int, dropped: list) -> dict:
-        if not dropped:
-            return {}
-        self._clear(partition_id, [k for uid, _, traj in dropped for k in [uid, *traj]], "dropped stale")
-        spans = [(global_steps - step + 1) / self.parameter_sync_step for _, step, traj in dropped for _ in traj]
-        logger.warning("dropped %d stale groups (%d trajectories) from partition %s",
-                       len(dropped), len(spans), partition_id)
-        return _drop_metrics(partition_id, spans) if spans else {}
-
-    def _filter_batch(self, global_steps: int, partition_id: str, batch: KVBatchMeta) -> Tuple[KVBatchMeta, dict]:
-        from pyfast_buffer import sample_step_from_tag
-
-        if self.max_off_policy_strategy != "drop":
-            return batch, {}
-        limit = self._buffer_kwargs["max_age"]
-        kept, stale = [], []
-        for key, tag in zip(batch.keys, batch.tags):
-            step = sample_step_from_tag(tag)
-            (stale if global_steps - step > limit else kept).append((key, tag, step))
-        if not stale:
-            return batch, {}
-        self._clear(batch.partition_id, [k for k, _, _ in stale], "dropped stale")
-        spans = [(global_steps - s + 1) / self.parameter_sync_step for _, _, s in stale]
-        out = KVBatchMeta(partition_id=batch.partition_id, keys=[k for k, _, _ in kept], tags=[t for _, t, _ in kept])
-        return out, _drop_metrics(partition_id, spans)
-
-    def _ledger_metrics(self, mirror: PartitionMirror, partition_id: str, take_metrics: dict,
-                        wait_s: float, polls: int) -> dict:
-        prefix = f"{metrics_prefix(partition_id)}/{LEDGER_PREFIX}"
-        out = {f"{prefix}/{k}": v for k, v in mirror.buf.ledger().items()}
-        for k in ("age_mean", "age_max"):
-            out[f"{prefix}/{k}"] = take_metrics[k]
-        out[f"{prefix}/sample_wait_s"] = wait_s
-        out[f"{prefix}/polls"] = polls
-        out[f"{prefix}/ready"] = mirror.ready_count()  # finished groups still held (in flight for the core until taken)
-        return out
-
-    def _timeout_error(self, mirror: PartitionMirror, global_steps: int, partition_id: str,
-                       wanted: int, cause: Any) -> TimeoutError:
-        with mirror.lock:
-            waited = mirror.waited_on(global_steps)
-            ready = len(mirror.sampleable(global_steps))
-        shown = ", ".join(waited[:8]) + (f" and {len(waited) - 8} more" if len(waited) > 8 else "")
-        why = (f"in-flight prompts at the staleness threshold: {shown}" if mirror.strategy == "wait" and waited
-               else f"{ready} of {wanted} groups ready; in-flight prompts waited on: {shown or 'none'}")
-        return TimeoutError(
-            f"sample(global_steps={global_steps}, partition_id={partition_id!r}) timed out after "
-            f"{self.timeout:g} s under {mirror.strategy}: {why}. Check the rollout workers, or raise "
-            f"trainer.v1.sampler.sampler_kwargs.timeout" + (f" ({cause})" if cause else "")
-        )
+    def _sample_async(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+        self._check_call(global_steps, partition_id, batch_size, "batch_size")
+        _, _, result = self._wait(global_steps, partition_id, batch_size, take=True, call="sample")
+        assert result is not None
+        return result
 
 
-def _drop_metrics(partition_id: str, spans: List[float]) -> dict:
-    prefix = f"{metrics_prefix(partition_id)}/off_policy"
-    return {
-        f"{prefix}/dropped_samples": len(spans),
-        f"{prefix}/dropped_samples_staleness/mean": sum(spans) / len(spans),
-        f"{prefix}/dropped_samples_staleness/max": max(spans),
-        f"{prefix}/dropped_samples_staleness/min": min(spans),
-    }
+class ReplayBufferAsync(ReplayBuffer):
+    """verl's async replay buffer: stale (``drop``), failed and DAPO-filtered groups are evicted before
+    selection and ``refill_fn`` is asked for exactly as many; ``wait`` blocks while an in-flight prompt
+    has ``global_steps - step + 1 >= max_off_policy_threshold``. Same arguments as ``ReplayBuffer``."""
+
+    _ON_POLICY: bool | None = False
 
 
-def _accumulate(acc: dict, new: dict) -> None:
-    """Merges one poll's drop metrics: counts add, the mean is weighted by count, max/min combine."""
-    if not new:
-        return
-    count_key = next(k for k in new if k.endswith("/dropped_samples"))
-    before, added = acc.get(count_key, 0), new[count_key]
-    for key, value in new.items():
-        if key.endswith("/mean"):
-            acc[key] = (acc.get(key, 0.0) * before + value * added) / (before + added)
-        elif key.endswith("/max"):
-            acc[key] = max(acc.get(key, value), value)
-        elif key.endswith("/min"):
-            acc[key] = min(acc.get(key, value), value)
-        else:
-            acc[key] = acc.get(key, 0) + value
+class FastReplayBuffer(ReplayBufferAsync):
+    """The name for ``custom_sampler.name``: verl's sync buffer when ``trainer_mode == "sync"``, else its
+    async buffer (verl's own choice). Same arguments as ``ReplayBuffer``."""
+
+    _ON_POLICY = None

@@ -1,0 +1,357 @@
+"""What the verl sampler knows of TransferQueue: verl's own state layout, kept up to date by diffs.
+
+verl's rollout side writes a tag-only prompt key ``{uid}`` (``is_prompt``, ``status``,
+``global_steps``) and trajectory keys ``{uid}_{session}_{index}``. verl's sampler rebuilds its view
+from every tag on every poll; this one keeps the same attributes (``partitions``, ``pending_keys``,
+``running_keys``, ``finished_keys``, ``failure_keys``, ``prompt_global_steps``, each
+``{partition_id: ...}``) but applies only what changed between two listings: the key sets are diffed
+in C, and only new keys and the tags of in-flight prompts are read.
+
+Beside verl's dicts, each partition has a ``PartitionBook``: the listing the diff starts from, an
+index uid -> trajectory keys (so clearing or returning a group never scans the partition), the
+terminal groups sorted by ``(global_steps, uid)`` (oldest-first selection without a sort per call),
+and a ``StalenessBuffer`` whose native in-flight table and ledger count every prompt: dispatched
+when first listed, completed and taken when sampled, failed when evicted or cleared by someone else.
+
+Absolute imports only: verl loads ``verl.py`` by file path, outside the package.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import transfer_queue as tq  # type: ignore[import-untyped]
+
+from pyfast_buffer import StalenessBuffer, sample_step_from_tag
+
+logger = logging.getLogger("pyfast_buffer.verl")
+
+IN_FLIGHT = ("pending", "running")
+TERMINAL = ("finished", "failure")
+NO_AGE_CUT = 1 << 62  # the core never cuts by age here: staleness is decided with verl's formula, in steps
+
+LEDGER_KEYS = ("seen", "taken", "evicted", "evicted_stale", "evicted_filtered", "evicted_failure",
+               "discarded_surplus", "vanished", "reissued", "refill_calls", "refill_requested",
+               "refill_delivered", "refill_short", "refill_failed", "unrefilled")
+
+
+def uid_of(key: str) -> str:
+    """verl's rule: a trajectory key's prompt uid is the text before its first ``_``."""
+    return key.split("_", 1)[0]
+
+
+class PartitionBook:
+    """The per-partition state that is ours alone (see the module docstring)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.known: set[str] = set()  # keys applied from the listings so far
+        self.groups: dict[str, dict[str, None]] = {}  # uid -> its trajectory keys, in listing order
+        self.indexed = 0  # trajectory keys in ``groups``; differs from len(partitions[pid]) after an outside edit
+        self.order: list[tuple[int, str]] = []  # terminal groups, sorted by (global_steps, uid)
+        self.consumed: set[str] = set()  # prompt keys we cleared; ignored while TransferQueue still lists them
+        self.core_id: dict[str, int] = {}  # uid -> id in the core, while the prompt is held
+        self.next_id = 0
+        self.clock = 0  # the core's clock: it refuses a step below one it has seen
+        self.core = StalenessBuffer(capacity, max_age=NO_AGE_CUT, strategy="drop", on_full="error",
+                                    pin_memory=False)
+        self.ledger: Counter = Counter({k: 0 for k in LEDGER_KEYS})
+        self.last_list_s = 0.0  # how long the last kv_list took: polling pauses at least that long
+
+
+def _parse_prompt(partition_id: str, key: str, tag: Any) -> tuple[str, int]:
+    status = tag.get("status")
+    if status not in IN_FLIGHT + TERMINAL:
+        raise ValueError(f"Unknown status {status!r} of prompt {key!r} in partition {partition_id!r}; the rollout "
+                         f"side must write one of {list(IN_FLIGHT + TERMINAL)}")
+    try:
+        return status, sample_step_from_tag(tag)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"partition {partition_id!r}: prompt {key!r}: {exc}") from None
+
+
+class VerlState:
+    """verl's sampler state, refreshed incrementally; subclassed by the samplers in ``verl.py``."""
+
+    def _init_state(self, capacity: int) -> None:
+        self.partitions: dict[str, dict[str, dict]] = defaultdict(dict)
+        self.pending_keys: dict[str, set[str]] = defaultdict(set)
+        self.running_keys: dict[str, set[str]] = defaultdict(set)
+        self.finished_keys: dict[str, set[str]] = defaultdict(set)
+        self.failure_keys: dict[str, set[str]] = defaultdict(set)
+        self.prompt_global_steps: dict[str, dict[str, int]] = defaultdict(dict)
+        self._dapo_classification_cache: dict[str, dict[str, float | None]] = defaultdict(dict)
+        self._capacity = capacity
+        self._books: dict[str, PartitionBook] = {}
+        self._lock = threading.RLock()  # one poll (list -> apply -> evict -> take -> clear) at a time
+
+    def _book(self, partition_id: str) -> PartitionBook:
+        book = self._books.get(partition_id)
+        if book is None:
+            book = self._books[partition_id] = PartitionBook(self._capacity)
+        return book
+
+    def _status_sets(self, partition_id: str) -> dict[str, set[str]]:
+        return {"pending": self.pending_keys[partition_id], "running": self.running_keys[partition_id],
+                "finished": self.finished_keys[partition_id], "failure": self.failure_keys[partition_id]}
+
+    # ---- listing -------------------------------------------------------------------------------
+    def _sync_metadata_from_transfer_queue(self, partition_id: str | None = None) -> dict[str, dict]:
+        """Refreshes one partition (or, without an argument, every partition listed and every one known).
+
+        Returns the listing applied, ``{partition_id: {key: tag}}``. A tag that cannot be read raises a
+        ValueError naming its partition and key, and changes nothing of that partition.
+        """
+        with self._lock:
+            if partition_id is not None:
+                book = self._book(partition_id)
+                started = time.monotonic()
+                items = (tq.kv_list(partition_id=partition_id) or {}).get(partition_id) or {}
+                book.last_list_s = time.monotonic() - started
+                self._apply_listing(partition_id, items)
+                return {partition_id: items}
+            listing = tq.kv_list() or {}
+            for pid in sorted(set(listing) | set(self._books)):
+                self._apply_listing(pid, listing.get(pid) or {})
+            return listing
+
+    def _apply_listing(self, partition_id: str, items: dict[str, dict]) -> None:
+        book = self._book(partition_id)
+        sets = self._status_sets(partition_id)
+        steps = self.prompt_global_steps[partition_id]
+        listed = set(items)  # set against set: about 3x faster than diffing against the dict's key view
+        new, gone = listed - book.known, book.known - listed
+        # Read and check first: a bad tag raises before anything changes.
+        updates: dict[str, tuple[str, int]] = {}
+        new_trajectories: list[str] = []
+        applied = set()
+        for key in new:
+            tag = items[key]
+            if not tag:  # listed before its tag was written: read it on a later poll
+                continue
+            applied.add(key)
+            if key in book.consumed:
+                continue
+            if tag.get("is_prompt", False):
+                updates[key] = _parse_prompt(partition_id, key, tag)
+            else:
+                new_trajectories.append(key)
+        for status in IN_FLIGHT:  # an in-flight prompt's tag changes when it runs, ends or is re-issued
+            for uid in sets[status]:
+                listed = items.get(uid)
+                if listed and uid not in updates:
+                    status_now, step_now = _parse_prompt(partition_id, uid, listed)
+                    if status_now != status or step_now != steps.get(uid):
+                        updates[uid] = (status_now, step_now)
+        # Apply.
+        vanished = []
+        for key in gone:
+            if key in book.consumed:
+                book.consumed.discard(key)
+            elif key in steps:
+                vanished.append(key)
+            else:
+                self._forget_trajectory(partition_id, book, key)
+        if vanished:  # cleared by someone else while we held it: nobody will train on it
+            self._forget_groups(partition_id, vanished)
+            book.ledger["vanished"] += len(vanished)
+            logger.warning("%d held prompts vanished from partition %s (cleared outside this sampler)",
+                           len(vanished), partition_id)
+        book.known -= gone
+        book.known |= applied
+        part = self.partitions[partition_id]
+        for key in new_trajectories:
+            part[key] = items[key]
+            book.groups.setdefault(uid_of(key), {})[key] = None
+            book.indexed += 1
+        self._apply_prompts(partition_id, book, updates)
+
+    def _apply_prompts(self, partition_id: str, book: PartitionBook, updates: dict[str, tuple[str, int]]) -> None:
+        sets = self._status_sets(partition_id)
+        steps = self.prompt_global_steps[partition_id]
+        dispatch: dict[int, list[int]] = defaultdict(list)
+        failed: list[int] = []
+        for uid, (status, step) in updates.items():
+            old_step = steps.get(uid)
+            if old_step is None:
+                book.ledger["seen"] += 1
+            else:
+                for held in sets.values():
+                    held.discard(uid)
+                if old_step != step:  # re-issued at another step: the old attempt failed, a new one runs
+                    book.ledger["reissued"] += 1
+                    failed.append(book.core_id.pop(uid))
+            if uid not in book.core_id:
+                book.core_id[uid] = book.next_id
+                dispatch[step].append(book.next_id)
+                book.next_id += 1
+            steps[uid] = step
+            sets[status].add(uid)
+            if status in TERMINAL:
+                bisect.insort(book.order, (step, uid))
+        if failed:
+            book.core.fail(failed)
+        for step, ids in dispatch.items():
+            book.core.dispatch(ids, step)
+            book.clock = max(book.clock, step)
+
+    def _forget_trajectory(self, partition_id: str, book: PartitionBook, key: str) -> None:
+        if self.partitions[partition_id].pop(key, None) is None:
+            return
+        group = book.groups.get(uid_of(key))
+        if group is not None and key in group:
+            del group[key]
+            book.indexed -= 1
+            if not group:
+                del book.groups[uid_of(key)]
+
+    def _forget_groups(self, partition_id: str, uids: Iterable[str]) -> int:
+        """Removes held prompts from every view and fails them in the core; returns how many were held."""
+        book = self._book(partition_id)
+        steps = self.prompt_global_steps[partition_id]
+        sets = self._status_sets(partition_id)
+        cache = self._dapo_classification_cache[partition_id]
+        failed = []
+        held = 0
+        for uid in uids:
+            for status, members in sets.items():
+                if uid in members:
+                    members.discard(uid)
+                    held += 1
+                    if status in TERMINAL:
+                        self._unorder(book, steps.get(uid), uid)
+            steps.pop(uid, None)
+            cache.pop(uid, None)
+            core_id = book.core_id.pop(uid, None)
+            if core_id is not None:
+                failed.append(core_id)
+        if failed:
+            book.core.fail(failed)
+        return held
+
+    @staticmethod
+    def _unorder(book: PartitionBook, step: int | None, uid: str) -> None:
+        if step is None:
+            return
+        i = bisect.bisect_left(book.order, (step, uid))
+        if i < len(book.order) and book.order[i] == (step, uid):
+            del book.order[i]
+
+    # ---- groups --------------------------------------------------------------------------------
+    def _group_keys(self, partition_id: str, uids: Iterable[str]) -> list[str]:
+        """The trajectory keys of ``uids``, group by group; rebuilds the index if ``partitions`` was edited outside."""
+        book = self._book(partition_id)
+        part = self.partitions[partition_id]
+        if book.indexed != len(part):
+            book.groups = {}
+            for key in part:
+                book.groups.setdefault(uid_of(key), {})[key] = None
+            book.indexed = len(part)
+        return [key for uid in uids for key in book.groups.get(uid, ())]
+
+    def _has_trajectories(self, partition_id: str, uid: str) -> bool:
+        return bool(self._group_keys(partition_id, [uid]))
+
+    def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
+        """Clears prompt groups (prompt keys and trajectories) from TransferQueue and from every view.
+
+        The groups are gone from this sampler even if ``kv_clear`` fails (it is retried once, then
+        logged): their keys are then ignored while TransferQueue still lists them.
+        """
+        if not uids:
+            return
+        book = self._book(partition_id)
+        trajectories = self._group_keys(partition_id, uids)
+        clear(partition_id, [*uids, *trajectories], "evicted group")
+        for key in trajectories:
+            self._forget_trajectory(partition_id, book, key)
+        book.consumed.update(uid for uid in uids if uid in book.known)
+        book.ledger["evicted"] += self._forget_groups(partition_id, uids)
+
+    def _take_groups(self, partition_id: str, uids: list[str], items: dict[str, dict]) -> tuple[list[str], list[dict]]:
+        """Hands ``uids`` out: clears their prompt keys, takes them from the core; returns their rows.
+
+        Tags come from ``items`` (this poll's listing) when it has them, so they are the newest written.
+        """
+        book = self._book(partition_id)
+        part = self.partitions[partition_id]
+        keys = self._group_keys(partition_id, uids)
+        tags = [items.get(key) or part[key] for key in keys]
+        clear(partition_id, list(uids), "sampled prompt")
+        ids = [book.core_id[uid] for uid in uids if uid in book.core_id]
+        if ids:
+            book.core.complete(ids, ids)
+            book.clock = max(book.clock, max(self.prompt_global_steps[partition_id][u] for u in uids))
+            taken = book.core.take(len(ids), book.clock).traj_ids.tolist()
+            if taken != ids:  # the core's ring holds nothing between two calls: a mismatch is a bug here
+                raise RuntimeError(f"pyfast_buffer: core took {taken}, expected {ids}")
+            for uid in uids:
+                book.core_id.pop(uid, None)
+        book.consumed.update(uid for uid in uids if uid in book.known)
+        steps = self.prompt_global_steps[partition_id]
+        sets = self._status_sets(partition_id)
+        for uid in uids:
+            for status in TERMINAL:
+                if uid in sets[status]:
+                    sets[status].discard(uid)
+                    book.ledger["taken"] += 1
+            self._unorder(book, steps.pop(uid, None), uid)
+            self._dapo_classification_cache[partition_id].pop(uid, None)
+        return keys, tags
+
+    def _oldest(self, partition_id: str, sampleable: set[str], count: int) -> list[str]:
+        """The ``count`` sampleable groups with the smallest ``(global_steps, uid)``."""
+        book = self._book(partition_id)
+        chosen = []
+        for _, uid in book.order:
+            if uid in sampleable:
+                chosen.append(uid)
+                if len(chosen) == count:
+                    return chosen
+        if len(chosen) < min(count, len(sampleable)):  # the status sets were edited outside: sort them afresh
+            steps = self.prompt_global_steps[partition_id]
+            book.order = sorted((steps.get(u, 0), u) for u in self.finished_keys[partition_id]
+                                | self.failure_keys[partition_id])
+            return sorted(sampleable, key=lambda u: (steps.get(u, 0), u))[:count]
+        return chosen
+
+    # ---- the ledger ----------------------------------------------------------------------------
+    def ledger(self, partition_id: str) -> dict[str, int]:
+        """Prompt-group accounting of one partition; ``seen == taken + evicted + vanished + held`` always.
+
+        ``held`` counts the prompts listed and not yet handed out (``in_flight`` pending or running,
+        ``ready`` finished or failed). ``refill_requested == refill_delivered + refill_short + refill_failed``;
+        ``unrefilled`` counts evictions made without a ``refill_fn``. ``core_*`` are the native core's
+        counters (``core_dispatched == core_completed + core_failed + core_in_flight``).
+        """
+        with self._lock:
+            book = self._book(partition_id)
+            sets = self._status_sets(partition_id)
+            out = dict(book.ledger)
+            out["in_flight"] = len(sets["pending"]) + len(sets["running"])
+            out["ready"] = len(sets["finished"]) + len(sets["failure"])
+            out["held"] = out["in_flight"] + out["ready"]
+            core = book.core.ledger()
+            for key in ("dispatched", "completed", "failed", "in_flight", "taken"):
+                out[f"core_{key}"] = core[key]
+            return out
+
+
+def clear(partition_id: str, keys: list[str], what: str) -> None:
+    """``kv_clear`` that never loses a batch: retried once, then logged; the keys stay in TransferQueue."""
+    if not keys:
+        return
+    for attempt in (1, 2):
+        try:
+            tq.kv_clear(keys=keys, partition_id=partition_id)
+            return
+        except Exception as exc:  # noqa: BLE001 - the groups already left this sampler; report, do not raise
+            if attempt == 2:
+                logger.error("kv_clear of %d %s keys in partition %s failed twice (%r); they stay in "
+                             "TransferQueue (this sampler ignores them) until cleared", len(keys), what,
+                             partition_id, exc)

@@ -1,0 +1,247 @@
+"""RemoteBuffer: the client of a StalenessBuffer that lives in a Ray actor."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, List, Optional, Sequence, Union, cast
+
+import numpy as np
+import ray
+import torch
+
+from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from ..batch import Batch
+from ..buffer import Ids
+from ..config import BufferConfig, config_from_verl
+from ..released import Released
+from . import _errors
+from ._actor import BLOCKING_GROUP, BufferActor
+
+#: Threads of the actor for quick calls (ledger, non-blocking put/take, ...).
+DEFAULT_MAX_CONCURRENCY = 16
+#: Threads of the actor for calls that may block (take/put/complete with a timeout).
+DEFAULT_BLOCKING_CALLS = 16
+
+
+class RemoteBatch(Batch):
+    """A Batch taken through the actor; ``payloads[i]`` is the ObjectRef put with ``traj_ids[i]`` (or None)."""
+
+    __slots__ = ("payloads",)
+
+    def __init__(self, columns: torch.Tensor, metrics: Dict[str, Any],
+                 payloads: Optional[List[Optional["ray.ObjectRef"]]] = None) -> None:
+        super().__init__(columns, metrics)
+        self.payloads = payloads
+
+    def to(self, *args: Any, **kwargs: Any) -> "RemoteBatch":
+        return RemoteBatch(self.columns.to(*args, **kwargs), self.metrics, self.payloads)
+
+
+class RemoteBuffer:
+    """A StalenessBuffer hosted by a Ray actor: same methods, same return types, same exceptions.
+
+    Make one with ``RemoteBuffer.create(...)`` or find a named one with ``RemoteBuffer.get(name)``. The
+    client only wraps the actor handle, so it pickles: pass it to Ray tasks and actors (producers, the
+    trainer) and every copy talks to the same buffer. Each method is one round trip to the actor; send
+    many ids per call.
+
+    Payloads: ``put``/``complete`` take ``payloads=`` aligned with the ids. Values (e.g. numpy arrays) are
+    ``ray.put`` by the actor, which then owns them, so a trajectory survives the producer that made it;
+    ObjectRefs are held as given (they live as long as the process that created them). ``take`` returns
+    the refs in ``batch.payloads``; the actor drops its ref when an id leaves the buffer, and Ray's object
+    store frees the object once the trainer drops its copy too.
+    """
+
+    def __init__(self, actor: "ray.actor.ActorHandle") -> None:
+        self.actor = actor
+
+    # -- making and finding buffers ------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
+               on_full: str = "evict_oldest", parameter_sync_step: Optional[int] = None,
+               track_released: bool = False, release_bound: Optional[int] = None, unique_ids: bool = False, *,
+               name: Optional[str] = None, namespace: Optional[str] = None, lifetime: Optional[str] = None,
+               num_cpus: float = 1, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+               blocking_calls: int = DEFAULT_BLOCKING_CALLS,
+               actor_options: Optional[Dict[str, Any]] = None) -> "RemoteBuffer":
+        """Starts the actor and returns its client.
+
+        The buffer arguments are StalenessBuffer's (checked here, before anything starts; ``pin_memory`` is
+        not one: batches leave the actor by pickle). ``name`` (and ``namespace``) make it reachable with
+        ``RemoteBuffer.get`` from any driver of the cluster; ``lifetime="detached"`` keeps it alive after
+        this driver exits. ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve
+        calls with a timeout; ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
+        """
+        config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step,
+                              track_released, release_bound, unique_ids)
+        as_count(max_concurrency, "max_concurrency", 1)
+        as_count(blocking_calls, "blocking_calls", 1)
+        threads: Dict[str, Any] = dict(max_concurrency=max_concurrency,
+                                       concurrency_groups={BLOCKING_GROUP: blocking_calls})
+        remote_cls = ray.remote(**threads)(BufferActor)
+        options: Dict[str, Any] = dict(num_cpus=num_cpus, **(actor_options or {}))
+        if name is not None:
+            options.update(name=name, namespace=namespace)
+        if lifetime is not None:
+            options["lifetime"] = lifetime
+        handle = remote_cls.options(**options).remote(dataclasses.asdict(config))
+        client = cls(cast("ray.actor.ActorHandle", handle))
+        client.ping()  # surfaces a failed start here, not at the first call
+        return client
+
+    @classmethod
+    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> "RemoteBuffer":
+        """Creates a buffer from verl's sampler and trainer config (see config_from_verl); overrides go to create."""
+        return cls.create(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
+
+    @classmethod
+    def get(cls, name: str, namespace: Optional[str] = None) -> "RemoteBuffer":
+        """Returns the client of the buffer created with ``name`` (ValueError if there is none)."""
+        return cls(ray.get_actor(name, namespace=namespace))
+
+    def __reduce__(self) -> Any:
+        return (RemoteBuffer, (self.actor,))
+
+    # -- the StalenessBuffer API ---------------------------------------------------------------------------------
+    def dispatch(self, prompt_ids: Ids, step: int, lease: Optional[float] = None) -> None:
+        """Marks prompts as in flight; with ``lease`` (seconds) the buffer fails them if not completed,
+        failed or renewed in time, so a producer that died never holds a ``wait`` trainer longer."""
+        self._call("dispatch", as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease))
+
+    def renew(self, prompt_ids: Ids, lease: float) -> None:
+        """Gives in-flight prompts a lease of ``lease`` seconds from now (a producer's heartbeat)."""
+        lease = as_seconds(lease, "lease", False, "renew with a lease > 0")
+        self._call("renew", as_ids(prompt_ids, "prompt_ids"), lease)
+
+    def expire_in_flight(self, older_than_s: float) -> int:
+        """Fails, as expired, every in-flight prompt dispatched at least ``older_than_s`` seconds ago."""
+        return self._call("expire_in_flight", as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0"))
+
+    def complete(self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None,
+                 payloads: Optional[Sequence[Any]] = None) -> None:
+        """Moves finished trajectories into the ring, with optional payloads (one per trajectory)."""
+        trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
+        same_length(trajs, "traj_ids", prompts, "prompt_ids")
+        wait = as_timeout(timeout)
+        self._call("complete", trajs, prompts, wait, _payload_list(payloads, len(trajs)), blocking=wait is not None)
+
+    def fail(self, prompt_ids: Ids) -> None:
+        """Marks in-flight prompts as failed."""
+        self._call("fail", as_ids(prompt_ids, "prompt_ids"))
+
+    def put(self, traj_ids: Ids, sample_step: Union[int, Ids], group_ids: Optional[Ids] = None,
+            timeout: Optional[float] = None, payloads: Optional[Sequence[Any]] = None) -> None:
+        """Dispatch + complete in one call, with optional payloads (one per trajectory)."""
+        trajs = as_ids(traj_ids, "traj_ids")
+        steps = as_steps(sample_step, "sample_step", len(trajs))
+        stamp: Union[int, np.ndarray] = int(steps[0]) if len(steps) == 1 else steps  # one stamp stays one int
+        groups = None
+        if group_ids is not None:
+            groups = as_ids(group_ids, "group_ids")
+            same_length(trajs, "traj_ids", groups, "group_ids")
+        wait = as_timeout(timeout)
+        self._call("put", trajs, stamp, groups, wait, _payload_list(payloads, len(trajs)), blocking=wait is not None)
+
+    def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> RemoteBatch:
+        """Takes up to ``batch_size`` trajectories (see StalenessBuffer.take); refs in ``batch.payloads``."""
+        n = as_count(batch_size, "batch_size", 1)
+        step = as_step(current_step, "current_step")
+        wait = as_timeout(timeout)
+        columns, metrics, refs = self._call("take", n, step, wait, blocking=wait is not None)
+        if not columns.flags.writeable:  # zero-copy from the object store: the caller owns its tensors
+            columns = columns.copy()
+        return RemoteBatch(torch.from_numpy(columns), metrics, refs)
+
+    def evict_stale(self, current_step: int) -> int:
+        """Drops every ready entry with age > max_age; returns how many."""
+        return self._call("evict_stale", as_step(current_step, "current_step"))
+
+    def released(self) -> Released:
+        """Every id that left the buffer since the previous call, with its reason (needs track_released=True)."""
+        return self._call("released")
+
+    def ledger(self) -> Dict[str, int]:
+        return self._call("ledger")
+
+    def __len__(self) -> int:
+        return self._call("size")
+
+    @property
+    def in_flight(self) -> int:
+        return self._call("in_flight")
+
+    @property
+    def closed(self) -> bool:
+        return self._call("closed")
+
+    @property
+    def config(self) -> BufferConfig:
+        """The buffer's configuration as the actor has it now (max_age may have changed)."""
+        return BufferConfig(**self._call("config"))
+
+    @property
+    def max_age(self) -> int:
+        """The largest age that may be trained on; settable (``client.max_age = k``) from any process."""
+        return self._call("get_max_age")
+
+    @max_age.setter
+    def max_age(self, value: int) -> None:
+        self._call("set_max_age", as_count(value, "max_age", 0))
+
+    def close(self) -> None:
+        """Closes the buffer: every blocked take/put, in any process, raises BufferClosedError."""
+        self._call("close")
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self._call("state_dict")
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._call("load_state_dict", state_dict)
+
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the buffer atomically to ``path`` on the actor's node (see StalenessBuffer.save)."""
+        self._call("save", os.fspath(path))
+
+    def load(self, path: Union[str, "os.PathLike[str]"], in_flight: str = "fail") -> torch.Tensor:
+        """Replaces the state with a file on the actor's node; returns the prompt ids it failed (see
+        StalenessBuffer.load). Payload refs of ids that are not in the restored buffer are released."""
+        return self._call("load", os.fspath(path), in_flight)
+
+    def __enter__(self) -> "RemoteBuffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteBuffer(actor={self.actor._actor_id.hex()[:12]})"
+
+    # -- beyond StalenessBuffer ----------------------------------------------------------------------------------
+    def payloads_held(self) -> int:
+        """Number of payload refs the actor holds (ids in the buffer that came with a payload)."""
+        return self._call("payloads_held")
+
+    def ping(self) -> None:
+        """One empty round trip to the actor (what every call costs at least)."""
+        self._call("ping")
+
+    def kill(self) -> None:
+        """Ends the actor at once (its buffer and held payload refs go with it)."""
+        ray.kill(self.actor)
+
+    def _call(self, method: str, *args: Any, blocking: bool = False) -> Any:
+        fn = getattr(self.actor, method)
+        if blocking:
+            fn = fn.options(concurrency_group=BLOCKING_GROUP)
+        return _errors.get(fn.remote(*args))
+
+
+def _payload_list(payloads: Optional[Sequence[Any]], n: int) -> Optional[List[Any]]:
+    if payloads is None:
+        return None
+    if isinstance(payloads, (str, bytes, np.ndarray, torch.Tensor)) or not hasattr(payloads, "__len__"):
+        raise TypeError(f"payloads must be a list with one object (or ObjectRef) per trajectory, not {type(payloads)}")
+    if len(payloads) != n:
+        raise ValueError(f"payloads has {len(payloads)} entries but traj_ids has {n}; pass one per trajectory")
+    return list(payloads)
