@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "cpu_features.hpp"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define PYFAST_BUFFER_X86_SIMD 1
@@ -13,8 +15,7 @@ namespace pyfast_buffer {
 
 bool simd_compaction_available() {
   // PYFAST_BUFFER_NO_SIMD=1 forces the scalar pass (to test it on CPUs that have AVX-512).
-  static const bool available = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                                std::getenv("PYFAST_BUFFER_NO_SIMD") == nullptr;
+  static const bool available = cpu_has_avx512f_vl() && std::getenv("PYFAST_BUFFER_NO_SIMD") == nullptr;
   return available;
 }
 

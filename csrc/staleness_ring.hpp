@@ -16,6 +16,7 @@
 #include "errors.hpp"
 #include "in_flight.hpp"
 #include "ledger.hpp"
+#include "monotonic_condition.hpp"
 #include "release_log.hpp"
 #include "ring_columns.hpp"
 
@@ -256,8 +257,8 @@ class StalenessRing {
   const RingConfig config_;  // as constructed; max_age_ below is the one in force
   RingColumns columns_;
   mutable std::mutex mutex_;
-  std::condition_variable ready_cv_;  // consumers: entries arrived, prompts finished, or closed
-  std::condition_variable room_cv_;   // producers: room freed, or closed
+  MonotonicCondition ready_cv_;       // consumers: entries arrived, prompts finished, or closed
+  MonotonicCondition room_cv_;        // producers: room freed, or closed
   int64_t head_ = 0;
   int64_t size_ = 0;
   bool sorted_ = true;  // sample_step non-decreasing in ring order

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml")
 # Directories a recursive search never enters: environments, caches, VCS metadata.
@@ -69,8 +70,10 @@ def read_config(path: str) -> Tuple[List[Entry], str]:
     try:
         size = os.path.getsize(path)
         if size > MAX_CONFIG_BYTES:
-            return [], (f"{size} bytes, above the {MAX_CONFIG_BYTES // (1024 * 1024)} MiB a config may have "
-                        "(data, not a config?); pass the config file itself")
+            return [], (
+                f"{size} bytes, above the {MAX_CONFIG_BYTES // (1024 * 1024)} MiB a config may have "
+                "(data, not a config?); pass the config file itself"
+            )
         with open(path, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
@@ -124,7 +127,9 @@ def _read_yaml(path: str, text: str) -> List[Entry]:
                 for entry in _walk_yaml(path, loader, node, "", walked):
                     entries.append(entry)
                     if len(entries) > MAX_ENTRIES:
-                        raise _Unreadable(f"more than {MAX_ENTRIES} keys (data, not a config?); pass the config file itself")
+                        raise _Unreadable(
+                            f"more than {MAX_ENTRIES} keys (data, not a config?); pass the config file itself"
+                        )
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -144,7 +149,11 @@ def _walk_yaml(path: str, loader: Any, node: Any, prefix: str, walked: set) -> I
         for key_node, value_node in node.value:
             key = str(loader.construct_object(key_node, deep=True)) if isinstance(key_node, yaml.ScalarNode) else "?"
             dotted = f"{prefix}.{key}" if prefix else key
-            if isinstance(value_node, (yaml.MappingNode, yaml.SequenceNode)) and value_node.value and not _is_flat_list(value_node):
+            if (
+                isinstance(value_node, (yaml.MappingNode, yaml.SequenceNode))
+                and value_node.value
+                and not _is_flat_list(value_node)
+            ):
                 yield from _walk_yaml(path, loader, value_node, dotted, walked)
             elif isinstance(value_node, yaml.ScalarNode) or not value_node.value or id(value_node) not in walked:
                 walked.add(id(value_node))
@@ -173,19 +182,21 @@ def _read_json(path: str, text: str) -> List[Entry]:
         raise _Unreadable(f"more than {MAX_ENTRIES} keys (data, not a config?); pass the config file itself")
     try:
         lines = {e.key: e.line for e in reversed(_read_yaml(path, text))}  # first line of a key wins
-    except Exception:  # noqa: BLE001 - line numbers are a nicety; the values are already read
+    except Exception:
         lines = {}
     return [Entry(path, lines.get(k, 0), k, v) for k, v in flat]
 
 
 def _read_toml(path: str, text: str) -> List[Entry]:
     try:
-        import tomllib as toml  # Python 3.11+
+        if sys.version_info >= (3, 11):
+            import tomllib as toml
+        else:  # a declared dependency below 3.11; missing only in a hand-made environment
+            import tomli as toml
     except ImportError:
-        try:
-            import tomli as toml  # type: ignore[no-redef]
-        except ImportError:
-            raise _Unreadable("TOML needs Python 3.11+ (tomllib) or `pip install tomli`; convert it to YAML/JSON otherwise") from None
+        raise _Unreadable(
+            "TOML needs Python 3.11+ (tomllib) or `pip install tomli`; convert it to YAML/JSON otherwise"
+        ) from None
     try:
         data = toml.loads(text)
     except Exception as exc:  # tomllib.TOMLDecodeError; tomli's has the same name but another class
@@ -201,9 +212,10 @@ _TOML_TABLE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?")
 _TOML_KEY = re.compile(r"^\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
 
 
-def _toml_lines(text: str) -> dict:
+def _toml_lines(text: str) -> Dict[str, int]:
     """Maps dotted keys to the line that sets them (tomllib keeps no positions)."""
-    lines, table = {}, ""
+    lines: Dict[str, int] = {}
+    table = ""
     for number, line in enumerate(text.splitlines(), 1):
         if m := _TOML_TABLE.match(line):
             table = _unquote(m.group(1))
@@ -234,7 +246,12 @@ def _resolve_interpolations(entries: List[Entry]) -> List[Entry]:
     out = []
     for e in entries:
         value, seen = e.value, set()
-        while isinstance(value, str) and (m := _INTERPOLATION.match(value)) and m.group(1) in by_key and m.group(1) not in seen:
+        while (
+            isinstance(value, str)
+            and (m := _INTERPOLATION.match(value))
+            and m.group(1) in by_key
+            and m.group(1) not in seen
+        ):
             seen.add(m.group(1))
             value = by_key[m.group(1)]
         out.append(Entry(e.path, e.line, e.key, value) if value is not e.value else e)

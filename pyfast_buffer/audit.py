@@ -1,6 +1,6 @@
 """``pyfast-buffer audit``: reconcile the buffer's log records with the ledger identity.
 
-Step four of the staleness procedure (``seeds/000``): from the logs alone, check
+Step four of the staleness procedure (docs/workflow.md): from the logs alone, check
 ``sampled_total == retired + dropped_stale + evicted + buffer_left``. The buffer's own
 record (``batch.LOG_FORMAT``) carries per-record counts (``dropped_stale``, ``taken``,
 ``retired``, ``evicted``) and running values (``buffer_left``, ``sampled_total``); other
@@ -22,15 +22,18 @@ from typing import IO, Dict, Iterable, List, Optional, Tuple
 from ._config_files import is_binary
 from .batch import AGE_BUCKETS
 
-COUNT_FIELDS = ("dropped_stale", "taken", "retired", "evicted")  # since the previous record: summed
+COUNT_FIELDS: Tuple[str, ...] = ("dropped_stale", "taken", "retired", "evicted")  # since the previous record: summed
 RUNNING_FIELDS = ("buffer_left", "sampled_total")  # running values: the last one counts
 FIELDS = COUNT_FIELDS + RUNNING_FIELDS
 #: The terms of the ledger identity ``sampled_total == retired + dropped_stale + evicted + buffer_left``.
 LEDGER_TERMS = ("retired", "dropped_stale", "evicted", "buffer_left")
 # key=N, key: N or "key": N, optionally namespaced ("buffer/taken", "train.buffer.taken"), but not part of a
 # longer word ("my_taken=3" is not "taken"). Numbers may be written as floats (8.0, 1.0e1).
-_FIELD = re.compile(r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?(' + "|".join(FIELDS)
-                    + r')"?\s*[=:]\s*(-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])')
+_FIELD = re.compile(
+    r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?('
+    + "|".join(FIELDS)
+    + r')"?\s*[=:]\s*(-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])'
+)
 _AGE = re.compile(r'"?age_hist/([0-9+\-]+)"?\s*[=:]\s*(\d+)')
 #: A gap of about -100% (accounted twice what was sampled) is the sign of records counted twice.
 _DOUBLED = (-110.0, -90.0)
@@ -179,8 +182,10 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Opti
     if unreadable or not segments:
         code = 2
         if not segments and not unreadable:
-            notes.append("nothing to reconcile: no input holds a record; log the buffer (logger 'pyfast_buffer', INFO) "
-                         "or write dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d")
+            notes.append(
+                "nothing to reconcile: no input holds a record; log the buffer (logger 'pyfast_buffer', INFO) "
+                "or write dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d"
+            )
     else:
         code = 0 if all(s.balanced for s in segments) else 1
     return AuditResult(sources, segments, absent, assumptions, notes, code == 0, code)
@@ -189,8 +194,9 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Opti
 _MAX_PROBLEM_NOTES = 5
 
 
-def _segments(lines: List[Tuple[str, str]], group_re: Optional["re.Pattern[str]"],
-              problems: List[str]) -> Tuple[List[Segment], set]:
+def _segments(
+    lines: List[Tuple[str, str]], group_re: Optional[re.Pattern[str]], problems: List[str]
+) -> Tuple[List[Segment], set]:
     segments: List[Segment] = []
     seen: set = set()
     current: Dict[str, Segment] = {}  # group key -> its open segment
@@ -206,8 +212,12 @@ def _segments(lines: List[Tuple[str, str]], group_re: Optional["re.Pattern[str]"
             key = "" if m is None else (m.group(1) if m.re.groups else m.group(0)) or ""
         seen.update(fields)
         seg = current.get(key)
-        back = seg is not None and "sampled_total" in fields and seg.running["sampled_total"] is not None \
+        back = (
+            seg is not None
+            and "sampled_total" in fields
+            and seg.running["sampled_total"] is not None
             and fields["sampled_total"] < seg.running["sampled_total"]
+        )
         if seg is None or back:
             seg = current[key] = Segment(len(segments) + 1, where, key)
             segments.append(seg)
@@ -241,8 +251,6 @@ def _assumptions(absent: List[str]) -> List[str]:
     return out
 
 
-
-
 def _reconcile(seg: Segment, absent: List[str]) -> None:
     """Fills the segment's baseline, gap and verdict.
 
@@ -258,8 +266,11 @@ def _reconcile(seg: Segment, absent: List[str]) -> None:
     seg.drop_rate = s["dropped_stale"] / (s["dropped_stale"] + trained) if s["dropped_stale"] + trained else 0.0
     if "sampled_total" in absent or ("taken" in absent and "retired" in absent):
         seg.balanced = False
-        seg.unreconciled = ("sampled_total is absent from every input" if "sampled_total" in absent
-                            else "taken and retired are absent from every input")
+        seg.unreconciled = (
+            "sampled_total is absent from every input"
+            if "sampled_total" in absent
+            else "taken and retired are absent from every input"
+        )
         return
     if seg.running["sampled_total"] is None:
         seg.balanced = False
@@ -274,7 +285,7 @@ def _reconcile(seg: Segment, absent: List[str]) -> None:
     pre = dict.fromkeys(COUNT_FIELDS, 0)
     left_at_anchor = 0
     anchor = 0
-    for anchor, (where, fields) in enumerate(seg.log):
+    for anchor, (_where, fields) in enumerate(seg.log):  # noqa: B007 - anchor is read after the loop
         for k in COUNT_FIELDS:
             pre[k] += fields.get(k, 0)
         left_at_anchor = fields.get("buffer_left", left_at_anchor)
@@ -291,8 +302,10 @@ def _reconcile(seg: Segment, absent: List[str]) -> None:
     if mid_run and anchor == len(seg.log) - 1:
         seg.balanced = False
         seg.baseline = f"first record {anchor_where}"
-        seg.unreconciled = (f"the log starts mid-run ({anchor_where} already carries history) and has no record "
-                            "after it; pass a longer log")
+        seg.unreconciled = (
+            f"the log starts mid-run ({anchor_where} already carries history) and has no record "
+            "after it; pass a longer log"
+        )
         return
     if mid_run:
         seg.baseline, seg.gap_from_zero = f"first record {anchor_where}", zero_gap
@@ -311,18 +324,24 @@ def _reconcile(seg: Segment, absent: List[str]) -> None:
     for where, fields in seg.log[start:]:
         for k in COUNT_FIELDS:
             counts[k] += fields.get(k, 0)
-        if all(k in fields for k in FIELDS) and gap(fields["sampled_total"] - base_sampled, counts,
-                                                     fields["buffer_left"] - base_left) != 0:
+        if (
+            all(k in fields for k in FIELDS)
+            and gap(fields["sampled_total"] - base_sampled, counts, fields["buffer_left"] - base_left) != 0
+        ):
             seg.first_unbalanced = where
             break
 
 
 def format_result(result: AuditResult) -> str:
     """Returns the human-readable audit: inputs, assumptions, one block per segment, the verdict."""
-    out = [f"audit: {len(result.sources)} input(s), {len(result.segments)} segment(s)"
-           + (" (a running counter went back: restarts or several runs)" if len(result.segments) > 1 else "")]
+    out = [
+        f"audit: {len(result.sources)} input(s), {len(result.segments)} segment(s)"
+        + (" (a running counter went back: restarts or several runs)" if len(result.segments) > 1 else "")
+    ]
     present = [f for f in FIELDS if f not in result.absent]
-    out.append("fields present: " + (", ".join(present) or "none") + "; absent: " + (", ".join(result.absent) or "none"))
+    out.append(
+        "fields present: " + (", ".join(present) or "none") + "; absent: " + (", ".join(result.absent) or "none")
+    )
     if result.segments:
         out += [f"assumed: {a}" for a in result.assumptions]
     for seg in result.segments:
@@ -331,24 +350,31 @@ def format_result(result: AuditResult) -> str:
         group = f" [group {seg.group}]" if seg.group else ""
         out.append(f"segment {seg.index}{group}: {seg.records} records, {seg.first} .. {seg.last}")
         sums = " ".join(f"{k}={'-' if k in result.absent else s[k]}" for k in COUNT_FIELDS)
-        out.append(f"  sums: {sums}; last: buffer_left={_opt(seg.running['buffer_left'])}"
-                   f" sampled_total={_opt(seg.running['sampled_total'])}")
+        out.append(
+            f"  sums: {sums}; last: buffer_left={_opt(seg.running['buffer_left'])}"
+            f" sampled_total={_opt(seg.running['sampled_total'])}"
+        )
         if seg.baseline.startswith("first record"):
-            out.append(f"  baseline: {seg.baseline}: it already carries history (the log starts mid-run: rotated or "
-                       "an excerpt), so only the changes after it are reconciled"
-                       + (f"; counted from zero the gap would be {seg.gap_from_zero}" if seg.gap_from_zero is not None
-                          else ""))
+            out.append(
+                f"  baseline: {seg.baseline}: it already carries history (the log starts mid-run: rotated or "
+                "an excerpt), so only the changes after it are reconciled"
+                + (f"; counted from zero the gap would be {seg.gap_from_zero}" if seg.gap_from_zero is not None else "")
+            )
         elif seg.baseline:
             out.append("  baseline: run start (every count from zero)")
         if seg.gap is not None:
             since = " since the baseline" if seg.baseline.startswith("first record") else ""
-            out.append(f"  sampled_total{since} {seg.sampled_total} vs retired + dropped_stale + evicted + buffer_left"
-                       f"{since} {seg.accounted}: gap {seg.gap} ({seg.gap_percent:.2f}%) -> "
-                       f"{'balanced' if seg.balanced else 'NOT balanced'}")
-            if _DOUBLED[0] <= seg.gap_percent <= _DOUBLED[1]:
-                out.append("  hint: about twice as much accounted as sampled: the same records are probably counted "
-                           "twice (several ranks or writers in one log, or a duplicated log handler); audit one "
-                           "writer's log, or split them with --group REGEX (e.g. --group '^\\[rank\\d+\\]')")
+            out.append(
+                f"  sampled_total{since} {seg.sampled_total} vs retired + dropped_stale + evicted + buffer_left"
+                f"{since} {seg.accounted}: gap {seg.gap} ({seg.gap_percent:.2f}%) -> "
+                f"{'balanced' if seg.balanced else 'NOT balanced'}"
+            )
+            if seg.gap_percent is not None and _DOUBLED[0] <= seg.gap_percent <= _DOUBLED[1]:
+                out.append(
+                    "  hint: about twice as much accounted as sampled: the same records are probably counted "
+                    "twice (several ranks or writers in one log, or a duplicated log handler); audit one "
+                    "writer's log, or split them with --group REGEX (e.g. --group '^\\[rank\\d+\\]')"
+                )
         else:
             out.append(f"  cannot reconcile: {seg.unreconciled}")
         if seg.first_unbalanced:
@@ -357,7 +383,10 @@ def format_result(result: AuditResult) -> str:
         if seg.age_hist:
             total = sum(seg.age_hist.values()) or 1
             order = sorted(seg.age_hist, key=lambda b: AGE_BUCKETS.index(b) if b in AGE_BUCKETS else len(AGE_BUCKETS))
-            out.append("  age histogram: " + ", ".join(f"{b}: {seg.age_hist[b]} ({seg.age_hist[b] / total:.0%})" for b in order))
+            out.append(
+                "  age histogram: "
+                + ", ".join(f"{b}: {seg.age_hist[b]} ({seg.age_hist[b] / total:.0%})" for b in order)
+            )
     if result.notes:
         out += [""] + [f"note: {n}" for n in result.notes]
     out.append("")
@@ -366,8 +395,10 @@ def format_result(result: AuditResult) -> str:
     elif result.balanced:
         out.append("verdict: balanced in every segment (exit 0)")
     else:
-        out.append("verdict: NOT balanced; look for a consumption path that bypasses the buffer, or log the absent "
-                   "fields (exit 1)")
+        out.append(
+            "verdict: NOT balanced; look for a consumption path that bypasses the buffer, or log the absent "
+            "fields (exit 1)"
+        )
     return "\n".join(out)
 
 
@@ -389,8 +420,13 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help="reconcile dropped_stale/taken/buffer_left/sampled_total records in logs")
-    p.add_argument("logs", nargs="+", metavar="LOG", help="log files, .gz logs, or - for stdin; read in order as one stream")
-    p.add_argument("--group", metavar="REGEX",
-                   help="reconcile records apart by what this regular expression matches on their line (its first "
-                        "group, or the whole match), e.g. '^\\[rank\\d+\\]' for several writers in one log")
+    p.add_argument(
+        "logs", nargs="+", metavar="LOG", help="log files, .gz logs, or - for stdin; read in order as one stream"
+    )
+    p.add_argument(
+        "--group",
+        metavar="REGEX",
+        help="reconcile records apart by what this regular expression matches on their line (its first "
+        "group, or the whole match), e.g. '^\\[rank\\d+\\]' for several writers in one log",
+    )
     p.set_defaults(run=run)

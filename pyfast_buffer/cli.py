@@ -11,12 +11,21 @@ from typing import List, Optional
 COMMAND_MODULES = ("demo", "experiment", "bench", "rhythm", "audit", "verify")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Returns the ``pyfast-buffer`` parser with every subcommand registered."""
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="pyfast-buffer", description="Staleness-aware trajectory buffer tools.")
+    parser.add_argument("--version", action="version", version=f"pyfast-buffer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"pyfast_buffer.{name}").add_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Runs one ``pyfast-buffer`` command and returns its exit code."""
+    args = build_parser().parse_args(argv)
     return int(args.run(args) or 0)
 
 

@@ -17,9 +17,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the experiment's demo preset (about 30 s) and write figure + report",
-                       description="A real asynchronous GRPO run on the buffer: reuse 1/2/4 under drop and under wait, "
-                       "everything else fixed. Same as 'pyfast-buffer experiment --preset demo'.")
+    p = sub.add_parser(
+        "demo",
+        help="run the experiment's demo preset (about 30 s) and write figure + report",
+        description="A real asynchronous GRPO run on the buffer: reuse 1/2/4 under drop and under wait, "
+        "everything else fixed. Same as 'pyfast-buffer experiment --preset demo'.",
+    )
     p.add_argument("--seed", type=int, help="random seed (default 0)")
     # --steps is the old demo's flag (CI's smoke run uses it); both set the sampling steps per arm.
     p.add_argument("--ticks", "--steps", dest="ticks", type=int, help="sampling steps per arm (default 600)")

@@ -1,6 +1,6 @@
 """``pyfast-buffer rhythm``: the produce / store / consume rhythm read from config files.
 
-Step one of the staleness procedure (``seeds/000``): find the keys that set how fast
+Step one of the staleness procedure (docs/workflow.md): find the keys that set how fast
 trajectories are produced, how many the buffer holds and how fast the trainer consumes
 them, then work out how many steps one full turnover takes, how old trajectories get
 under FIFO, and what ``max_age`` fits. ``scan(paths)`` and ``plan(...)`` are the Python faces.
@@ -21,8 +21,15 @@ from ._known_keys import GENERIC_CAPACITY, match_keyword, match_known
 from .config import DEFAULT_VERL_CAPACITY, max_age_from_threshold
 
 #: Names ``--set`` accepts for the rhythm itself (anything else is a dotted config key).
-RHYTHM_KEYS = ("produced_per_step", "consumed_per_step", "capacity", "parameter_sync_step", "max_age", "strategy",
-               "latency_steps")
+RHYTHM_KEYS = (
+    "produced_per_step",
+    "consumed_per_step",
+    "capacity",
+    "parameter_sync_step",
+    "max_age",
+    "strategy",
+    "latency_steps",
+)
 #: The rates a plan needs (rhythm's ``missing`` and perturb's ``--rhythm`` both check these).
 REQUIRED_RATES = ("produced_per_step", "consumed_per_step", "capacity")
 #: Capacity at or above this many steps of consumption is "far above" it (the procedure's first flag).
@@ -133,8 +140,10 @@ def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) ->
             continue
         first = roles.setdefault(f.role, f)
         if first is not f and first.value != f.value and notes is not None:
-            notes.append(f"{f.key}={f.value} ({f.path}:{f.line}) differs from {first.key}={first.value} "
-                         f"({first.path}:{first.line}); using the first: scan one run's configs, or --set the value")
+            notes.append(
+                f"{f.key}={f.value} ({f.path}:{f.line}) differs from {first.key}={first.value} "
+                f"({first.path}:{first.line}); using the first: scan one run's configs, or --set the value"
+            )
     values: Dict[str, Any] = {}
     how: Dict[str, str] = {}
 
@@ -147,8 +156,10 @@ def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) ->
         value = _number(f.value)
         if value is None and f.value is not None and role not in unusable and notes is not None:
             unusable.add(role)
-            notes.append(f"{f.key}={_show(f.value)} ({f.path}:{f.line}) is not a finite number; ignored "
-                         f"(write a number, or --set {f.key}=N)")
+            notes.append(
+                f"{f.key}={_show(f.value)} ({f.path}:{f.line}) is not a finite number; ignored "
+                f"(write a number, or --set {f.key}=N)"
+            )
         return value
 
     def put(key: str, value: Any, text: str) -> None:
@@ -190,9 +201,12 @@ def _derive_verl(roles, num, put, ref, sync, notes) -> None:
         else:
             stale = num("verl.staleness_threshold") or 0
             windows = (stale + 1) * (sync or 1)
-            put("capacity", math.ceil(per_step * windows),
+            put(
+                "capacity",
+                math.ceil(per_step * windows),
                 f"consumed_per_step x (staleness_threshold {stale} + 1) x trigger_parameter_sync_step {sync or 1}"
-                " (verl's queue bound)")
+                " (verl's queue bound)",
+            )
     elif prompts is not None:
         text = f"{ref('verl.prompts_per_step')} x {n_text}"
         put("produced_per_step", prompts * n, text)
@@ -207,7 +221,11 @@ def _derive_verl(roles, num, put, ref, sync, notes) -> None:
         else:
             put("max_age", max_age, f"{ref('verl.threshold')} x parameter_sync_step {sync or 1:g} - 1 (verl's cutoff)")
     if "capacity" not in roles and ("verl.threshold" in roles or "strategy" in roles):
-        put("capacity", DEFAULT_VERL_CAPACITY, f"{DEFAULT_VERL_CAPACITY} (from_verl's default: no sampler_kwargs.capacity)")
+        put(
+            "capacity",
+            DEFAULT_VERL_CAPACITY,
+            f"{DEFAULT_VERL_CAPACITY} (from_verl's default: no sampler_kwargs.capacity)",
+        )
 
 
 def _as_int(value: Any) -> Any:
@@ -225,7 +243,11 @@ def _derive_areal(roles, num, put, ref) -> None:
     if consumer is not None:
         put("consumed_per_step", consumer * n, f"{ref('areal.consumer_batch_size')} x {n_text}")
     elif prompts is not None:
-        put("consumed_per_step", prompts * n, f"{ref('areal.prompts_per_step')} x {n_text} (consumer_batch_size = batch size)")
+        put(
+            "consumed_per_step",
+            prompts * n,
+            f"{ref('areal.prompts_per_step')} x {n_text} (consumer_batch_size = batch size)",
+        )
     head = num("areal.max_head_offpolicyness")
     if head is not None:
         put("max_age", head, ref("areal.max_head_offpolicyness") + " (one policy version per trainer step)")
@@ -234,9 +256,14 @@ def _derive_areal(roles, num, put, ref) -> None:
         if queue is not None:
             put("capacity", queue * n, f"{ref('areal.queue_size')} x {n_text}")
         elif consumer is not None or prompts is not None:
-            per_step = (consumer if consumer is not None else prompts) * n
-            put("capacity", (head + 1) * per_step,
-                f"(max_head_offpolicyness {head:g} + 1) x consumed_per_step (AReaL's staleness capacity)")
+            base = consumer if consumer is not None else prompts
+            assert base is not None  # the elif: one of them is set
+            per_step = base * n
+            put(
+                "capacity",
+                (head + 1) * per_step,
+                f"(max_head_offpolicyness {head:g} + 1) x consumed_per_step (AReaL's staleness capacity)",
+            )
 
 
 def _derive_trl(roles, num, put, ref) -> None:
@@ -248,21 +275,39 @@ def _derive_trl(roles, num, put, ref) -> None:
     per_gen = num("trl.steps_per_generation") or accum
     iters = num("trl.num_iterations") or 1
     per_step = batch * accum / iters  # fresh completions one optimiser step retires, per device
-    text = (f"per_device_train_batch_size {batch:g} x gradient_accumulation_steps {accum:g} / num_iterations {iters:g}"
-            " (per device)")
+    text = (
+        f"per_device_train_batch_size {batch:g} x gradient_accumulation_steps {accum:g} / num_iterations {iters:g}"
+        " (per device)"
+    )
     put("produced_per_step", per_step, text)
     put("consumed_per_step", per_step, text)
-    put("capacity", batch * per_gen, f"per_device_train_batch_size {batch:g} x steps_per_generation {per_gen:g} (one generation)")
-    put("max_age", max(0, math.ceil(per_gen * iters / accum) - 1),
-        f"ceil(steps_per_generation {per_gen:g} x num_iterations {iters:g} / gradient_accumulation_steps {accum:g}) - 1")
+    put(
+        "capacity",
+        batch * per_gen,
+        f"per_device_train_batch_size {batch:g} x steps_per_generation {per_gen:g} (one generation)",
+    )
+    put(
+        "max_age",
+        max(0, math.ceil(per_gen * iters / accum) - 1),
+        f"ceil(steps_per_generation {per_gen:g} x num_iterations {iters:g}"
+        f" / gradient_accumulation_steps {accum:g}) - 1",
+    )
     put("parameter_sync_step", 1, "1 (TRL generates with the current weights)")
 
 
 # ---------------------------------------------------------------- the FIFO steady state
 
 
-def plan(produced_per_step: float, consumed_per_step: float, capacity: int, parameter_sync_step: int = 1, *,
-         max_age: Optional[int] = None, strategy: Optional[str] = None, latency_steps: int = 0) -> Plan:
+def plan(
+    produced_per_step: float,
+    consumed_per_step: float,
+    capacity: int,
+    parameter_sync_step: int = 1,
+    *,
+    max_age: Optional[int] = None,
+    strategy: Optional[str] = None,
+    latency_steps: int = 0,
+) -> Plan:
     """Returns the FIFO steady state of a buffer fed ``produced_per_step`` and drained ``consumed_per_step``.
 
     Trajectories produced at step t carry the weights of the last push (``t - t % parameter_sync_step``)
@@ -283,8 +328,9 @@ def plan(produced_per_step: float, consumed_per_step: float, capacity: int, para
     if strategy not in (None, "drop", "wait"):
         raise ValueError(f"strategy={strategy!r} is unknown; use 'drop' or 'wait'")
     try:
-        empty_max: Optional[int] = max(_fifo_ages(produced_per_step, consumed_per_step, capacity, sync,
-                                                  start_full=False)) + latency
+        empty_max: Optional[int] = (
+            max(_fifo_ages(produced_per_step, consumed_per_step, capacity, sync, start_full=False)) + latency
+        )
     except ValueError:
         empty_max = None
     total = sum(ages.values())
@@ -293,24 +339,48 @@ def plan(produced_per_step: float, consumed_per_step: float, capacity: int, para
     age_mean = sum(a * s for a, s in dist.items())
     turnover = capacity / consumed_per_step
     queue_wait = age_max - latency - (sync - 1)
-    reasoning = (f"max_age={age_max}: the oldest a trajectory gets under FIFO at these rates (queue wait {queue_wait}"
-                 f" + weight lag up to {sync - 1} + latency {latency}); a smaller one drops a steady share every step,"
-                 " a larger one only admits stragglers")
+    reasoning = (
+        f"max_age={age_max}: the oldest a trajectory gets under FIFO at these rates (queue wait {queue_wait}"
+        f" + weight lag up to {sync - 1} + latency {latency}); a smaller one drops a steady share every step,"
+        " a larger one only admits stragglers"
+    )
     warnings = []
     if capacity >= FAR_ABOVE_STEPS * consumed_per_step:
-        warnings.append(f"capacity {capacity} is {turnover:g}x one step's consumption ({consumed_per_step:g}): old "
-                        "trajectories will be picked up again; lower the capacity or drop by age")
+        warnings.append(
+            f"capacity {capacity} is {turnover:g}x one step's consumption ({consumed_per_step:g}): old "
+            "trajectories will be picked up again; lower the capacity or drop by age"
+        )
     if produced_per_step < consumed_per_step:
-        warnings.append(f"production {produced_per_step:g}/step is below consumption {consumed_per_step:g}/step: the "
-                        "trainer will starve (short batches or waiting for rollouts)")
+        warnings.append(
+            f"production {produced_per_step:g}/step is below consumption {consumed_per_step:g}/step: the "
+            "trainer will starve (short batches or waiting for rollouts)"
+        )
     if strategy == "wait" and max_age is not None and max_age < turnover:
-        warnings.append(f"strategy 'wait' with max_age {max_age} below the turnover ({turnover:g} steps): the trainer "
-                        "will block on in-flight prompts; raise the threshold or use 'drop'")
+        warnings.append(
+            f"strategy 'wait' with max_age {max_age} below the turnover ({turnover:g} steps): the trainer "
+            "will block on in-flight prompts; raise the threshold or use 'drop'"
+        )
     drop_share = None
     if max_age is not None:
         drop_share = sum(s for a, s in dist.items() if a > max_age)
-    return Plan(produced_per_step, consumed_per_step, capacity, sync, turnover, dist, age_mean, age_max, age_max,
-                reasoning, warnings, max_age, drop_share, strategy, latency, empty_max)
+    return Plan(
+        produced_per_step,
+        consumed_per_step,
+        capacity,
+        sync,
+        turnover,
+        dist,
+        age_mean,
+        age_max,
+        age_max,
+        reasoning,
+        warnings,
+        max_age,
+        drop_share,
+        strategy,
+        latency,
+        empty_max,
+    )
 
 
 def _whole(value: Any, name: str, minimum: int, exact: bool = False) -> int:
@@ -320,8 +390,11 @@ def _whole(value: Any, name: str, minimum: int, exact: bool = False) -> int:
     if exact and value != int(value):
         raise ValueError(f"{name}={value!r} is not a whole number; supply it with --set {name}=N")
     if int(value) < minimum:
-        raise ValueError(f"{name}={value!r} is below {minimum}" + (" once rounded down to a whole number" if
-                         value != int(value) else "") + f"; supply it with --set {name}=N (N >= {minimum})")
+        raise ValueError(
+            f"{name}={value!r} is below {minimum}"
+            + (" once rounded down to a whole number" if value != int(value) else "")
+            + f"; supply it with --set {name}=N (N >= {minimum})"
+        )
     return int(value)
 
 
@@ -334,9 +407,11 @@ def _fifo_ages(produced: float, consumed: float, capacity: int, sync: int, start
     warm = math.ceil(capacity / max(drain, 1e-9)) + 2 * sync + 2
     window = 8 * sync + 16
     if warm + window > _MAX_SIMULATED_STEPS:
-        raise ValueError(f"too large to simulate: reaching the steady state takes about {warm + window:.3g} steps "
-                         f"(capacity {capacity}, parameter_sync_step {sync}, {drain:g} trajectories a step), "
-                         f"above the {_MAX_SIMULATED_STEPS} simulated; check the values, or --set smaller ones")
+        raise ValueError(
+            f"too large to simulate: reaching the steady state takes about {warm + window:.3g} steps "
+            f"(capacity {capacity}, parameter_sync_step {sync}, {drain:g} trajectories a step), "
+            f"above the {_MAX_SIMULATED_STEPS} simulated; check the values, or --set smaller ones"
+        )
     queue: collections.deque = collections.deque([[None, capacity]] if start_full else [])  # [sample_step, count]
     level, made, taken_so_far = (capacity if start_full else 0), 0.0, 0.0
     ages: Dict[int, int] = collections.Counter()
@@ -367,8 +442,10 @@ def _fifo_ages(produced: float, consumed: float, capacity: int, sync: int, start
             if not head[1]:
                 queue.popleft()
     if not ages:
-        raise ValueError(f"no trajectory reached the trainer in {window} simulated steps (production {produced:g}, "
-                         f"consumption {consumed:g} a step); check the rates")
+        raise ValueError(
+            f"no trajectory reached the trainer in {window} simulated steps (production {produced:g}, "
+            f"consumption {consumed:g} a step); check the rates"
+        )
     return ages
 
 
@@ -386,8 +463,44 @@ def parse_set(items: List[str]) -> Dict[str, Any]:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set {item!r} is not key=value; write e.g. --set capacity=4096")
-        out[key.strip()] = _scalar(text.strip())
+        key, value = key.strip(), _scalar(text.strip())
+        if key in RHYTHM_KEYS:
+            _check_rhythm_value(key, value)
+        out[key] = value
     return out
+
+
+#: What each rhythm key of ``--set`` must be: (whole number?, smallest value, whether the smallest is allowed).
+_RHYTHM_VALUE_RULES: Dict[str, Tuple[bool, float, bool]] = {
+    "produced_per_step": (False, 0, False),
+    "consumed_per_step": (False, 0, False),
+    "capacity": (True, 1, True),
+    "parameter_sync_step": (True, 1, True),
+    "max_age": (True, 0, True),
+    "latency_steps": (True, 0, True),
+}
+
+
+def _check_rhythm_value(key: str, value: Any) -> None:
+    """Raises ValueError when ``--set key=value`` gives a rhythm key a value it cannot have.
+
+    ``max_age`` and ``strategy`` may be null (not configured); the rates and counts must be numbers.
+    """
+    if value is None and key in ("max_age", "strategy"):
+        return
+    if key == "strategy":
+        if value not in ("drop", "wait"):
+            raise ValueError(f"--set strategy={value!r} is unknown; write --set strategy=drop or --set strategy=wait")
+        return
+    whole, minimum, inclusive = _RHYTHM_VALUE_RULES[key]
+    kind = "a whole number" if whole else "a number"
+    bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+    example = "8" if whole else "64"
+    number = _number(value)  # None for text, booleans, NaN and infinities
+    if number is None or (whole and number != int(number)):
+        raise ValueError(f"--set {key}={value!r} is not {kind}; write {kind} {bound}, e.g. --set {key}={example}")
+    if number < minimum or (number == minimum and not inclusive):
+        raise ValueError(f"--set {key}={value!r} must be {bound}; e.g. --set {key}={example}")
 
 
 def _scalar(text: str) -> Any:
@@ -428,9 +541,15 @@ def analyse(paths: List[str], overrides: Optional[Dict[str, Any]] = None) -> Dic
     }
     if not report["missing"]:
         try:
-            p = plan(values["produced_per_step"], values["consumed_per_step"], values["capacity"],
-                     values.get("parameter_sync_step", 1), max_age=values.get("max_age"),
-                     strategy=values.get("strategy"), latency_steps=values.get("latency_steps", 0))
+            p = plan(
+                values["produced_per_step"],
+                values["consumed_per_step"],
+                values["capacity"],
+                values.get("parameter_sync_step", 1),
+                max_age=values.get("max_age"),
+                strategy=values.get("strategy"),
+                latency_steps=values.get("latency_steps", 0),
+            )
             report["plan"] = asdict(p)
         except ValueError as exc:
             report["plan_error"] = str(exc)
@@ -440,15 +559,19 @@ def analyse(paths: List[str], overrides: Optional[Dict[str, Any]] = None) -> Dic
 def format_report(report: Dict[str, Any]) -> str:
     """Returns the human-readable table, turnover, suggestion and warnings of an ``analyse`` report."""
     out = [f"rhythm: {len(report['files'])} file(s) read, {len(report['skipped'])} skipped"]
-    rows = [(f"{f['path']}:{f['line']}", f["key"], _show(f["value"]), f["cls"], f["source"]) for f in report["findings"]]
+    rows = [
+        (f"{f['path']}:{f['line']}", f["key"], _show(f["value"]), f["cls"], f["source"]) for f in report["findings"]
+    ]
     if rows:
         head = ("file:line", "key", "value", "class", "source")
-        widths = [max(len(r[i]) for r in rows + [head]) for i in range(5)]
+        widths = [max(len(r[i]) for r in [*rows, head]) for i in range(5)]
         out.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
         out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     else:
-        out.append("no rhythm keys found (patterns: replay|buffer|queue|maxlen|capacity|pool, "
-                   "rollout|sample_batch|n_samples|batch_size|group_size, train_|update_|steps_per|interval|ratio|reuse)")
+        out.append(
+            "no rhythm keys found (patterns: replay|buffer|queue|maxlen|capacity|pool, "
+            "rollout|sample_batch|n_samples|batch_size|group_size, train_|update_|steps_per|interval|ratio|reuse)"
+        )
     values, how = report["rhythm"], report["derived_from"]
     if values:
         out.append("")
@@ -460,23 +583,42 @@ def format_report(report: Dict[str, Any]) -> str:
     if p:
         dist = ", ".join(f"age {a}: {s:.0%}" for a, s in list(p["age_distribution"].items())[:12])
         more = " ..." if len(p["age_distribution"]) > 12 else ""
-        out += ["",
-                f"turnover: {p['turnover_steps']:g} steps to drain a full buffer (capacity / consumed_per_step)",
-                f"FIFO steady-state age of trained trajectories: mean {p['age_mean']:.2f}, max {p['age_max']}; {dist}{more}"]
+        out += [
+            "",
+            f"turnover: {p['turnover_steps']:g} steps to drain a full buffer (capacity / consumed_per_step)",
+            f"FIFO steady-state age of trained trajectories: mean {p['age_mean']:.2f}, max {p['age_max']}; "
+            f"{dist}{more}",
+        ]
         if p["max_age"] is not None:
             share = f"{p['drop_share_at_max_age']:.1%} of trajectories in steady state"
-            out.append(f"configured max_age {p['max_age']}: " + (
-                f"strategy 'wait' drops nothing; under 'drop' it would drop {share}" if p["strategy"] == "wait"
-                else f"drops {share}"))
+            out.append(
+                f"configured max_age {p['max_age']}: "
+                + (
+                    f"strategy 'wait' drops nothing; under 'drop' it would drop {share}"
+                    if p["strategy"] == "wait"
+                    else f"drops {share}"
+                )
+            )
         out.append(f"suggested {p['reasoning']}")
         empty = p["age_max_empty_start"]
-        out.append("assumed: the buffer has filled once (the worst case)" + (
-            "" if empty is None else f"; from an empty start at these rates the oldest trajectory trained on is "
-            f"{empty} step(s) old"))
+        out.append(
+            "assumed: the buffer has filled once (the worst case)"
+            + (
+                ""
+                if empty is None
+                else f"; from an empty start at these rates the oldest trajectory trained on is {empty} step(s) old"
+            )
+        )
         out += ["", "warnings:"] + [f"  - {w}" for w in p["warnings"]] if p["warnings"] else ["", "warnings: none"]
     elif report["missing"]:
-        out += ["", "turnover: not computed; missing " + ", ".join(report["missing"])
-                + " (supply with --set " + "=N --set ".join(report["missing"]) + "=N)"]
+        out += [
+            "",
+            "turnover: not computed; missing "
+            + ", ".join(report["missing"])
+            + " (supply with --set "
+            + "=N --set ".join(report["missing"])
+            + "=N)",
+        ]
     if report.get("plan_error"):
         out.append(f"turnover: not computed: {report['plan_error']}")
     if report["notes"]:
@@ -494,7 +636,7 @@ def _show(value: Any) -> str:
 
 
 def to_json(report: Dict[str, Any]) -> str:
-    """Returns ``report`` as strict JSON: NaN and infinities (a config may hold them) become the strings "NaN", "inf"."""
+    """Returns ``report`` as strict JSON: NaN and infinities (a config may hold them) become "NaN", "inf"."""
     return json.dumps(_finite(report), indent=2, default=str, allow_nan=False)
 
 
@@ -535,7 +677,12 @@ def print_output(text: str) -> None:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rhythm", help="find the produce/store/consume rhythm in configs and suggest max_age")
     p.add_argument("paths", nargs="+", metavar="PATH", help="config files (YAML, JSON, TOML) or directories")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"supply or override a value: one of {', '.join(RHYTHM_KEYS)}, or a dotted config key")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"supply or override a value: one of {', '.join(RHYTHM_KEYS)}, or a dotted config key",
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable output")
     p.set_defaults(run=run)

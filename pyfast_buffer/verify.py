@@ -1,6 +1,6 @@
 """``pyfast-buffer perturb``: prove the drop path runs by perturbing ``max_age``.
 
-Step five of the staleness procedure (``seeds/000``): run the same workload with a very
+Step five of the staleness procedure (docs/workflow.md): run the same workload with a very
 small and a very large ``max_age``; drops must rise sharply with the small one and fall
 to about zero with the large one. When they do not move, the drop code is never called
 (another consumption path, another buffer, or the ``wait`` strategy). ``perturb(run)`` is
@@ -18,7 +18,7 @@ import os
 import random
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Set
 
 from ._args import MAX_CAPACITY
 from .audit import ledger_gap
@@ -38,6 +38,7 @@ MAX_AGE_LIMIT = 2**63 - 1
 MAX_SIMULATED_TRAJECTORIES = 10_000_000
 #: Exit codes: drops moved cleanly / did not move / inconclusive (nothing old enough) / moved but not cleanly.
 EXIT_MOVED, EXIT_NOT_MOVED, EXIT_USAGE, EXIT_NOT_CLEAN, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
+
 
 class _PerturbError(ValueError):
     """perturb's own refusal (bad ages, or a workload that built no buffer), told apart from the workload's errors."""
@@ -61,8 +62,12 @@ class PerturbResult:
     exit_code: int  # 0 moved, 1 drops did not move at all, 3 they moved but not cleanly, 4 inconclusive
 
 
-def perturb(run: Workload, small_max_age: int = SMALL_MAX_AGE, large_max_age: int = LARGE_MAX_AGE,
-            buffer_class: type = StalenessBuffer) -> PerturbResult:
+def perturb(
+    run: Workload,
+    small_max_age: int = SMALL_MAX_AGE,
+    large_max_age: int = LARGE_MAX_AGE,
+    buffer_class: type = StalenessBuffer,
+) -> PerturbResult:
     """Runs ``run(factory)`` twice, forcing ``max_age`` to ``small_max_age`` then ``large_max_age``.
 
     ``factory(**kwargs)`` builds ``buffer_class(**kwargs)`` with ``max_age`` replaced; the
@@ -70,20 +75,25 @@ def perturb(run: Workload, small_max_age: int = SMALL_MAX_AGE, large_max_age: in
     the workload never calls the factory (nothing was measured) or the ages are not small < large.
     """
     if not 0 <= small_max_age < large_max_age <= MAX_AGE_LIMIT:
-        raise _PerturbError(f"small_max_age={small_max_age}, large_max_age={large_max_age}: need "
-                            f"0 <= small < large <= {MAX_AGE_LIMIT} (int64)")
-    ledgers, strategies = [], set()
+        raise _PerturbError(
+            f"small_max_age={small_max_age}, large_max_age={large_max_age}: need "
+            f"0 <= small < large <= {MAX_AGE_LIMIT} (int64)"
+        )
+    ledgers: List[Dict[str, int]] = []
+    strategies: Set[str] = set()
     for max_age in (small_max_age, large_max_age):
         built: List[Any] = []
 
         def factory(**kwargs: Any) -> Any:
-            buf = buffer_class(**{**kwargs, "max_age": max_age})
-            built.append(buf)
+            buf = buffer_class(**{**kwargs, "max_age": max_age})  # noqa: B023 - run() calls it in this iteration
+            built.append(buf)  # noqa: B023 - same
             return buf
 
         run(factory)
         if not built:
-            raise _PerturbError("the workload never called the buffer factory; build its buffer with factory(capacity=..., ...)")
+            raise _PerturbError(
+                "the workload never called the buffer factory; build its buffer with factory(capacity=..., ...)"
+            )
         strategies.update(b.config.strategy for b in built if hasattr(b, "config"))
         ledgers.append(_sum_ledgers(b.ledger() for b in built))
     small, large = ledgers
@@ -104,43 +114,78 @@ def _verdict(small: Dict[str, int], large: Dict[str, int], lo: int, hi: int, str
     if ds == dl == 0 and small.get("taken", 0) > 0 and strategies != ["wait"]:
         # The trainer does take from this buffer, but nothing it took was older than the small max_age:
         # the drop path had nothing to drop, so this run cannot show whether it works.
-        fix = (f"run again with --small {lo - 1} or lower" if lo > 0 else
-               "every trajectory is taken in the step it was sampled (age 0), so no max_age can drop it; "
-               "let the workload take trajectories a step or more after their sample step (as a real async run does)")
-        return (f"inconclusive: taken={small.get('taken', 0)} with max_age={lo} and nothing was dropped, so no "
-                f"trajectory taken was older than {lo}; {fix}"), False, EXIT_INCONCLUSIVE
+        fix = (
+            f"run again with --small {lo - 1} or lower"
+            if lo > 0
+            else "every trajectory is taken in the step it was sampled (age 0), so no max_age can drop it; "
+            "let the workload take trajectories a step or more after their sample step (as a real async run does)"
+        )
+        return (
+            (
+                f"inconclusive: taken={small.get('taken', 0)} with max_age={lo} and nothing was dropped, so no "
+                f"trajectory taken was older than {lo}; {fix}"
+            ),
+            False,
+            EXIT_INCONCLUSIVE,
+        )
     if ds == dl:
-        hint = (" (strategy 'wait' never drops for staleness)" if strategies == ["wait"] else
-                "; the drop code is never called: check that the trainer takes from this buffer with strategy 'drop'")
+        hint = (
+            " (strategy 'wait' never drops for staleness)"
+            if strategies == ["wait"]
+            else "; the drop code is never called: check that the trainer takes from this buffer with strategy 'drop'"
+        )
         return f"drops do not move: dropped_stale={ds} with max_age={lo} and with max_age={hi}{hint}", False, 1
     about_zero = dl <= ABOUT_ZERO * max(1, large.get("sampled_total", 0))
     sharp = ds >= SHARP * max(1, dl)
     if about_zero and sharp:
         share = ds / max(1, small.get("sampled_total", 0))
-        return (f"drop path runs: dropped_stale={ds} ({share:.1%} of sampled) with max_age={lo}, "
-                f"{dl} with max_age={hi}"), True, 0
-    return (f"drops moved but not cleanly: dropped_stale={ds} with max_age={lo}, {dl} with max_age={hi} "
-            f"(want >= {SHARP}x and about zero with the large one)"), False, 3
+        return (
+            (f"drop path runs: dropped_stale={ds} ({share:.1%} of sampled) with max_age={lo}, {dl} with max_age={hi}"),
+            True,
+            0,
+        )
+    return (
+        (
+            f"drops moved but not cleanly: dropped_stale={ds} with max_age={lo}, {dl} with max_age={hi} "
+            f"(want >= {SHARP}x and about zero with the large one)"
+        ),
+        False,
+        3,
+    )
 
 
-def simulated_workload(produced_per_step: int, consumed_per_step: int, capacity: int, parameter_sync_step: int = 1,
-                       steps: int = 200, seed: int = 0, max_latency: int = 4) -> Workload:
+def simulated_workload(
+    produced_per_step: int,
+    consumed_per_step: int,
+    capacity: int,
+    parameter_sync_step: int = 1,
+    steps: int = 200,
+    seed: int = 0,
+    max_latency: int = 4,
+) -> Workload:
     """Returns a seeded producer/consumer workload for ``perturb``.
 
     Each trainer step produces ``produced_per_step`` trajectories with the weights of the last
     push, each finishing 1..``max_latency`` steps later (so every age is >= 1), and takes
     ``consumed_per_step``. The schedule depends only on the seed, so both runs see the same one.
     """
-    for name, value in (("produced_per_step", produced_per_step), ("consumed_per_step", consumed_per_step),
-                        ("capacity", capacity), ("parameter_sync_step", parameter_sync_step), ("steps", steps),
-                        ("max_latency", max_latency)):
+    for name, value in (
+        ("produced_per_step", produced_per_step),
+        ("consumed_per_step", consumed_per_step),
+        ("capacity", capacity),
+        ("parameter_sync_step", parameter_sync_step),
+        ("steps", steps),
+        ("max_latency", max_latency),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
     if capacity > MAX_CAPACITY:
         raise ValueError(f"capacity={capacity} is above the buffer's largest, {MAX_CAPACITY}")
     if produced_per_step * steps > MAX_SIMULATED_TRAJECTORIES:
-        raise ValueError(f"produced_per_step {produced_per_step} x steps {steps} is too large to simulate (at most "
-                         f"{MAX_SIMULATED_TRAJECTORIES} trajectories); lower --produced or --steps")
+        raise ValueError(
+            f"produced_per_step {produced_per_step} x steps {steps} is too large to simulate (at most "
+            f"{MAX_SIMULATED_TRAJECTORIES} trajectories); lower --produced or --steps"
+        )
 
     def workload(factory: Factory) -> None:
         rng = random.Random(seed)
@@ -170,15 +215,18 @@ def load_workload(spec: str) -> Workload:
             if not os.path.isfile(module_name):
                 raise ValueError(f"--workload {spec!r}: no file {module_name}")
             loaded = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
+            if loaded is None or loaded.loader is None:
+                raise ValueError(f"--workload {spec!r}: {module_name} cannot be loaded as a Python module")
             module = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(module)
+            loader: Any = loaded.loader  # typeshed's Loader types lack exec_module before 3.10 on some checkers
+            loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
     except ValueError:
         raise
     except ImportError as exc:
         raise ValueError(f"--workload {spec!r}: cannot import {module_name} ({exc}); check PYTHONPATH") from None
-    except Exception as exc:  # noqa: BLE001 - a SyntaxError or an error at import time in the user's module
+    except Exception as exc:
         raise ValueError(f"--workload {spec!r}: importing {module_name} failed ({type(exc).__name__}: {exc})") from None
     func = getattr(module, func_name, None)
     if not callable(func):
@@ -195,7 +243,7 @@ def read_rhythm(path: str) -> Dict[str, Any]:
         raise ValueError(f"--rhythm {path}: not the JSON of `pyfast-buffer rhythm --json` ({exc})") from None
     values = report.get("rhythm") if isinstance(report, dict) else None
     if not isinstance(values, dict):
-        raise ValueError(f"--rhythm {path}: not the JSON of `pyfast-buffer rhythm --json` (no \"rhythm\" object)")
+        raise ValueError(f'--rhythm {path}: not the JSON of `pyfast-buffer rhythm --json` (no "rhythm" object)')
     return values
 
 
@@ -205,13 +253,14 @@ def rates_from_rhythm(path: str) -> Dict[str, int]:
     missing = [k for k in REQUIRED_RATES if values.get(k) is None]
     if missing:
         raise ValueError(f"--rhythm {path}: missing {', '.join(missing)}; rerun rhythm with --set {missing[0]}=N")
-    for key in REQUIRED_RATES + ("parameter_sync_step",):
+    for key in (*REQUIRED_RATES, "parameter_sync_step"):
         value = values.get(key)
         if value is None and key == "parameter_sync_step":
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"--rhythm {path}: {key}={value!r} is not a finite number > 0; rerun rhythm with "
-                             f"--set {key}=N")
+            raise ValueError(
+                f"--rhythm {path}: {key}={value!r} is not a finite number > 0; rerun rhythm with --set {key}=N"
+            )
     rates = {k: max(1, round(values[k])) for k in REQUIRED_RATES}
     rates["parameter_sync_step"] = max(1, round(values.get("parameter_sync_step") or 1))
     return rates
@@ -227,20 +276,31 @@ def format_result(result: PerturbResult, title: str) -> str:
     shares = [led.get("dropped_stale", 0) / max(1, led.get("sampled_total", 0)) for led in (result.small, result.large)]
     out.append(f"{'drop share':<15} {shares[0]:>{width}.1%} {shares[1]:>{width}.1%}")
     bal = [_balanced(led) for led in (result.small, result.large)]
-    out.append(f"{'balanced':<15} {str(bal[0]):>{width}} {str(bal[1]):>{width}}")
+    out.append(f"{'balanced':<15} {bal[0]!s:>{width}} {bal[1]!s:>{width}}")
     out.append(f"verdict: {result.verdict}")
     return "\n".join(out)
 
 
 def _balanced(led: Dict[str, int]) -> bool:
-    return ledger_gap(led.get("sampled_total", 0), led.get("retired", 0), led.get("dropped_stale", 0),
-                      led.get("evicted", 0), led.get("buffer_left", 0)) == 0
+    return (
+        ledger_gap(
+            led.get("sampled_total", 0),
+            led.get("retired", 0),
+            led.get("dropped_stale", 0),
+            led.get("evicted", 0),
+            led.get("buffer_left", 0),
+        )
+        == 0
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.small < args.large <= MAX_AGE_LIMIT:
-        print(f"perturb: --small {args.small} and --large {args.large}: need 0 <= small < large <= {MAX_AGE_LIMIT}"
-              " (int64)", file=sys.stderr)
+        print(
+            f"perturb: --small {args.small} and --large {args.large}: need 0 <= small < large <= {MAX_AGE_LIMIT}"
+            " (int64)",
+            file=sys.stderr,
+        )
         return 2
     try:
         workload, title = _workload_from_args(args)
@@ -267,32 +327,53 @@ def _workload_from_args(args: argparse.Namespace):
         values = read_rhythm(args.rhythm)
         kept = [f"{k} {values[k]!r}" for k in ("strategy", "max_age") if values.get(k) is not None]
         if kept:
-            ignored = (f"\nnote: the rhythm's {' and '.join(kept)} {'are' if len(kept) > 1 else 'is'} not used: perturb forces max_age to --small and "
-                       "--large, and the simulation takes with strategy 'drop' (under 'wait' nothing is dropped)")
+            ignored = (
+                f"\nnote: the rhythm's {' and '.join(kept)} {'are' if len(kept) > 1 else 'is'} not used: "
+                f"perturb forces max_age to --small and "
+                "--large, and the simulation takes with strategy 'drop' (under 'wait' nothing is dropped)"
+            )
     rates = {k: (v if v is not None else _DEFAULTS[k]) for k, v in rates.items()}
     workload = simulated_workload(**rates, steps=args.steps, seed=args.seed)
-    title = ("perturb: built-in simulation, " + ", ".join(f"{k} {v}" for k, v in rates.items())
-             + f", {args.steps} steps, seed {args.seed}" + ignored)
+    title = (
+        "perturb: built-in simulation, "
+        + ", ".join(f"{k} {v}" for k, v in rates.items())
+        + f", {args.steps} steps, seed {args.seed}"
+        + ignored
+    )
     return workload, title
 
 
-_FLAG = {"produced_per_step": "produced", "consumed_per_step": "consumed", "capacity": "capacity",
-         "parameter_sync_step": "sync"}
+_FLAG = {
+    "produced_per_step": "produced",
+    "consumed_per_step": "consumed",
+    "capacity": "capacity",
+    "parameter_sync_step": "sync",
+}
 _DEFAULTS = {"produced_per_step": 64, "consumed_per_step": 64, "capacity": 512, "parameter_sync_step": 1}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("perturb", help="run a workload with a tiny and a huge max_age and check that drops move",
-                       epilog="exit status: 0 drops rose with the small max_age and fell to about zero with the large "
-                              "one; 1 they did not move (the drop path never runs); 2 usage error; 3 they moved but "
-                              "not cleanly; 4 inconclusive: trajectories were taken but none was older than the small "
-                              "max_age, so nothing could be dropped")
+    p = sub.add_parser(
+        "perturb",
+        help="run a workload with a tiny and a huge max_age and check that drops move",
+        epilog="exit status: 0 drops rose with the small max_age and fell to about zero with the large "
+        "one; 1 they did not move (the drop path never runs); 2 usage error; 3 they moved but "
+        "not cleanly; 4 inconclusive: trajectories were taken but none was older than the small "
+        "max_age, so nothing could be dropped",
+    )
     src = p.add_argument_group("workload (a user function, or the built-in simulation)")
-    src.add_argument("--workload", metavar="MODULE:FUNCTION",
-                     help="function(factory) to run; factory(**kwargs) builds a StalenessBuffer with max_age forced")
+    src.add_argument(
+        "--workload",
+        metavar="MODULE:FUNCTION",
+        help="function(factory) to run; factory(**kwargs) builds a StalenessBuffer with max_age forced",
+    )
     src.add_argument("--rhythm", metavar="FILE", help="rates from the JSON of `pyfast-buffer rhythm --json`")
-    src.add_argument("--produced", type=int, help=f"trajectories produced per step (default {_DEFAULTS['produced_per_step']})")
-    src.add_argument("--consumed", type=int, help=f"trajectories taken per step (default {_DEFAULTS['consumed_per_step']})")
+    src.add_argument(
+        "--produced", type=int, help=f"trajectories produced per step (default {_DEFAULTS['produced_per_step']})"
+    )
+    src.add_argument(
+        "--consumed", type=int, help=f"trajectories taken per step (default {_DEFAULTS['consumed_per_step']})"
+    )
     src.add_argument("--capacity", type=int, help=f"buffer capacity (default {_DEFAULTS['capacity']})")
     src.add_argument("--sync", type=int, help="parameter_sync_step (default 1)")
     p.add_argument("--steps", type=int, default=200, help="simulated trainer steps (default 200)")

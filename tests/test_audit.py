@@ -4,6 +4,7 @@ import io
 import pathlib
 
 from _workflow_helpers import fixture, run_cli
+
 from pyfast_buffer import audit
 
 
@@ -38,7 +39,7 @@ def test_age_histogram_is_summed_when_logged(capsys):
     result = audit.audit([fixture("logs", "metrics_age_hist.log")])
     seg = result.segments[0]
     assert result.exit_code == 0 and sum(seg.age_hist.values()) == seg.sums["taken"]
-    code, out, _ = run_cli(capsys, "audit", fixture("logs", "metrics_age_hist.log"))
+    _, out, _ = run_cli(capsys, "audit", fixture("logs", "metrics_age_hist.log"))
     assert "age histogram: 0:" in out
 
 
@@ -79,7 +80,7 @@ def test_missing_sampled_total_cannot_be_shown_balanced(tmp_path):
 
 def test_empty_binary_and_missing_inputs_exit_2(capsys):
     for source in (fixture("logs", "empty.log"), fixture("binary.bin"), fixture("logs", "no_such.log")):
-        code, out, _ = run_cli(capsys, "audit", source)
+        code, _, _ = run_cli(capsys, "audit", source)
         assert code == 2, source
     assert "binary data" in audit.audit([fixture("binary.bin")]).notes[0]
 
@@ -89,7 +90,7 @@ def test_an_unreadable_input_among_good_ones_still_exits_2():
 
 
 def test_parse_record_ignores_lookalike_fields():
-    fields, _ = audit.parse_record("my_taken=5 taken=3 sampled_total: 9 \"dropped_stale\": 2")
+    fields, _ = audit.parse_record('my_taken=5 taken=3 sampled_total: 9 "dropped_stale": 2')
     assert fields == {"taken": 3, "sampled_total": 9, "dropped_stale": 2}
 
 
@@ -120,7 +121,11 @@ def test_records_counted_twice_get_a_hint_and_group_splits_them(capsys):
     result = audit.audit([log], group=r"^\[(rank\d+)\]")
     assert result.exit_code == 0
     assert [(s.group, s.sampled_total, s.gap) for s in result.segments] == [
-        ("rank0", 546, 0), ("rank1", 546, 0), ("rank0", 24, 0), ("rank1", 24, 0)]
+        ("rank0", 546, 0),
+        ("rank1", 546, 0),
+        ("rank0", 24, 0),
+        ("rank1", 24, 0),
+    ]
     code, _, err = run_cli(capsys, "audit", log, "--group", "([")
     assert code == 2 and "not a regular expression" in err
 

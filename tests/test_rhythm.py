@@ -1,10 +1,11 @@
 """rhythm: config keys with file:line, the derived rhythm, the FIFO plan, warnings and malformed files."""
 
 import json
+import re
 
 import pytest
-
 from _workflow_helpers import fixture, run_cli
+
 from pyfast_buffer import rhythm
 
 
@@ -28,8 +29,14 @@ def test_verl_sampler_block_keys_lines_and_classes():
 def test_verl_rhythm_plan_and_all_warnings_but_starvation():
     report = rhythm.analyse([fixture("rhythm", "verl_ppo_trainer.yaml")])
     values = report["rhythm"]
-    assert values == {"parameter_sync_step": 2, "strategy": "wait", "produced_per_step": 1024,
-                      "consumed_per_step": 1024, "max_age": 3, "capacity": 8192}
+    assert values == {
+        "parameter_sync_step": 2,
+        "strategy": "wait",
+        "produced_per_step": 1024,
+        "consumed_per_step": 1024,
+        "max_age": 3,
+        "capacity": 8192,
+    }
     plan = report["plan"]
     assert plan["turnover_steps"] == 8 and plan["age_max"] == 8 and plan["suggested_max_age"] == 8
     assert plan["age_distribution"] == {7: 0.5, 8: 0.5}
@@ -64,15 +71,24 @@ def test_json_fully_async_and_toml_keyword_configs():
 
 
 def test_set_supplies_missing_rates_and_flags_starvation(capsys):
-    code, out, _ = run_cli(capsys, "rhythm", fixture("rhythm", "homegrown.toml"),
-                           "--set", "produced_per_step=256", "--set", "consumed_per_step=512")
+    code, out, _ = run_cli(
+        capsys,
+        "rhythm",
+        fixture("rhythm", "homegrown.toml"),
+        "--set",
+        "produced_per_step=256",
+        "--set",
+        "consumed_per_step=512",
+    )
     assert code == 0
     assert "trainer will starve" in out and "homegrown.toml:5" in out and "--set produced_per_step=256" in out
 
 
 def test_set_overrides_a_dotted_config_key():
-    report = rhythm.analyse([fixture("rhythm", "verl_ppo_trainer.yaml")],
-                            rhythm.parse_set(["trainer.v1.sampler.max_off_policy_threshold=8"]))
+    report = rhythm.analyse(
+        [fixture("rhythm", "verl_ppo_trainer.yaml")],
+        rhythm.parse_set(["trainer.v1.sampler.max_off_policy_threshold=8"]),
+    )
     assert report["rhythm"]["max_age"] == 15
 
 
@@ -103,13 +119,16 @@ def test_bad_set_item_is_a_usage_error(capsys):
     assert code == 2 and "key=value" in err
 
 
-@pytest.mark.parametrize("p, c, cap, sync, ages", [
-    (10, 20, 100, 1, {0: 1.0}),  # production below consumption: the queue never holds anything
-    (10, 10, 10, 1, {0: 1.0}),  # capacity of one step: on-policy
-    (10, 10, 30, 1, {2: 1.0}),
-    (30, 10, 30, 1, {0: 1.0}),  # overflow evicts the oldest, so what is taken is fresh
-    (10, 10, 10, 2, {0: 0.5, 1: 0.5}),  # weights pushed every other step
-])
+@pytest.mark.parametrize(
+    "p, c, cap, sync, ages",
+    [
+        (10, 20, 100, 1, {0: 1.0}),  # production below consumption: the queue never holds anything
+        (10, 10, 10, 1, {0: 1.0}),  # capacity of one step: on-policy
+        (10, 10, 30, 1, {2: 1.0}),
+        (30, 10, 30, 1, {0: 1.0}),  # overflow evicts the oldest, so what is taken is fresh
+        (10, 10, 10, 2, {0: 0.5, 1: 0.5}),  # weights pushed every other step
+    ],
+)
 def test_plan_fifo_ages(p, c, cap, sync, ages):
     assert rhythm.plan(p, c, cap, sync).age_distribution == ages
 
@@ -163,21 +182,30 @@ def test_non_finite_known_keys_are_noted_and_json_output_stays_valid(capsys):
     report = rhythm.analyse([fixture("configs_bad", "nan_values.json")])
     assert "capacity" not in report["rhythm"]  # NaN is not silently replaced
     notes = " ".join(report["notes"])
-    assert "replay.capacity=nan" in notes and "actor_rollout_ref.rollout.n=nan" in notes and "not a finite number" in notes
-    code, out, _ = run_cli(capsys, "rhythm", fixture("configs_bad", "nan_values.json"), "--json")
+    assert (
+        "replay.capacity=nan" in notes and "actor_rollout_ref.rollout.n=nan" in notes and "not a finite number" in notes
+    )
+    _, out, _ = run_cli(capsys, "rhythm", fixture("configs_bad", "nan_values.json"), "--json")
     assert "NaN" in out and "Infinity" not in out
     parsed = json.loads(out, parse_constant=lambda c: pytest.fail(f"bare {c} in --json output"))
     assert {f["key"]: f["value"] for f in parsed["findings"]}["replay.capacity"] == "NaN"
 
 
-@pytest.mark.parametrize("text, words", [
-    ("data:\n  train_batch_size: 8\nparameter_sync_step: 0.5\nreplay:\n  capacity: 64\n",
-     "parameter_sync_step=0.5 is below 1"),
-    ("data:\n  train_batch_size: 8\nreplay:\n  capacity: 0.5\n", "capacity=0.5 is below 1"),
-    ("data:\n  train_batch_size: 8\nparameter_sync_step: 1000000000\nreplay:\n  capacity: 64\n",
-     "too large to simulate"),
-    ("data:\n  train_batch_size: 0.000001\nreplay:\n  capacity: 1000000\n", "too large to simulate"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (
+            "data:\n  train_batch_size: 8\nparameter_sync_step: 0.5\nreplay:\n  capacity: 64\n",
+            "parameter_sync_step=0.5 is below 1",
+        ),
+        ("data:\n  train_batch_size: 8\nreplay:\n  capacity: 0.5\n", "capacity=0.5 is below 1"),
+        (
+            "data:\n  train_batch_size: 8\nparameter_sync_step: 1000000000\nreplay:\n  capacity: 64\n",
+            "too large to simulate",
+        ),
+        ("data:\n  train_batch_size: 0.000001\nreplay:\n  capacity: 1000000\n", "too large to simulate"),
+    ],
+)
 def test_numbers_that_cannot_be_planned_say_why(capsys, tmp_path, text, words):
     path = tmp_path / "cfg.yaml"
     path.write_text(text)
@@ -187,25 +215,70 @@ def test_numbers_that_cannot_be_planned_say_why(capsys, tmp_path, text, words):
     assert code == 0 and "turnover: not computed: " + words in out and "suggested max_age" not in out
 
 
-@pytest.mark.parametrize("value, words", [("abc", "max_age='abc' is not a number"),
-                                          ("2.5", "max_age=2.5 is not a whole number"),
-                                          ("-1", "max_age=-1 is below 0")])
-def test_set_max_age_must_be_a_whole_number(capsys, value, words):
-    code, out, _ = run_cli(capsys, "rhythm", fixture("rhythm", "trl_grpo.yaml"), "--set", f"max_age={value}")
-    assert code == 0 and words in out
+@pytest.mark.parametrize(
+    "item, words",
+    [
+        ("max_age=abc", "--set max_age='abc' is not a whole number; write a whole number >= 0"),
+        ("max_age=2.5", "--set max_age=2.5 is not a whole number"),
+        ("max_age=-1", "--set max_age=-1 must be >= 0"),
+        ("produced_per_step=abc", "--set produced_per_step='abc' is not a number; write a number > 0"),
+        ("consumed_per_step=0", "--set consumed_per_step=0 must be > 0"),
+        ("consumed_per_step=nan", "--set consumed_per_step=nan is not a number"),
+        ("capacity=0", "--set capacity=0 must be >= 1"),
+        ("capacity=true", "--set capacity=True is not a whole number"),
+        ("parameter_sync_step=1.5", "--set parameter_sync_step=1.5 is not a whole number"),
+        ("latency_steps=-2", "--set latency_steps=-2 must be >= 0"),
+        ("strategy=fifo", "--set strategy='fifo' is unknown; write --set strategy=drop or --set strategy=wait"),
+    ],
+)
+def test_set_rhythm_values_are_validated_before_anything_runs(capsys, item, words):
+    with pytest.raises(ValueError, match="^" + re.escape(words)):
+        rhythm.parse_set([item])
+    code, out, err = run_cli(capsys, "rhythm", fixture("rhythm", "trl_grpo.yaml"), "--set", item)
+    assert code == 2 and out == "" and words in err
+
+
+def test_set_accepts_valid_rhythm_values_and_free_config_keys():
+    assert rhythm.parse_set(
+        [
+            "max_age=0",
+            "capacity=4096",
+            "produced_per_step=0.5",
+            "latency_steps=0",
+            "parameter_sync_step=2",
+            "strategy=drop",
+            "some.config.key=abc",
+        ]
+    ) == {
+        "max_age": 0,
+        "capacity": 4096,
+        "produced_per_step": 0.5,
+        "latency_steps": 0,
+        "parameter_sync_step": 2,
+        "strategy": "drop",
+        "some.config.key": "abc",
+    }
 
 
 def test_set_reads_numbers_before_yaml():
     assert rhythm.parse_set(["capacity=1e4", "produced_per_step=12", "strategy=wait", "max_age=null"]) == {
-        "capacity": 10000.0, "produced_per_step": 12, "strategy": "wait", "max_age": None}
-    report = rhythm.analyse([fixture("rhythm", "homegrown.toml")],
-                            rhythm.parse_set(["capacity=1e4", "produced_per_step=5e2", "consumed_per_step=5e2"]))
+        "capacity": 10000.0,
+        "produced_per_step": 12,
+        "strategy": "wait",
+        "max_age": None,
+    }
+    report = rhythm.analyse(
+        [fixture("rhythm", "homegrown.toml")],
+        rhythm.parse_set(["capacity=1e4", "produced_per_step=5e2", "consumed_per_step=5e2"]),
+    )
     assert report["plan"]["capacity"] == 10000 and report["plan"]["turnover_steps"] == 20
 
 
 def test_threshold_goes_through_the_config_helper():
-    report = rhythm.analyse([fixture("rhythm", "verl_ppo_trainer.yaml")],
-                            rhythm.parse_set(["trainer.v1.sampler.max_off_policy_threshold=0.5"]))
+    report = rhythm.analyse(
+        [fixture("rhythm", "verl_ppo_trainer.yaml")],
+        rhythm.parse_set(["trainer.v1.sampler.max_off_policy_threshold=0.5"]),
+    )
     assert "max_age" not in report["rhythm"]
     assert any("no max_age derived" in n for n in report["notes"])
 
@@ -213,9 +286,11 @@ def test_threshold_goes_through_the_config_helper():
 def test_the_full_buffer_assumption_is_printed(capsys):
     plan = rhythm.plan(10, 10, 30, 1)
     assert (plan.suggested_max_age, plan.age_max_empty_start) == (2, 0)
-    code, out, _ = run_cli(capsys, "rhythm", fixture("rhythm", "verl_ppo_trainer.yaml"))
-    assert "assumed: the buffer has filled once (the worst case); from an empty start at these rates the oldest " \
-           "trajectory trained on is 1 step(s) old" in out
+    _, out, _ = run_cli(capsys, "rhythm", fixture("rhythm", "verl_ppo_trainer.yaml"))
+    assert (
+        "assumed: the buffer has filled once (the worst case); from an empty start at these rates the oldest "
+        "trajectory trained on is 1 step(s) old" in out
+    )
 
 
 def test_yaml_without_pyyaml_is_skipped_with_a_fix(monkeypatch):

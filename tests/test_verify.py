@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from _workflow_helpers import fixture, run_cli
+
 from pyfast_buffer import ReferenceBuffer, verify
 
 LOOPS = fixture("workloads", "user_loops.py")
@@ -39,8 +39,12 @@ def test_rates_from_rhythm_json(capsys, tmp_path):
     code, out, _ = run_cli(capsys, "rhythm", fixture("rhythm", "trl_grpo.yaml"), "--json")
     path = tmp_path / "rhythm.json"
     path.write_text(out)
-    assert verify.rates_from_rhythm(str(path)) == {"produced_per_step": 16, "consumed_per_step": 16, "capacity": 64,
-                                                   "parameter_sync_step": 1}
+    assert verify.rates_from_rhythm(str(path)) == {
+        "produced_per_step": 16,
+        "consumed_per_step": 16,
+        "capacity": 64,
+        "parameter_sync_step": 1,
+    }
     code, out, _ = run_cli(capsys, "perturb", "--rhythm", path, "--steps", 30)
     assert code == 0 and "capacity 64" in out
 
@@ -52,21 +56,26 @@ def test_rhythm_without_rates_is_a_usage_error(capsys, tmp_path):
     assert code == 2 and "missing produced_per_step" in err
 
 
-@pytest.mark.parametrize("name, code, words", [
-    ("takes_from_buffer", 0, "drop path runs"),
-    ("bypasses_buffer", 1, "drop code is never called"),
-    ("waits", 1, "strategy 'wait' never drops"),
-])
+@pytest.mark.parametrize(
+    "name, code, words",
+    [
+        ("takes_from_buffer", 0, "drop path runs"),
+        ("bypasses_buffer", 1, "drop code is never called"),
+        ("waits", 1, "strategy 'wait' never drops"),
+    ],
+)
 def test_user_workloads(capsys, name, code, words):
     got, out, _ = run_cli(capsys, "perturb", "--workload", f"{LOOPS}:{name}")
     assert got == code and words in out
 
 
 def test_bad_workloads_are_usage_errors(capsys):
-    for spec, words in ((f"{LOOPS}:never_builds", "never called the buffer factory"),
-                        (f"{LOOPS}:no_such", "has no function"),
-                        ("no_such_module_xyz:run", "cannot import"),
-                        ("no_colon", "not module:function")):
+    for spec, words in (
+        (f"{LOOPS}:never_builds", "never called the buffer factory"),
+        (f"{LOOPS}:no_such", "has no function"),
+        ("no_such_module_xyz:run", "cannot import"),
+        ("no_colon", "not module:function"),
+    ):
         code, _, err = run_cli(capsys, "perturb", "--workload", spec)
         assert code == 2 and words in err, spec
 
@@ -84,12 +93,15 @@ def test_fresh_trajectories_make_the_check_inconclusive(capsys):
     assert code == 4 and "--small 2 or lower" in out
 
 
-@pytest.mark.parametrize("argv, words", [
-    (("--large", 99999999999999999999999), "need 0 <= small < large <= 9223372036854775807"),
-    (("--small", 5, "--large", 5), "need 0 <= small < large"),
-    (("--capacity", 10000000000000), "above the buffer's largest, 1099511627776"),
-    (("--produced", 10**6, "--steps", 10**6), "too large to simulate"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (("--large", 99999999999999999999999), "need 0 <= small < large <= 9223372036854775807"),
+        (("--small", 5, "--large", 5), "need 0 <= small < large"),
+        (("--capacity", 10000000000000), "above the buffer's largest, 1099511627776"),
+        (("--produced", 10**6, "--steps", 10**6), "too large to simulate"),
+    ],
+)
 def test_out_of_range_numbers_are_usage_errors(capsys, argv, words):
     code, out, err = run_cli(capsys, "perturb", *argv)
     assert code == 2 and words in err and out == ""
@@ -102,13 +114,18 @@ def test_a_workload_with_a_syntax_error_is_a_usage_error(capsys, tmp_path):
     assert code == 2 and "SyntaxError" in err
 
 
-@pytest.mark.parametrize("content, words", [
-    ({"rhythm": []}, 'no "rhythm" object'),
-    ([1, 2], 'no "rhythm" object'),
-    ({"rhythm": {"produced_per_step": "abc", "consumed_per_step": 8, "capacity": 64}}, "produced_per_step='abc'"),
-    ({"rhythm": {"produced_per_step": 8, "consumed_per_step": 8, "capacity": 64, "parameter_sync_step": True}},
-     "parameter_sync_step=True"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ({"rhythm": []}, 'no "rhythm" object'),
+        ([1, 2], 'no "rhythm" object'),
+        ({"rhythm": {"produced_per_step": "abc", "consumed_per_step": 8, "capacity": 64}}, "produced_per_step='abc'"),
+        (
+            {"rhythm": {"produced_per_step": 8, "consumed_per_step": 8, "capacity": 64, "parameter_sync_step": True}},
+            "parameter_sync_step=True",
+        ),
+    ],
+)
 def test_bad_rhythm_files_are_usage_errors(capsys, tmp_path, content, words):
     path = tmp_path / "rhythm.json"
     path.write_text(json.dumps(content))
@@ -118,7 +135,18 @@ def test_bad_rhythm_files_are_usage_errors(capsys, tmp_path, content, words):
 
 def test_rhythm_strategy_and_max_age_are_said_to_be_ignored(capsys, tmp_path):
     path = tmp_path / "rhythm.json"
-    path.write_text(json.dumps({"rhythm": {"produced_per_step": 8, "consumed_per_step": 8, "capacity": 64,
-                                           "strategy": "wait", "max_age": 3}}))
+    path.write_text(
+        json.dumps(
+            {
+                "rhythm": {
+                    "produced_per_step": 8,
+                    "consumed_per_step": 8,
+                    "capacity": 64,
+                    "strategy": "wait",
+                    "max_age": 3,
+                }
+            }
+        )
+    )
     code, out, _ = run_cli(capsys, "perturb", "--rhythm", path, "--steps", 20)
     assert code == 0 and "strategy 'wait' and max_age 3 are not used" in out

@@ -1,0 +1,80 @@
+// A condition variable whose timed waits run on CLOCK_MONOTONIC on every libc the wheels target.
+#pragma once
+
+#include <pthread.h>
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <ctime>
+#include <mutex>
+#include <system_error>
+
+namespace pyfast_buffer {
+
+/// Drop-in for std::condition_variable (the subset the ring uses) whose deadlines are steady_clock
+/// time points waited for on CLOCK_MONOTONIC, so a wall-clock jump never shortens or stretches a timeout.
+///
+/// Why not std::condition_variable: libstdc++ and libc++ wait on steady_clock through
+/// pthread_cond_clockwait, which only glibc >= 2.30 has; built against an older glibc (manylinux_2_28)
+/// or musl they fall back to CLOCK_REALTIME deadlines. A pthread condition created with
+/// pthread_condattr_setclock(CLOCK_MONOTONIC) is monotonic on glibc 2.3.3+ and musl alike.
+class MonotonicCondition {
+ public:
+  using Lock = std::unique_lock<std::mutex>;
+
+  MonotonicCondition() {
+    pthread_condattr_t attr;
+    check(pthread_condattr_init(&attr), "pthread_condattr_init");
+    check(pthread_condattr_setclock(&attr, CLOCK_MONOTONIC), "pthread_condattr_setclock");
+    const int rc = pthread_cond_init(&cond_, &attr);
+    pthread_condattr_destroy(&attr);
+    check(rc, "pthread_cond_init");
+  }
+  ~MonotonicCondition() { pthread_cond_destroy(&cond_); }
+  MonotonicCondition(const MonotonicCondition&) = delete;
+  MonotonicCondition& operator=(const MonotonicCondition&) = delete;
+
+  /// Wakes every waiter.
+  void notify_all() noexcept { pthread_cond_broadcast(&cond_); }
+  /// Wakes one waiter.
+  void notify_one() noexcept { pthread_cond_signal(&cond_); }
+
+  /// Blocks until notified (or a spurious wake-up); `lock` must hold the mutex.
+  void wait(Lock& lock) { pthread_cond_wait(&cond_, lock.mutex()->native_handle()); }
+
+  /// Blocks until notified or `deadline` passes; returns timeout iff the deadline has passed on return.
+  std::cv_status wait_until(Lock& lock, std::chrono::steady_clock::time_point deadline) {
+    if (std::chrono::steady_clock::now() < deadline) {
+      const timespec ts = to_monotonic_timespec(deadline);
+      pthread_cond_timedwait(&cond_, lock.mutex()->native_handle(), &ts);
+    }
+    return std::chrono::steady_clock::now() < deadline ? std::cv_status::no_timeout : std::cv_status::timeout;
+  }
+
+  /// Waits until `ready()` holds or `deadline` passes; returns the last value of `ready()`.
+  template <class Predicate>
+  bool wait_until(Lock& lock, std::chrono::steady_clock::time_point deadline, Predicate ready) {
+    while (!ready()) {
+      if (wait_until(lock, deadline) == std::cv_status::timeout) return ready();
+    }
+    return true;
+  }
+
+ private:
+  // steady_clock is CLOCK_MONOTONIC on Linux (libstdc++ and libc++), so its time points convert directly.
+  static timespec to_monotonic_timespec(std::chrono::steady_clock::time_point deadline) {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
+    timespec ts;
+    ts.tv_sec = static_cast<time_t>(ns / 1000000000);
+    ts.tv_nsec = static_cast<long>(ns % 1000000000);
+    return ts;
+  }
+  static void check(int rc, const char* what) {
+    if (rc != 0) throw std::system_error(rc, std::generic_category(), what);
+  }
+
+  pthread_cond_t cond_;
+};
+
+}  // namespace pyfast_buffer
