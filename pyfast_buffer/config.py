@@ -76,16 +76,17 @@ def resolve_pin_memory(pin_memory: Optional[bool]) -> bool:
     return cuda if pin_memory is None else bool(pin_memory)
 
 
-def max_age_from_threshold(max_off_policy_threshold: Any, parameter_sync_step: Any = 1) -> int:
-    """Returns verl's cutoff as a max_age: ``threshold * parameter_sync_step - 1``.
+def max_age_from_threshold(max_off_policy_threshold: Any) -> int:
+    """Returns verl's cutoff as a max_age: ``max_off_policy_threshold - 1``.
 
-    verl drops when ``(age + 1) / parameter_sync_step > threshold`` and waits while an
-    in-flight prompt has ``(age + 1) / parameter_sync_step >= threshold``; both are
-    ``age > max_age`` and ``age >= max_age`` for this integer max_age.
+    verl's replay buffers (main branch, 2026-08) evict a finished group when
+    ``global_steps - step + 1 > threshold`` and, under ``wait``, hold sampling while an in-flight
+    prompt has ``global_steps - step + 1 >= threshold``; with ``current_step = global_steps`` both are
+    ``age > max_age`` and ``age >= max_age`` for this max_age. (verl PR #6778 divided the span by
+    ``parameter_sync_step``; today's verl does not, and neither does this mapping.)
     """
     threshold = as_count(max_off_policy_threshold, "max_off_policy_threshold", 1)
-    sync = as_count(parameter_sync_step, "parameter_sync_step", 1)
-    return threshold * sync - 1
+    return threshold - 1
 
 
 def _get(cfg: Any, key: str, default: Any) -> Any:
@@ -103,9 +104,10 @@ def config_from_verl(sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> di
     """Returns ``StalenessBuffer`` keyword arguments equivalent to verl's sampler settings.
 
     Reads ``max_off_policy_threshold`` (default 8) and ``max_off_policy_strategy``
-    (default ``"drop"``) from ``sampler_cfg`` and ``parameter_sync_step`` (default 1,
-    as in verl when it is absent) from ``trainer_cfg``; ``sampler_kwargs.capacity``
-    or ``overrides`` may set any other argument.
+    (default ``"drop"``) from ``sampler_cfg``; ``current_step`` is verl's ``global_steps``, which
+    advances once per weight push, so ``policy_version`` is stamped as the step. ``parameter_sync_step``
+    in ``trainer_cfg``, if present, is checked (an int >= 1, as verl asserts) but does not enter the
+    cutoff, as in today's verl. ``sampler_kwargs.capacity`` or ``overrides`` may set any other argument.
     """
     threshold = _get(sampler_cfg, "max_off_policy_threshold", DEFAULT_VERL_THRESHOLD)
     strategy = _get(sampler_cfg, "max_off_policy_strategy", "drop")
@@ -119,9 +121,10 @@ def config_from_verl(sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> di
     sampler_kwargs = _get(sampler_cfg, "sampler_kwargs", None)
     kwargs = {
         "capacity": _get(sampler_kwargs, "capacity", DEFAULT_VERL_CAPACITY),
-        "max_age": max_age_from_threshold(threshold, sync),
+        "max_age": max_age_from_threshold(threshold),
         "strategy": strategy,
-        "parameter_sync_step": sync,
+        # verl pushes weights once per global step, so the weight version is the step itself.
+        "parameter_sync_step": 1,
     }
     kwargs.update(overrides)
     return kwargs

@@ -214,12 +214,12 @@ def _derive_verl(roles, num, put, ref, sync, notes) -> None:
     threshold = num("verl.threshold")
     if threshold is not None:
         try:
-            max_age = max_age_from_threshold(_as_int(threshold), _as_int(sync or 1))
+            max_age = max_age_from_threshold(_as_int(threshold))
         except (TypeError, ValueError) as exc:
             if notes is not None:
                 notes.append(f"{ref('verl.threshold')}: no max_age derived ({exc})")
         else:
-            put("max_age", max_age, f"{ref('verl.threshold')} x parameter_sync_step {sync or 1:g} - 1 (verl's cutoff)")
+            put("max_age", max_age, f"{ref('verl.threshold')} - 1 (verl's cutoff: global_steps - step + 1 > threshold)")
     if "capacity" not in roles and ("verl.threshold" in roles or "strategy" in roles):
         put(
             "capacity",

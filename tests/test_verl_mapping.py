@@ -1,9 +1,9 @@
 """Staleness formulas against verl's.
 
-``StalenessBuffer.from_verl`` maps the threshold as verl PR #6778 did (``threshold * parameter_sync_step
-- 1``); verl's replay buffers today measure staleness as ``global_steps - step + 1`` with no
-``parameter_sync_step``, and the verl sampler (pyfast_buffer.integrations.verl) uses exactly that.
-Both are checked here against the formulas written out.
+verl's replay buffers today measure staleness as ``global_steps - step + 1`` against
+``max_off_policy_threshold``, with no ``parameter_sync_step`` in the span; ``StalenessBuffer.from_verl``
+and the verl sampler (pyfast_buffer.integrations.verl) both follow that. Checked here against the
+formulas written out, for several ``parameter_sync_step`` values, which must not move the cutoff.
 """
 
 import pytest
@@ -12,14 +12,14 @@ import pyfast_buffer as pfb
 from pyfast_buffer.config import config_from_verl, max_age_from_threshold
 
 
-def verl_drops(age, threshold, sync):
-    """verl's drop rule: (age + 1) / parameter_sync_step > threshold (true division, as in verl)."""
-    return (age + 1) / sync > threshold
+def verl_drops(age, threshold):
+    """verl's eviction rule for a finished group: global_steps - step + 1 > threshold."""
+    return age + 1 > threshold
 
 
-def verl_waits(age, threshold, sync):
-    """verl's wait rule for an in-flight prompt: (age + 1) / parameter_sync_step >= threshold."""
-    return (age + 1) / sync >= threshold
+def verl_waits(age, threshold):
+    """verl's wait rule for an in-flight prompt: global_steps - step + 1 >= threshold."""
+    return age + 1 >= threshold
 
 
 @pytest.mark.parametrize("sync", [1, 2, 3, 4])
@@ -28,12 +28,12 @@ def test_drop_and_wait_decisions_equal_verls_formulas(impl, threshold, sync):
     ages = range(0, threshold * sync + 3)
     drop = impl.from_verl({"max_off_policy_threshold": threshold, "max_off_policy_strategy": "drop"},
                           {"parameter_sync_step": sync}, capacity=len(ages))
-    assert drop.config.max_age == threshold * sync - 1
+    assert drop.config.max_age == threshold - 1
     now = max(ages)
     for age in ages:
         drop.put([age], now - age)
     kept = set(drop.take(len(ages), now).age.tolist())
-    assert kept == {a for a in ages if not verl_drops(a, threshold, sync)}
+    assert kept == {a for a in ages if not verl_drops(a, threshold)}
 
     for age in ages:
         wait = impl.from_verl({"max_off_policy_threshold": threshold, "max_off_policy_strategy": "wait"},
@@ -41,12 +41,12 @@ def test_drop_and_wait_decisions_equal_verls_formulas(impl, threshold, sync):
         wait.dispatch([1], step=now - age)
         wait.put([7], now)
         blocked = wait.take(1, now).metrics["blocked_by"] == "in_flight_at_max_age"
-        assert blocked == verl_waits(age, threshold, sync), (age, threshold, sync)
+        assert blocked == verl_waits(age, threshold), (age, threshold, sync)
 
 
 def test_verl_defaults_and_missing_parameter_sync_step():
     kwargs = config_from_verl({}, {})
-    assert kwargs["max_age"] == 8 * 1 - 1 and kwargs["strategy"] == "drop"
+    assert kwargs["max_age"] == 8 - 1 and kwargs["strategy"] == "drop"
     assert config_from_verl({"sampler_kwargs": {"capacity": 123}}, None)["capacity"] == 123
 
 
@@ -59,7 +59,7 @@ def test_verl_config_objects_with_attributes():
         parameter_sync_step = 3
 
     buf = pfb.StalenessBuffer.from_verl(Cfg(), Trainer(), capacity=8)
-    assert (buf.config.max_age, buf.config.strategy, buf.config.parameter_sync_step) == (5, "wait", 3)
+    assert (buf.config.max_age, buf.config.strategy, buf.config.parameter_sync_step) == (1, "wait", 1)
 
 
 @pytest.mark.parametrize(
@@ -80,9 +80,9 @@ def test_bad_verl_settings(impl, sampler, trainer, error, match):
 
 
 def test_max_age_from_threshold_checks_its_arguments():
-    assert max_age_from_threshold(8, 2) == 15
-    with pytest.raises(ValueError, match="parameter_sync_step=0"):
-        max_age_from_threshold(8, 0)
+    assert max_age_from_threshold(8) == 7
+    with pytest.raises(ValueError, match="max_off_policy_threshold=0"):
+        max_age_from_threshold(0)
 
 
 def test_tag_without_global_steps_is_a_clear_value_error():
