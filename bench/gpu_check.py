@@ -64,7 +64,9 @@ def gpu_part() -> dict:
         torch.cuda.synchronize()
         lat.append(time.perf_counter() - t0)
         assert gb.traj_ids.device.type == "cuda"
-    out.update(take_to_gpu_p50_us=statistics.median(lat) * 1e6, take_to_gpu_p99_us=sorted(lat)[int(0.99 * len(lat))] * 1e6)
+    out.update(
+        take_to_gpu_p50_us=statistics.median(lat) * 1e6, take_to_gpu_p99_us=sorted(lat)[int(0.99 * len(lat))] * 1e6
+    )
 
     # H2D bandwidth: batch.to vs a plain pinned copy_ of the same bytes.
     nbytes = batch.columns.numel() * 8

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from _contenders import make
+
 from pyfast_buffer.bench.cases import CURRENT_STEP, MAX_AGE, _stamps
 
 

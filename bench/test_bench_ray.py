@@ -41,10 +41,12 @@ def targets():
 
     init_local_cluster(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     try:
-        yield {"pyfast_buffer actor": RemoteBuffer.create(1 << 20, max_age=10, num_cpus=0),
-               "ray Queue": Queue(actor_options={"num_cpus": 0}),
-               "pyfast_buffer in-process": StalenessBuffer(1 << 20, max_age=10, pin_memory=False),
-               "actor call floor": Floor.remote()}
+        yield {
+            "pyfast_buffer actor": RemoteBuffer.create(1 << 20, max_age=10, num_cpus=0),
+            "ray Queue": Queue(actor_options={"num_cpus": 0}),
+            "pyfast_buffer in-process": StalenessBuffer(1 << 20, max_age=10, pin_memory=False),
+            "actor call floor": Floor.remote(),
+        }
     finally:
         ray.shutdown()
 
@@ -66,7 +68,7 @@ def test_put_round_trip(benchmark, targets, name, batch):
     before = _count(name, target)
     benchmark.pedantic(_put(name, target, ids), rounds=30, warmup_rounds=1)
     if name != "actor call floor":  # every call stored its batch
-        assert _count(name, target) - before == 31 * batch or name == "pyfast_buffer actor" and _full(target)
+        assert _count(name, target) - before == 31 * batch or (name == "pyfast_buffer actor" and _full(target))
 
 
 @pytest.mark.parametrize("batch", BATCHES)
@@ -82,14 +84,18 @@ def test_take_round_trip(benchmark, targets, name, batch):
         return (), {}
 
     if name == "ray Queue":
+
         def take():
             return len(target.get_nowait_batch(batch))
     elif name == "actor call floor":  # the bytes of a batch's 8 int64 columns
+
         def take():
             return ray.get(target.give.remote(8 * batch)).size // 8
     else:
+
         def take():
             return len(target.take(batch, CURRENT_STEP))
+
     returned = benchmark.pedantic(take, setup=refill, rounds=30, warmup_rounds=1)
     assert returned == batch
 

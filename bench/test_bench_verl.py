@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("transfer_queue", reason="the verl extra is not installed: pip install '.[verl]'")
 ours = pytest.importorskip("pyfast_buffer.integrations.verl", reason="the verl extra is not installed")
-from pyfast_buffer.bench import verl_case  # after the skip: it needs the verl extra
-from pyfast_buffer.integrations import _verl_state
+from pyfast_buffer.bench import verl_case  # noqa: E402 - after the skip: it needs the verl extra
+from pyfast_buffer.integrations import _verl_state  # noqa: E402
 
 ROUNDS = 5
 

@@ -84,7 +84,11 @@ def as_steps(value: Any, name: str, n: int, copy: bool = False) -> np.ndarray:
     """Returns one stamp (shape (1,)) or ``n`` stamps as int64 >= 0, or raises naming ``name``."""
     if type(value) is int and 0 <= value <= _INT64_MAX:
         return np.array((value,), dtype=np.int64)
-    if _is_int(value) or isinstance(value, float) or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0):
+    if (
+        _is_int(value)
+        or isinstance(value, float)
+        or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0)
+    ):
         return np.array([as_step(value, name)], dtype=np.int64)
     steps = as_ids(value, name, copy)
     if len(steps) != n:
@@ -141,4 +145,6 @@ def as_lease(value: Any) -> Optional[float]:
 def same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
     """Raises ValueError unless ``a`` and ``b`` have the same length."""
     if len(a) != len(b):
-        raise ValueError(f"{a_name} has {len(a)} entries but {b_name} has {len(b)}; pass one {b_name[:-1]} per trajectory")
+        raise ValueError(
+            f"{a_name} has {len(a)} entries but {b_name} has {len(b)}; pass one {b_name[:-1]} per trajectory"
+        )

@@ -75,15 +75,30 @@ class AdaptiveMaxAge:
         clip_key, kl_key: the metric names ``update`` reads.
     """
 
-    def __init__(self, buffer: Any, *, target_clip: Optional[float] = None, target_kl: Optional[float] = None,
-                 min_age: int = 1, max_age: int = 16, initial: Optional[int] = None, dead_band: float = 0.25,
-                 decrease: float = 0.5, increase: int = 1, smoothing: float = 0.3, cooldown: int = 2,
-                 clip_key: str = "clip_frac", kl_key: str = "approx_kl") -> None:
+    def __init__(
+        self,
+        buffer: Any,
+        *,
+        target_clip: Optional[float] = None,
+        target_kl: Optional[float] = None,
+        min_age: int = 1,
+        max_age: int = 16,
+        initial: Optional[int] = None,
+        dead_band: float = 0.25,
+        decrease: float = 0.5,
+        increase: int = 1,
+        smoothing: float = 0.3,
+        cooldown: int = 2,
+        clip_key: str = "clip_frac",
+        kl_key: str = "approx_kl",
+    ) -> None:
         try:
             current = buffer.max_age
         except AttributeError:
-            raise TypeError(f"buffer {type(buffer).__name__} has no max_age attribute; pass a buffer whose max_age "
-                            "can be set between calls (StalenessBuffer or ReferenceBuffer)") from None
+            raise TypeError(
+                f"buffer {type(buffer).__name__} has no max_age attribute; pass a buffer whose max_age "
+                "can be set between calls (StalenessBuffer or ReferenceBuffer)"
+            ) from None
         self.target_clip = _positive("target_clip", target_clip)
         self.target_kl = _positive("target_kl", target_kl)
         if self.target_clip is None and self.target_kl is None:
@@ -96,8 +111,10 @@ class AdaptiveMaxAge:
             initial = min(self.max_age, max(self.min_age, int(current)))
         _count("initial", initial, 0)
         if not self.min_age <= initial <= self.max_age:
-            raise ValueError(f"initial={initial} is outside [min_age, max_age] = [{min_age}, {max_age}]; "
-                             "pass a value inside the bounds")
+            raise ValueError(
+                f"initial={initial} is outside [min_age, max_age] = [{min_age}, {max_age}]; "
+                "pass a value inside the bounds"
+            )
         if isinstance(dead_band, bool) or not isinstance(dead_band, (int, float)) or not 0 <= dead_band < 1:
             raise ValueError(f"dead_band={dead_band!r} must be in [0, 1); pass e.g. 0.25 (+-25 % around the target)")
         if isinstance(decrease, bool) or not isinstance(decrease, (int, float)) or not 0 < decrease < 1:
@@ -123,8 +140,10 @@ class AdaptiveMaxAge:
             if target is None:
                 continue
             if key not in metrics:
-                raise KeyError(f"metrics has no {key!r} (have: {', '.join(sorted(map(str, metrics)))}); pass the "
-                               f"trainer's step metrics, or set {'clip_key' if key == self.clip_key else 'kl_key'}=")
+                raise KeyError(
+                    f"metrics has no {key!r} (have: {', '.join(sorted(map(str, metrics)))}); pass the "
+                    f"trainer's step metrics, or set {'clip_key' if key == self.clip_key else 'kl_key'}="
+                )
             value = float(metrics[key])
             ratios.append(value / target if math.isfinite(value) else math.inf)
         return max(ratios)

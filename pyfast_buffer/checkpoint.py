@@ -76,13 +76,16 @@ class Checkpointable(Protocol):
 
 # -- writing ----------------------------------------------------------------------------------------------------
 
+
 def _as_array(value: Any, where: str) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         try:
             array = value.detach().cpu().contiguous().numpy()
         except TypeError as exc:  # e.g. bfloat16, which numpy cannot hold
-            raise TypeError(f"{where} is a {value.dtype} tensor, which this format cannot store; "
-                            "convert it to a numpy-compatible dtype before saving") from exc
+            raise TypeError(
+                f"{where} is a {value.dtype} tensor, which this format cannot store; "
+                "convert it to a numpy-compatible dtype before saving"
+            ) from exc
     else:
         array = np.ascontiguousarray(value)
     if array.dtype.kind not in _ARRAY_KINDS:
@@ -113,8 +116,10 @@ def _encode(node: Any, where: str, arrays: list[np.ndarray], depth: int = 0) -> 
     if isinstance(node, (list, tuple)):
         items = [_encode(v, f"{where}[{i}]", arrays, depth + 1) for i, v in enumerate(node)]
         return {"tuple" if isinstance(node, tuple) else "list": items}
-    raise TypeError(f"{where} is a {type(node).__name__}; checkpoints store dicts, lists, tuples, tensors, "
-                    "numpy arrays, ints, floats, strings, bools and None")
+    raise TypeError(
+        f"{where} is a {type(node).__name__}; checkpoints store dicts, lists, tuples, tensors, "
+        "numpy arrays, ints, floats, strings, bools and None"
+    )
 
 
 def _aligned(n: int) -> int:
@@ -140,7 +145,7 @@ def _serialize(state: Any) -> tuple[bytes, bytes, list[tuple[int, np.ndarray]], 
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), end)
     digest = hashlib.sha256(prefix)
     digest.update(header)
-    for offset, array, gap in _with_gaps(layout):
+    for _offset, array, gap in _with_gaps(layout):
         digest.update(gap)
         digest.update(_bytes_of(array))
     return prefix + digest.digest(), header, layout, end
@@ -164,8 +169,9 @@ def _temp_prefix(name: str) -> str:
 
 def _temp_path(directory: str, name: str) -> str:
     # host and pid in the name let a later save tell a killed writer's leftover from a live writer's file.
-    return os.path.join(directory, f"{_temp_prefix(name)}{socket.gethostname()}.{os.getpid()}."
-                                   f"{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    return os.path.join(
+        directory, f"{_temp_prefix(name)}{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    )
 
 
 def _process_alive(pid: int) -> bool:
@@ -187,7 +193,7 @@ def orphaned_temp_files(path: PathLike) -> list[str]:
         for entry in entries:
             if not (entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX)):
                 continue
-            parts = entry.name[len(prefix):-len(TEMP_SUFFIX)].rsplit(".", 2)
+            parts = entry.name[len(prefix) : -len(TEMP_SUFFIX)].rsplit(".", 2)
             if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
                 continue
             pid = int(parts[1])
@@ -250,13 +256,14 @@ def save_state(state: dict[str, Any], path: PathLike) -> None:
 
 # -- reading ----------------------------------------------------------------------------------------------------
 
+
 def _read_bytes(path: str) -> np.ndarray:
     """The whole file in a writable, 64-byte aligned array, so loaded tensors are aligned views of it (no copy)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         raw = np.empty(size + _ALIGN, np.uint8)
         start = -raw.ctypes.data % _ALIGN
-        data = raw[start:start + size]
+        data = raw[start : start + size]
         view, done = data.data, 0
         while done < size:
             n = f.readinto(view[done:])
@@ -264,8 +271,11 @@ def _read_bytes(path: str) -> np.ndarray:
                 break
             done += n
     if done != size:
-        raise CheckpointError(path, f"shrank from {size} to {done} bytes while being read; another process "
-                                    "is rewriting it in place: retry once it is done")
+        raise CheckpointError(
+            path,
+            f"shrank from {size} to {done} bytes while being read; another process "
+            "is rewriting it in place: retry once it is done",
+        )
     return data
 
 
@@ -273,26 +283,39 @@ def _check_frame(path: str, data: np.ndarray) -> int:
     """Checks magic, version, length and checksum; returns the header length."""
     size = len(data)
     if size < _FIXED_BYTES:
-        raise CheckpointError(path, f"is {size} bytes, shorter than the {_FIXED_BYTES}-byte checkpoint header: "
-                                    "truncated, or not a pyfast_buffer checkpoint")
+        raise CheckpointError(
+            path,
+            f"is {size} bytes, shorter than the {_FIXED_BYTES}-byte checkpoint header: "
+            "truncated, or not a pyfast_buffer checkpoint",
+        )
     magic, version, header_bytes, payload_bytes = _PREFIX.unpack_from(data.data)
     if magic != MAGIC:
-        raise CheckpointError(path, f"does not start with the pyfast_buffer checkpoint magic (found {magic!r}); "
-                                    "it is not a checkpoint written by save(), or its first bytes are damaged")
+        raise CheckpointError(
+            path,
+            f"does not start with the pyfast_buffer checkpoint magic (found {magic!r}); "
+            "it is not a checkpoint written by save(), or its first bytes are damaged",
+        )
     if version != FORMAT_VERSION:
         newer = "a newer pyfast_buffer: upgrade" if version > FORMAT_VERSION else "an older pyfast_buffer"
-        raise CheckpointError(path, f"has format version {version}, this pyfast_buffer reads version "
-                                    f"{FORMAT_VERSION}; it was written by {newer}, or its header is damaged")
+        raise CheckpointError(
+            path,
+            f"has format version {version}, this pyfast_buffer reads version "
+            f"{FORMAT_VERSION}; it was written by {newer}, or its header is damaged",
+        )
     expected = _FIXED_BYTES + header_bytes + payload_bytes
     if size != expected:
         how = "truncated (a torn or incomplete write or copy)" if size < expected else "followed by extra bytes"
-        raise CheckpointError(path, f"is {size} bytes but its header announces {expected}: {how}, or corrupt; "
-                                    "load an older checkpoint")
-    digest = hashlib.sha256(data[:_PREFIX.size].data)
+        raise CheckpointError(
+            path, f"is {size} bytes but its header announces {expected}: {how}, or corrupt; load an older checkpoint"
+        )
+    digest = hashlib.sha256(data[: _PREFIX.size].data)
     digest.update(data[_FIXED_BYTES:].data)
-    if digest.digest() != data[_PREFIX.size:_FIXED_BYTES].tobytes():
-        raise CheckpointError(path, "fails its sha256 checksum: the file is corrupt (damaged storage, a torn "
-                                    "copy or an edit); load an older checkpoint")
+    if digest.digest() != data[_PREFIX.size : _FIXED_BYTES].tobytes():
+        raise CheckpointError(
+            path,
+            "fails its sha256 checksum: the file is corrupt (damaged storage, a torn "
+            "copy or an edit); load an older checkpoint",
+        )
     return int(header_bytes)
 
 
@@ -301,8 +324,14 @@ def _array_from(path: str, data: np.ndarray, base: int, payload_bytes: int, spec
     if not isinstance(spec, dict) or not isinstance(spec.get("dtype"), str):
         raise malformed
     shape, offset, nbytes = spec.get("shape"), spec.get("offset"), spec.get("nbytes")
-    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
-            and type(offset) is int and type(nbytes) is int and offset >= 0 and offset + nbytes <= payload_bytes):
+    if not (
+        isinstance(shape, list)
+        and all(type(d) is int and d >= 0 for d in shape)
+        and type(offset) is int
+        and type(nbytes) is int
+        and offset >= 0
+        and offset + nbytes <= payload_bytes
+    ):
         raise malformed
     try:
         dtype = np.dtype(spec["dtype"])
@@ -310,7 +339,7 @@ def _array_from(path: str, data: np.ndarray, base: int, payload_bytes: int, spec
         raise malformed from exc
     if dtype.kind not in _ARRAY_KINDS or dtype.itemsize * math.prod(shape) != nbytes:
         raise malformed
-    array = data[base + offset:base + offset + nbytes].view(dtype).reshape(shape)
+    array = data[base + offset : base + offset + nbytes].view(dtype).reshape(shape)
     return array if dtype.isnative else array.astype(dtype.newbyteorder("="))
 
 
@@ -319,7 +348,7 @@ def _decode(path: str, node: Any, arrays: list[np.ndarray], depth: int = 0) -> A
         return node
     if depth > _MAX_DEPTH or not isinstance(node, dict) or len(node) != 1:
         raise CheckpointError(path, "has a malformed state tree in its header")
-    (tag, value), = node.items()
+    ((tag, value),) = node.items()
     if tag in ("tensor", "ndarray"):
         if not (type(value) is int and 0 <= value < len(arrays)):
             raise CheckpointError(path, f"refers to array {value!r} but its header lists {len(arrays)} arrays")
@@ -343,7 +372,7 @@ def load_state(path: PathLike) -> Any:
     header_bytes = _check_frame(name, data)
     payload_bytes = len(data) - _FIXED_BYTES - header_bytes
     try:
-        header = json.loads(data[_FIXED_BYTES:_FIXED_BYTES + header_bytes].tobytes())
+        header = json.loads(data[_FIXED_BYTES : _FIXED_BYTES + header_bytes].tobytes())
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CheckpointError(name, f"has a header that is not valid JSON ({exc})") from exc
     if not isinstance(header, dict) or not isinstance(header.get("arrays"), list) or "tree" not in header:
@@ -354,6 +383,7 @@ def load_state(path: PathLike) -> Any:
 
 
 # -- the buffer methods -----------------------------------------------------------------------------------------
+
 
 def save(buffer: Checkpointable, path: PathLike) -> None:
     """Saves ``buffer.state_dict()`` to ``path`` atomically (see save_state)."""
@@ -372,12 +402,15 @@ def load(buffer: Checkpointable, path: PathLike, in_flight: str = DEFAULT_IN_FLI
     max_uses too low) raises load_state_dict's ValueError. Either way the buffer is unchanged.
     """
     if not isinstance(in_flight, str) or in_flight not in IN_FLIGHT_CHOICES:
-        raise ValueError(f"in_flight={in_flight!r} is unknown; use 'fail' (restored in-flight prompts are failed "
-                         "and counted) or 'keep' (they stay in flight for workers that still run)")
+        raise ValueError(
+            f"in_flight={in_flight!r} is unknown; use 'fail' (restored in-flight prompts are failed "
+            "and counted) or 'keep' (they stay in flight for workers that still run)"
+        )
     state = load_state(path)
     if not isinstance(state, dict):
-        raise CheckpointError(os.fspath(path), "holds no state_dict; it was written by save_state() from "
-                                               "something else")
+        raise CheckpointError(
+            os.fspath(path), "holds no state_dict; it was written by save_state() from something else"
+        )
     buffer.load_state_dict(state)
     prompts = torch.as_tensor(state["in_flight"]["prompt_id"], dtype=torch.int64)
     if in_flight == "keep" or len(prompts) == 0:

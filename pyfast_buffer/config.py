@@ -62,8 +62,10 @@ def check_capacity_fits(capacity: int) -> None:
     except (AttributeError, ValueError, OSError):  # not POSIX: let the allocation decide
         return
     if physical > 0 and needed > physical:
-        raise MemoryError(f"capacity={capacity} needs {needed} bytes ({needed / 2**30:.1f} GiB) of ring memory, more "
-                          f"than this machine's {physical / 2**30:.1f} GiB; lower capacity")
+        raise MemoryError(
+            f"capacity={capacity} needs {needed} bytes ({needed / 2**30:.1f} GiB) of ring memory, more "
+            f"than this machine's {physical / 2**30:.1f} GiB; lower capacity"
+        )
 
 
 def resolve_pin_memory(pin_memory: Optional[bool]) -> bool:
@@ -93,10 +95,7 @@ def _get(cfg: Any, key: str, default: Any) -> Any:
     """Reads ``key`` from a dict, an omegaconf DictConfig or an attribute object."""
     if cfg is None:
         return default
-    if isinstance(cfg, Mapping) or hasattr(cfg, "get"):
-        value = cfg.get(key, default)
-    else:
-        value = getattr(cfg, key, default)
+    value = cfg.get(key, default) if isinstance(cfg, Mapping) or hasattr(cfg, "get") else getattr(cfg, key, default)
     return default if value is None else value
 
 
@@ -113,9 +112,13 @@ def config_from_verl(sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> di
     strategy = _get(sampler_cfg, "max_off_policy_strategy", "drop")
     sync = _get(trainer_cfg, "parameter_sync_step", 1)
     if not isinstance(threshold, int) or isinstance(threshold, bool):
-        raise TypeError(f"max_off_policy_threshold={threshold!r} is not an int; set it to an int >= 1 (verl's default is 8)")
+        raise TypeError(
+            f"max_off_policy_threshold={threshold!r} is not an int; set it to an int >= 1 (verl's default is 8)"
+        )
     if not isinstance(sync, int) or isinstance(sync, bool) or sync <= 0:
-        raise ValueError(f"parameter_sync_step={sync!r} must be an int >= 1; it is the number of trainer steps between weight pushes")
+        raise ValueError(
+            f"parameter_sync_step={sync!r} must be an int >= 1; it is the number of trainer steps between weight pushes"
+        )
     if strategy not in STRATEGIES:
         raise ValueError(f"max_off_policy_strategy={strategy!r} is unknown; use 'drop' or 'wait'")
     sampler_kwargs = _get(sampler_cfg, "sampler_kwargs", None)

@@ -42,12 +42,30 @@ class _Plan:
 class ReferenceBuffer:
     """Pure-Python StalenessBuffer; see that class for the arguments (pin_memory is accepted and ignored)."""
 
-    def __init__(self, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
-                 on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
-                 parameter_sync_step: Optional[int] = None, track_released: bool = False,
-                 release_bound: Optional[int] = None, unique_ids: bool = False) -> None:
-        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step,
-                                   track_released, release_bound, unique_ids)
+    def __init__(
+        self,
+        capacity: int,
+        max_age: int = 7,
+        strategy: str = "drop",
+        max_uses: int = 1,
+        on_full: str = "evict_oldest",
+        pin_memory: Optional[bool] = None,
+        parameter_sync_step: Optional[int] = None,
+        track_released: bool = False,
+        release_bound: Optional[int] = None,
+        unique_ids: bool = False,
+    ) -> None:
+        self.config = BufferConfig(
+            capacity,
+            max_age,
+            strategy,
+            max_uses,
+            on_full,
+            parameter_sync_step,
+            track_released,
+            release_bound,
+            unique_ids,
+        )
         check_capacity_fits(capacity)
         # (id, reason code) of everything that left, oldest first, until released() drains it
         self._released: Optional[deque] = deque() if track_released else None
@@ -62,14 +80,14 @@ class ReferenceBuffer:
         self._in_flight: Dict[int, tuple] = {}
         self._leases: Dict[int, int] = {}  # prompt id -> deadline_ns, for leased prompts only
         self._manual_clock: Optional[int] = None  # _set_lease_clock's frozen time, if any
-        self._counts = dict.fromkeys(state.ALL_LEDGER_KEYS, 0)
+        self._counts: Dict[str, int] = dict.fromkeys(state.ALL_LEDGER_KEYS, 0)
         self._clock = -1
         self._evicted_unreported = 0
         self._closed = False
         self._cond = threading.Condition()
 
     @classmethod
-    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> "ReferenceBuffer":
+    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> ReferenceBuffer:
         return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
     # -- helpers -------------------------------------------------------------------------
@@ -79,19 +97,24 @@ class ReferenceBuffer:
 
     def _check_clock(self, current_step: int) -> None:
         if current_step < self._clock:
-            raise ValueError(f"current_step={current_step} is lower than step {self._clock} already seen; "
-                             "the trainer's step never goes back, pass the current global step")
+            raise ValueError(
+                f"current_step={current_step} is lower than step {self._clock} already seen; "
+                "the trainer's step never goes back, pass the current global step"
+            )
 
     def _check_fits(self, n: int, fix: str) -> None:
         if n > self.config.capacity:
-            raise ValueError(f"traj_ids: {n} trajectories exceed capacity={self.config.capacity}; "
-                             f"raise capacity or {fix} per call")
+            raise ValueError(
+                f"traj_ids: {n} trajectories exceed capacity={self.config.capacity}; raise capacity or {fix} per call"
+            )
 
     def _check_in_flight(self, prompts) -> None:
         for p in prompts:
             if p not in self._in_flight:
-                raise ValueError(f"prompt_ids: prompt {p} is not in flight; dispatch it first "
-                                 "(it may already be completed, failed or expired)")
+                raise ValueError(
+                    f"prompt_ids: prompt {p} is not in flight; dispatch it first "
+                    "(it may already be completed, failed or expired)"
+                )
 
     def _note_left(self, id_: int, code: int) -> None:
         if self._released is not None:
@@ -107,8 +130,10 @@ class ReferenceBuffer:
             return
         for t in traj_list:
             if t in self._live:
-                raise ValueError(f"traj_ids: trajectory {t} is already in the buffer and unique_ids=True; "
-                                 "give every trajectory a fresh id (or pass unique_ids=False)")
+                raise ValueError(
+                    f"traj_ids: trajectory {t} is already in the buffer and unique_ids=True; "
+                    "give every trajectory a fresh id (or pass unique_ids=False)"
+                )
 
     def _lease_now(self) -> int:
         return self._manual_clock if self._manual_clock is not None else time.monotonic_ns()
@@ -152,8 +177,10 @@ class ReferenceBuffer:
             return True
         if on_full == "error" or timeout is None:
             hint = ", or pass timeout= to wait for room" if on_full == "block" else " or 'block'"
-            raise BufferFullError(f"ring full: {n} entries do not fit, {self._size} of capacity={cap} are ready; "
-                                  f"take more often, raise capacity, use on_full='evict_oldest'{hint}")
+            raise BufferFullError(
+                f"ring full: {n} entries do not fit, {self._size} of capacity={cap} are ready; "
+                f"take more often, raise capacity, use on_full='evict_oldest'{hint}"
+            )
         while True:
             self._wait(deadline)
             self._check_open()
@@ -161,9 +188,11 @@ class ReferenceBuffer:
                 return False  # room after waiting: the caller re-validates its arguments
             if time.monotonic() >= deadline:
                 break
-        raise TimeoutError(f"{call} timed out after {timeout} s waiting for room: {n} entries need room, "
-                           f"{self._size} of capacity={cap} are ready; take more often, raise capacity "
-                           "or use on_full='evict_oldest'")
+        raise TimeoutError(
+            f"{call} timed out after {timeout} s waiting for room: {n} entries need room, "
+            f"{self._size} of capacity={cap} are ready; take more often, raise capacity "
+            "or use on_full='evict_oldest'"
+        )
 
     def _append(self, records: List[dict]) -> None:
         need = len(records)
@@ -210,8 +239,10 @@ class ReferenceBuffer:
                 raise ValueError(f"prompt_ids: prompt {dup} appears twice; dispatch each prompt once")
             for p in prompts:
                 if p in self._in_flight:
-                    raise ValueError(f"prompt_ids: prompt {p} is already in flight (dispatched at step "
-                                     f"{self._in_flight[p][0]}); complete or fail it before dispatching it again")
+                    raise ValueError(
+                        f"prompt_ids: prompt {p} is already in flight (dispatched at step "
+                        f"{self._in_flight[p][0]}); complete or fail it before dispatching it again"
+                    )
             now, since = time.time_ns(), self._lease_now()
             deadline = _NO_LEASE if lease is None else min(since + int(lease * 1e9), _NO_LEASE - 1)
             for p in prompts:
@@ -247,8 +278,10 @@ class ReferenceBuffer:
                 raise ValueError(f"prompt_ids: prompt {dup} appears twice; renew each prompt once")
             for p in prompts:
                 if p not in self._in_flight:
-                    raise ValueError(f"prompt_ids: prompt {p} is not in flight; only in-flight prompts can be renewed "
-                                     "(it may already be completed, failed or expired)")
+                    raise ValueError(
+                        f"prompt_ids: prompt {p} is not in flight; only in-flight prompts can be renewed "
+                        "(it may already be completed, failed or expired)"
+                    )
             deadline = min(self._lease_now() + int(lease * 1e9), _NO_LEASE - 1)
             for p in prompts:
                 step, dispatched_at, since, _ = self._in_flight[p]
@@ -332,8 +365,10 @@ class ReferenceBuffer:
                 for g, members in groups.items():
                     for i in members[1:]:
                         if step_of(i) != step_of(members[0]):
-                            raise ValueError(f"sample_step: group {g} has entries stamped {step_of(members[0])} "
-                                             f"and {step_of(i)}; a group shares one sample_step")
+                            raise ValueError(
+                                f"sample_step: group {g} has entries stamped {step_of(members[0])} "
+                                f"and {step_of(i)}; a group shares one sample_step"
+                            )
             deadline = time.monotonic() + (timeout or 0.0)
             while True:  # after a wait, validate again: another thread may have put one of these ids
                 self._check_not_live(traj_list)
@@ -350,9 +385,15 @@ class ReferenceBuffer:
             self._cond.notify_all()
 
     def _record(self, traj_id: int, group_id: int, step: int, dispatch_ns: int, complete_ns: int) -> dict:
-        return {"traj_id": traj_id, "group_id": group_id, "sample_step": step,
-                "policy_version": self._policy_version(step), "dispatch_ns": dispatch_ns,
-                "complete_ns": complete_ns, "uses": 0}
+        return {
+            "traj_id": traj_id,
+            "group_id": group_id,
+            "sample_step": step,
+            "policy_version": self._policy_version(step),
+            "dispatch_ns": dispatch_ns,
+            "complete_ns": complete_ns,
+            "uses": 0,
+        }
 
     # -- consumer side -------------------------------------------------------------------
     def _wait_blocked(self, current_step: int) -> bool:
@@ -366,8 +407,10 @@ class ReferenceBuffer:
         blocking = sorted((rec[0], p) for p, rec in self._in_flight.items() if rec[0] <= limit)
         names = ", ".join(f"prompt {p} since step {s}" for s, p in blocking[:8])
         more = ", ..." if len(blocking) > 8 else ""
-        return (f"{len(blocking)} in-flight prompt(s) at max_age={self.config.max_age} ({names}{more}); "
-                "complete or fail them, or increase max_age (max_off_policy_threshold)")
+        return (
+            f"{len(blocking)} in-flight prompt(s) at max_age={self.config.max_age} ({names}{more}); "
+            "complete or fail them, or increase max_age (max_off_policy_threshold)"
+        )
 
     def _is_stale(self, group: List[dict], current_step: int) -> bool:
         return self.config.strategy == "drop" and current_step - group[0]["sample_step"] > self.config.max_age
@@ -383,9 +426,11 @@ class ReferenceBuffer:
                 plan.walked += 1
                 continue
             if len(group) > batch_size:
-                raise ValueError(f"batch_size={batch_size} is smaller than group {group[0]['group_id']} of "
-                                 f"{len(group)} trajectories; raise batch_size to at least {len(group)} "
-                                 "(a batch never splits a group)")
+                raise ValueError(
+                    f"batch_size={batch_size} is smaller than group {group[0]['group_id']} of "
+                    f"{len(group)} trajectories; raise batch_size to at least {len(group)} "
+                    "(a batch never splits a group)"
+                )
             if plan.taken + len(group) > batch_size:
                 plan.full = True
                 break
@@ -419,9 +464,11 @@ class ReferenceBuffer:
                         if plan.blocked_by == "in_flight_at_max_age":
                             cause = self._wait_blocked_message(current_step)
                         else:
-                            cause = (f"only {plan.taken} fresh entries are ready for batch_size={batch_size} "
-                                     f"({self._size} ready in all, {len(self._in_flight)} prompts in flight); "
-                                     "produce faster, lower batch_size or raise the timeout")
+                            cause = (
+                                f"only {plan.taken} fresh entries are ready for batch_size={batch_size} "
+                                f"({self._size} ready in all, {len(self._in_flight)} prompts in flight); "
+                                "produce faster, lower batch_size or raise the timeout"
+                            )
                         raise TimeoutError(f"take timed out after {timeout} s under {self.config.strategy}: {cause}")
                     self._check_clock(current_step)  # a producer may have stamped a later step
                     plan = self._plan(batch_size, current_step)
@@ -443,8 +490,19 @@ class ReferenceBuffer:
             for rec in group:
                 rec["uses"] += 1
                 age = current_step - rec["sample_step"]
-                for col, value in zip(columns, (rec["traj_id"], rec["group_id"], rec["sample_step"], age, rec["uses"],
-                                                rec["policy_version"], rec["dispatch_ns"], rec["complete_ns"])):
+                for col, value in zip(
+                    columns,
+                    (
+                        rec["traj_id"],
+                        rec["group_id"],
+                        rec["sample_step"],
+                        age,
+                        rec["uses"],
+                        rec["policy_version"],
+                        rec["dispatch_ns"],
+                        rec["complete_ns"],
+                    ),
+                ):
                     col.append(value)
                 age_sum += age
                 age_max = max(age_max, age)
@@ -463,9 +521,21 @@ class ReferenceBuffer:
         self._counts["dropped_stale"] += plan.dropped
         if plan.walked:
             self._cond.notify_all()
-        stats = (plan.taken, plan.dropped, retired, self._report_evicted(), plan.blocked_by, age_sum, age_max,
-                 tuple(hist), self._size, len(self._in_flight), self._counts["put_total"], self.config.max_age,
-                 self._counts["expired"])
+        stats = (
+            plan.taken,
+            plan.dropped,
+            retired,
+            self._report_evicted(),
+            plan.blocked_by,
+            age_sum,
+            age_max,
+            tuple(hist),
+            self._size,
+            len(self._in_flight),
+            self._counts["put_total"],
+            self.config.max_age,
+            self._counts["expired"],
+        )
         return Batch(torch.tensor(columns, dtype=torch.int64).reshape(8, plan.taken), make_metrics(stats))
 
     def _report_evicted(self) -> int:
@@ -490,8 +560,21 @@ class ReferenceBuffer:
             self._counts["dropped_stale"] += removed
             if removed:
                 self._cond.notify_all()
-            stats = (0, removed, 0, self._report_evicted(), "none", 0, 0, (0,) * len(AGE_BUCKETS), self._size,
-                     len(self._in_flight), self._counts["put_total"], self.config.max_age, self._counts["expired"])
+            stats = (
+                0,
+                removed,
+                0,
+                self._report_evicted(),
+                "none",
+                0,
+                0,
+                (0,) * len(AGE_BUCKETS),
+                self._size,
+                len(self._in_flight),
+                self._counts["put_total"],
+                self.config.max_age,
+                self._counts["expired"],
+            )
         make_metrics(stats)
         return removed
 
@@ -508,12 +591,22 @@ class ReferenceBuffer:
         with self._cond:
             self._expire_due()
             c = self._counts
-            return {"dispatched": c["dispatched"], "completed": c["completed"], "failed": c["failed"],
-                    "put_total": c["put_total"], "sampled_total": c["put_total"], "taken": c["taken"],
-                    "retired": c["retired"], "dropped_stale": c["dropped_stale"], "evicted": c["evicted"],
-                    "in_flight": len(self._in_flight), "buffer_left": self._size,
-                    "max_age_changes": c["max_age_changes"], "expired": c["expired"],
-                    "released_overflow": self._released_overflow}
+            return {
+                "dispatched": c["dispatched"],
+                "completed": c["completed"],
+                "failed": c["failed"],
+                "put_total": c["put_total"],
+                "sampled_total": c["put_total"],
+                "taken": c["taken"],
+                "retired": c["retired"],
+                "dropped_stale": c["dropped_stale"],
+                "evicted": c["evicted"],
+                "in_flight": len(self._in_flight),
+                "buffer_left": self._size,
+                "max_age_changes": c["max_age_changes"],
+                "expired": c["expired"],
+                "released_overflow": self._released_overflow,
+            }
 
     def __len__(self) -> int:
         return self._size
@@ -548,16 +641,16 @@ class ReferenceBuffer:
             self._closed = True
             self._cond.notify_all()
 
-    def __copy__(self) -> "ReferenceBuffer":
+    def __copy__(self) -> ReferenceBuffer:
         raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
 
-    def __deepcopy__(self, memo: Any) -> "ReferenceBuffer":
+    def __deepcopy__(self, memo: Any) -> ReferenceBuffer:
         raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
 
-    def __enter__(self) -> "ReferenceBuffer":
+    def __enter__(self) -> ReferenceBuffer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -565,9 +658,11 @@ class ReferenceBuffer:
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"ReferenceBuffer(capacity={c.capacity}, max_age={c.max_age}, strategy='{c.strategy}', "
-                f"max_uses={c.max_uses}, on_full='{c.on_full}', ready={self._size}, in_flight={len(self._in_flight)}, "
-                f"clock={self._clock}{', closed=True' if self._closed else ''})")
+        return (
+            f"ReferenceBuffer(capacity={c.capacity}, max_age={c.max_age}, strategy='{c.strategy}', "
+            f"max_uses={c.max_uses}, on_full='{c.on_full}', ready={self._size}, in_flight={len(self._in_flight)}, "
+            f"clock={self._clock}{', closed=True' if self._closed else ''})"
+        )
 
     def state_dict(self) -> Dict[str, Any]:
         with self._cond:
@@ -577,10 +672,13 @@ class ReferenceBuffer:
             entries["group_len"] = [n for _, n in records]
             prompts = sorted(self._in_flight.items())
             now = self._lease_now()
-            in_flight = {"prompt_id": [p for p, _ in prompts], "sample_step": [r[0] for _, r in prompts],
-                         "dispatch_ns": [r[1] for _, r in prompts],
-                         "lease_left_ns": [-1 if r[3] == _NO_LEASE else max(r[3] - now, 0) for _, r in prompts],
-                         "held_ns": [max(now - r[2], 0) for _, r in prompts]}
+            in_flight = {
+                "prompt_id": [p for p, _ in prompts],
+                "sample_step": [r[0] for _, r in prompts],
+                "dispatch_ns": [r[1] for _, r in prompts],
+                "lease_left_ns": [-1 if r[3] == _NO_LEASE else max(r[3] - now, 0) for _, r in prompts],
+                "held_ns": [max(now - r[2], 0) for _, r in prompts],
+            }
             return state.pack(self.config, entries, in_flight, self._counts, self._clock, self._evicted_unreported)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -593,21 +691,26 @@ class ReferenceBuffer:
                 live = set(cols["traj_id"])
                 if len(live) != len(cols["traj_id"]):
                     dup = self._first_duplicate(cols["traj_id"])
-                    raise ValueError(f"state_dict: trajectory {dup} is ready twice, which unique_ids=True forbids; "
-                                     "load it into a buffer without unique_ids")
+                    raise ValueError(
+                        f"state_dict: trajectory {dup} is ready twice, which unique_ids=True forbids; "
+                        "load it into a buffer without unique_ids"
+                    )
             groups: deque = deque()
             i = 0
             while i < len(cols["traj_id"]):
                 n = cols["group_len"][i]
-                groups.append([{k: cols[k][j] for k in state.ENTRY_COLUMNS if k != "group_len"} for j in range(i, i + n)])
+                groups.append(
+                    [{k: cols[k][j] for k in state.ENTRY_COLUMNS if k != "group_len"} for j in range(i, i + n)]
+                )
                 i += n
             self._groups, self._size = groups, len(cols["traj_id"])
             self._live = live
             f = {k: v.tolist() for k, v in s["in_flight"].items()}
             now = self._lease_now()
             self._in_flight, self._leases = {}, {}
-            for p, st, d, left, held in zip(f["prompt_id"], f["sample_step"], f["dispatch_ns"], f["lease_left_ns"],
-                                            f["held_ns"]):
+            for p, st, d, left, held in zip(
+                f["prompt_id"], f["sample_step"], f["dispatch_ns"], f["lease_left_ns"], f["held_ns"]
+            ):
                 # A restored lease keeps the time it had left when saved; the time since dispatch likewise.
                 deadline = _NO_LEASE if left < 0 else min(now + left, _NO_LEASE - 1)
                 self._in_flight[p] = (st, d, now - min(held, now), deadline)
@@ -623,6 +726,7 @@ class ReferenceBuffer:
     def save(self, path: Any) -> None:
         """Writes the state to ``path`` (str or os.PathLike) atomically: the old file or the new, never a mix."""
         from . import checkpoint
+
         checkpoint.save(self, path)
 
     def load(self, path: Any, in_flight: str = "fail") -> torch.Tensor:
@@ -632,4 +736,5 @@ class ReferenceBuffer:
         their ids to dispatch again; ``"keep"`` keeps them in flight (under wait they block take).
         """
         from . import checkpoint
+
         return checkpoint.load(self, path, in_flight)

@@ -9,7 +9,16 @@ import numpy as np
 import torch
 
 FORMAT = "pyfast_buffer.state/1"
-ENTRY_COLUMNS = ("traj_id", "group_id", "sample_step", "policy_version", "dispatch_ns", "complete_ns", "uses", "group_len")
+ENTRY_COLUMNS = (
+    "traj_id",
+    "group_id",
+    "sample_step",
+    "policy_version",
+    "dispatch_ns",
+    "complete_ns",
+    "uses",
+    "group_len",
+)
 IN_FLIGHT_COLUMNS = ("prompt_id", "sample_step", "dispatch_ns")
 #: Lease columns of in-flight prompts: ns of lease left when saved (-1: no lease) and ns in flight when saved.
 #: A state_dict from before leases lacks them: its prompts load without a lease, as dispatched at load time.
@@ -26,15 +35,22 @@ MAX_COUNTER = 2**60
 Column = Union[np.ndarray, Sequence[int]]
 
 
-def pack(config: Any, entries: Mapping[str, Column], in_flight: Mapping[str, Column], ledger: Mapping[str, int],
-         clock: int, evicted_unreported: int) -> Dict[str, Any]:
+def pack(
+    config: Any,
+    entries: Mapping[str, Column],
+    in_flight: Mapping[str, Column],
+    ledger: Mapping[str, int],
+    clock: int,
+    evicted_unreported: int,
+) -> Dict[str, Any]:
     """Returns a state_dict from numpy columns in ring order (oldest first)."""
     return {
         "format": FORMAT,
         "config": dataclasses.asdict(config),
         "entries": {k: torch.from_numpy(np.asarray(entries[k], dtype=np.int64)) for k in ENTRY_COLUMNS},
-        "in_flight": {k: torch.from_numpy(np.asarray(in_flight[k], dtype=np.int64))
-                      for k in IN_FLIGHT_COLUMNS + LEASE_COLUMNS},
+        "in_flight": {
+            k: torch.from_numpy(np.asarray(in_flight[k], dtype=np.int64)) for k in IN_FLIGHT_COLUMNS + LEASE_COLUMNS
+        },
         "ledger": {k: int(ledger[k]) for k in ALL_LEDGER_KEYS},
         "clock": int(clock),
         "evicted_unreported": int(evicted_unreported),
@@ -57,7 +73,9 @@ def _check_groups(entries: Dict[str, np.ndarray], n: int) -> None:
     if n == 0:
         return
     if lens.min() < 1:
-        raise ValueError(f"state_dict group at entry {int(np.argmax(lens < 1))} has group_len < 1; it was edited or is corrupt")
+        raise ValueError(
+            f"state_dict group at entry {int(np.argmax(lens < 1))} has group_len < 1; it was edited or is corrupt"
+        )
     # Find the group starts by walking group_len (a Python walk over groups, not entries), then check
     # every entry against its group's first entry in one vectorised pass.
     if lens.max() == 1:
@@ -69,7 +87,9 @@ def _check_groups(entries: Dict[str, np.ndarray], n: int) -> None:
         starts.append(i)
         i += walk[i]
     if i != n:
-        raise ValueError(f"state_dict group at entry {starts[-1]} runs past the last entry; it was edited or is corrupt")
+        raise ValueError(
+            f"state_dict group at entry {starts[-1]} runs past the last entry; it was edited or is corrupt"
+        )
     first = np.asarray(starts, dtype=np.int64)
     owner = np.repeat(first, lens[first])
     for key in ("group_len", "sample_step", "group_id", "uses"):
@@ -77,7 +97,9 @@ def _check_groups(entries: Dict[str, np.ndarray], n: int) -> None:
         bad = column != column[owner]
         if bad.any():
             at = int(owner[int(np.argmax(bad))])
-            raise ValueError(f"state_dict group at entry {at} is not contiguous and uniform; it was edited or is corrupt")
+            raise ValueError(
+                f"state_dict group at entry {at} is not contiguous and uniform; it was edited or is corrupt"
+            )
 
 
 def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
@@ -88,8 +110,11 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
     in_flight = {k: _column(sd.get("in_flight", {}), k, "in_flight") for k in IN_FLIGHT_COLUMNS}
     for k in LEASE_COLUMNS:
         section = sd.get("in_flight", {})
-        in_flight[k] = (_column(section, k, "in_flight") if k in section
-                        else np.full(len(in_flight["prompt_id"]), _LEASE_DEFAULTS[k], dtype=np.int64))
+        in_flight[k] = (
+            _column(section, k, "in_flight")
+            if k in section
+            else np.full(len(in_flight["prompt_id"]), _LEASE_DEFAULTS[k], dtype=np.int64)
+        )
     ledger = sd.get("ledger", {})
     missing = [k for k in LEDGER_KEYS if k not in ledger]
     if missing:
@@ -98,14 +123,18 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
     if any(len(col) != n for col in entries.values()) or len(set(map(len, in_flight.values()))) > 1:
         raise ValueError("state_dict columns differ in length; pass a dict made by state_dict()")
     if n > capacity:
-        raise ValueError(f"state_dict holds {n} ready entries, more than capacity={capacity}; load it into a larger buffer")
+        raise ValueError(
+            f"state_dict holds {n} ready entries, more than capacity={capacity}; load it into a larger buffer"
+        )
     clock = int(sd.get("clock", -1))
-    steps, lens, uses = entries["sample_step"], entries["group_len"], entries["uses"]
+    steps, uses = entries["sample_step"], entries["uses"]
     if n and (steps.min() < 0 or steps.max() > clock):
         raise ValueError(f"state_dict has sample steps outside [0, clock={clock}]")
     if n and (uses.min() < 0 or uses.max() >= max_uses):
-        raise ValueError(f"state_dict has entries used {int(uses.max())} times, not below max_uses={max_uses}; "
-                         "load it into a buffer with a larger max_uses")
+        raise ValueError(
+            f"state_dict has entries used {int(uses.max())} times, not below max_uses={max_uses}; "
+            "load it into a buffer with a larger max_uses"
+        )
     _check_groups(entries, n)
     prompts = in_flight["prompt_id"]
     if len(np.unique(prompts)) != len(prompts):
@@ -113,7 +142,9 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
     if len(prompts) and (in_flight["sample_step"].min() < 0 or in_flight["sample_step"].max() > clock):
         raise ValueError(f"state_dict has in-flight steps outside [0, clock={clock}]")
     if len(prompts) and (in_flight["lease_left_ns"].min() < -1 or in_flight["held_ns"].min() < 0):
-        raise ValueError("state_dict has in-flight lease_left_ns below -1 or held_ns below 0; it was edited or is corrupt")
+        raise ValueError(
+            "state_dict has in-flight lease_left_ns below -1 or held_ns below 0; it was edited or is corrupt"
+        )
     led = {k: int(ledger.get(k, 0)) for k in ALL_LEDGER_KEYS}
     evicted_unreported = int(sd.get("evicted_unreported", 0))
     # The clock is a step the API accepted (<= 2**63 - 1) or -1 before any. Counters stay within the
@@ -122,9 +153,17 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         raise ValueError("state_dict has ledger counters outside [0, 2**60]; it was edited or is corrupt")
     if not -1 <= clock < 2**63:
         raise ValueError("state_dict has a clock outside int64; it was edited or is corrupt")
-    if (led["put_total"] != led["retired"] + led["dropped_stale"] + led["evicted"] + n
-            or led["dispatched"] != led["completed"] + led["failed"] + len(prompts)
-            or not 0 <= evicted_unreported <= led["evicted"] or led["expired"] > led["failed"]):
+    if (
+        led["put_total"] != led["retired"] + led["dropped_stale"] + led["evicted"] + n
+        or led["dispatched"] != led["completed"] + led["failed"] + len(prompts)
+        or not 0 <= evicted_unreported <= led["evicted"]
+        or led["expired"] > led["failed"]
+    ):
         raise ValueError("state_dict's ledger does not balance with the entries it holds; it was edited or is corrupt")
-    return {"entries": entries, "in_flight": in_flight, "ledger": led, "clock": clock,
-            "evicted_unreported": evicted_unreported}
+    return {
+        "entries": entries,
+        "in_flight": in_flight,
+        "ledger": led,
+        "clock": clock,
+        "evicted_unreported": evicted_unreported,
+    }

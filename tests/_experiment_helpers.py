@@ -19,7 +19,7 @@ def fresh_dir() -> str:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_run() -> ExperimentResult:
     """The tiny preset as shipped: reuse 1 and 4 under drop, reuse 4 under wait; no figure."""
     p = preset("tiny")
@@ -29,8 +29,7 @@ def tiny_run() -> ExperimentResult:
 def run_small(ticks: int, **overrides: Any) -> ExperimentResult:
     """The tiny preset's arms over ``ticks`` sampling steps, with config overrides."""
     p = preset("tiny")
-    return run_experiment(replace(p.config, ticks=ticks, **overrides), p.arms, fresh_dir(), make_figure=False,
-                          say=None)
+    return run_experiment(replace(p.config, ticks=ticks, **overrides), p.arms, fresh_dir(), make_figure=False, say=None)
 
 
 def rows(result: ExperimentResult, kind: str, arm: ArmConfig) -> List[Dict[str, Any]]:
@@ -38,15 +37,17 @@ def rows(result: ExperimentResult, kind: str, arm: ArmConfig) -> List[Dict[str, 
 
 
 def ledger_of(row: Dict[str, Any]) -> Dict[str, int]:
-    return {k[len("ledger/"):]: v for k, v in row.items() if k.startswith("ledger/")}
+    return {k[len("ledger/") :]: v for k, v in row.items() if k.startswith("ledger/")}
 
 
 #: A multi-seed run small enough for the test suite: a reuse-1 arm and an adaptive reuse-4 arm, two seeds.
-SEEDED_ARMS = (ArmConfig(reuse=1, strategy="drop", max_age=4, lag=1),
-               ArmConfig(reuse=4, strategy="drop", max_age=4, lag=1, target_kl=0.003))
+SEEDED_ARMS = (
+    ArmConfig(reuse=1, strategy="drop", max_age=4, lag=1),
+    ArmConfig(reuse=4, strategy="drop", max_age=4, lag=1, target_kl=0.003),
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def seeded_run(jobs: int) -> ExperimentResult:
     """The tiny preset's configuration over 16 sampling steps, seeds 0 and 1, in ``jobs`` processes."""
     cfg = replace(preset("tiny").config, ticks=16)

@@ -41,12 +41,19 @@ def new_uid() -> str:
 
 
 def put_prompt(partition_id: str, uid: str, status: str, global_steps: int) -> None:
-    tq.kv_put(key=uid, partition_id=partition_id,
-              tag={"is_prompt": True, "status": status, "global_steps": global_steps})
+    tq.kv_put(
+        key=uid, partition_id=partition_id, tag={"is_prompt": True, "status": status, "global_steps": global_steps}
+    )
 
 
-def put_group(partition_id: str, status: str, global_steps: int = 0, sessions: int = 1,
-              uid: str | None = None, rewards: list[float] | None = None) -> tuple[str, list[str]]:
+def put_group(
+    partition_id: str,
+    status: str,
+    global_steps: int = 0,
+    sessions: int = 1,
+    uid: str | None = None,
+    rewards: list[float] | None = None,
+) -> tuple[str, list[str]]:
     """Writes a prompt's trajectories, then its prompt tag (verl's order); returns (uid, trajectory keys).
 
     With ``rewards`` (one per session) each trajectory's value carries
@@ -57,9 +64,15 @@ def put_group(partition_id: str, status: str, global_steps: int = 0, sessions: i
     tags = [{"is_prompt": False, "global_steps": global_steps, "seq_len": 3} for _ in keys]
     if rewards is not None:
         for key, tag, reward in zip(keys, tags, rewards, strict=True):
-            tq.kv_put(key=key, partition_id=partition_id, tag=tag,
-                      fields={"input_ids": torch.tensor([1, 2, 3]),
-                              "extra_fields": {"reward_extra_info": {"acc": float(reward)}}})
+            tq.kv_put(
+                key=key,
+                partition_id=partition_id,
+                tag=tag,
+                fields={
+                    "input_ids": torch.tensor([1, 2, 3]),
+                    "extra_fields": {"reward_extra_info": {"acc": float(reward)}},
+                },
+            )
     elif keys:
         tq.kv_batch_put(keys=keys, partition_id=partition_id, tags=tags)
     put_prompt(partition_id, uid, status, global_steps)
@@ -69,8 +82,9 @@ def put_group(partition_id: str, status: str, global_steps: int = 0, sessions: i
 class Refiller:
     """A trainer's refill_fn: records each request and writes that many fresh finished groups."""
 
-    def __init__(self, partition_id: str, global_steps: int, sessions: int = 1,
-                 rewards: list[float] | None = None) -> None:
+    def __init__(
+        self, partition_id: str, global_steps: int, sessions: int = 1, rewards: list[float] | None = None
+    ) -> None:
         self.partition_id, self.global_steps = partition_id, global_steps
         self.sessions, self.rewards = sessions, rewards
         self.calls: list[int] = []
@@ -89,10 +103,16 @@ def put_prompts_bulk(partition_id: str, n: int, status: str, global_steps: int, 
     uids = [new_uid() for _ in range(n)]
     keys = [f"{u}_{s}_0" for u in uids for s in range(sessions)]
     if keys:
-        tq.kv_batch_put(keys=keys, partition_id=partition_id,
-                        tags=[{"is_prompt": False, "global_steps": global_steps} for _ in keys])
-    tq.kv_batch_put(keys=uids, partition_id=partition_id,
-                    tags=[{"is_prompt": True, "status": status, "global_steps": global_steps} for _ in uids])
+        tq.kv_batch_put(
+            keys=keys,
+            partition_id=partition_id,
+            tags=[{"is_prompt": False, "global_steps": global_steps} for _ in keys],
+        )
+    tq.kv_batch_put(
+        keys=uids,
+        partition_id=partition_id,
+        tags=[{"is_prompt": True, "status": status, "global_steps": global_steps} for _ in uids],
+    )
     return uids
 
 
@@ -120,7 +140,7 @@ class Background(threading.Thread):
     def run(self):
         try:
             self.result = self.fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+        except BaseException as exc:
             self.error = exc
 
     def outcome(self, timeout: float = 30.0):

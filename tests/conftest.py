@@ -21,4 +21,3 @@ IMPLEMENTATIONS = {"native": pfb.StalenessBuffer, "reference": pfb.ReferenceBuff
 def impl(request):
     """The buffer class under test: StalenessBuffer or ReferenceBuffer."""
     return IMPLEMENTATIONS[request.param]
-

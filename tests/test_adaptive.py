@@ -56,7 +56,7 @@ def test_dead_band_holds_and_only_leaving_it_moves_the_bound():
 def test_smoothing_filters_a_single_spike():
     ctl = AdaptiveMaxAge(Holder(4), target_kl=0.01, min_age=1, max_age=8, smoothing=0.2, cooldown=0)
     assert _feed(ctl, [0.01] * 5 + [0.02] + [0.01] * 5) == [4] * 11  # EMA peaks at 1.2x: inside the band
-    assert ctl.signal == pytest.approx(1.0 + 0.2 * 0.8 ** 5, rel=1e-9)
+    assert ctl.signal == pytest.approx(1.0 + 0.2 * 0.8**5, rel=1e-9)
 
 
 def test_cooldown_holds_after_a_change():
@@ -77,8 +77,7 @@ def test_converges_toward_the_bound_whose_kl_is_on_target():
 
 
 def test_both_targets_fall_on_either_and_rise_only_on_both():
-    ctl = AdaptiveMaxAge(Holder(4), target_kl=0.01, target_clip=0.1, min_age=1, max_age=8, smoothing=1.0,
-                         cooldown=0)
+    ctl = AdaptiveMaxAge(Holder(4), target_kl=0.01, target_clip=0.1, min_age=1, max_age=8, smoothing=1.0, cooldown=0)
     assert ctl.update({"approx_kl": 0.001, "clip_frac": 0.5}) == 2  # clip above: down
     assert ctl.update({"approx_kl": 0.001, "clip_frac": 0.1}) == 2  # clip on target: hold
     assert ctl.update({"approx_kl": 0.001, "clip_frac": 0.01}) == 3  # both below: up
@@ -105,20 +104,23 @@ def test_initial_defaults_to_the_buffers_bound_clipped_into_range():
     assert AdaptiveMaxAge(Holder(4), target_kl=0.01, initial=3, min_age=1, max_age=6).value == 3
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({}, ValueError, "no target"),
-    ({"target_kl": 0}, ValueError, "target_kl=0"),
-    ({"target_kl": math.nan}, ValueError, "target_kl=nan"),
-    ({"target_clip": "0.1"}, ValueError, "target_clip='0.1'"),
-    ({"target_kl": 0.01, "min_age": 5, "max_age": 2}, ValueError, "min_age=5 is above max_age=2"),
-    ({"target_kl": 0.01, "min_age": -1}, ValueError, "min_age=-1"),
-    ({"target_kl": 0.01, "max_age": 2.5}, TypeError, "max_age=2.5"),
-    ({"target_kl": 0.01, "initial": 9, "max_age": 8}, ValueError, "initial=9 is outside"),
-    ({"target_kl": 0.01, "dead_band": 1.0}, ValueError, "dead_band=1.0"),
-    ({"target_kl": 0.01, "decrease": 1.0}, ValueError, "decrease=1.0"),
-    ({"target_kl": 0.01, "smoothing": 0}, ValueError, "smoothing=0"),
-    ({"target_kl": 0.01, "increase": 0}, ValueError, "increase=0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({}, ValueError, "no target"),
+        ({"target_kl": 0}, ValueError, "target_kl=0"),
+        ({"target_kl": math.nan}, ValueError, "target_kl=nan"),
+        ({"target_clip": "0.1"}, ValueError, "target_clip='0.1'"),
+        ({"target_kl": 0.01, "min_age": 5, "max_age": 2}, ValueError, "min_age=5 is above max_age=2"),
+        ({"target_kl": 0.01, "min_age": -1}, ValueError, "min_age=-1"),
+        ({"target_kl": 0.01, "max_age": 2.5}, TypeError, "max_age=2.5"),
+        ({"target_kl": 0.01, "initial": 9, "max_age": 8}, ValueError, "initial=9 is outside"),
+        ({"target_kl": 0.01, "dead_band": 1.0}, ValueError, "dead_band=1.0"),
+        ({"target_kl": 0.01, "decrease": 1.0}, ValueError, "decrease=1.0"),
+        ({"target_kl": 0.01, "smoothing": 0}, ValueError, "smoothing=0"),
+        ({"target_kl": 0.01, "increase": 0}, ValueError, "increase=0"),
+    ],
+)
 def test_bad_arguments_name_themselves_and_touch_nothing(kwargs, error, match):
     buf = Holder(4)
     with pytest.raises(error, match=match):

@@ -12,9 +12,9 @@ import threading
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_balanced
 
 import pyfast_buffer as pfb
-from _helpers import assert_balanced
 
 N = 4096  # ids per call: large enough that in-place numpy/torch loops run without the GIL
 BIG = 65536  # native dispatch/fail: a GIL-free window long enough that an unowned input is caught every run
@@ -36,7 +36,7 @@ class Rewriter:
         while not self.stop.is_set():
             k += 1
             if k % 3 == 0:
-                a[: len(a) // 2] = a[len(a) // 2:]  # duplicates of the second half's values
+                a[: len(a) // 2] = a[len(a) // 2 :]  # duplicates of the second half's values
             elif k % 3 == 1:
                 a[:] = base  # the original values again...
                 a += k % 5  # ...shifted: a different, still distinct set of ids
@@ -44,7 +44,7 @@ class Rewriter:
                 a *= -1  # negative stamps or ids for a moment
                 a *= -1
 
-    def __enter__(self) -> "Rewriter":
+    def __enter__(self) -> Rewriter:
         self.thread.start()
         return self
 
@@ -117,7 +117,7 @@ def test_put_against_a_rewriter(impl, as_tensor):
     groups = make(np.arange(N, dtype=np.int64) // 4)
     with Rewriter(trajs), Rewriter(steps), Rewriter(groups):
         for i in range(ROUNDS):
-            checked_call(buf, lambda: buf.put(trajs, steps, group_ids=groups if i % 2 else None))
+            checked_call(buf, lambda i=i: buf.put(trajs, steps, group_ids=groups if i % 2 else None))
             if i % 10 == 0:
                 reload_works(buf)
             buf.take(2 * N, 10**6)  # everything is stale by now: empties the ring

@@ -94,7 +94,7 @@ def test_state_dict_counters_outside_int64_are_rejected(impl):
     buf = impl(4)
     sd = buf.state_dict()
     sd["ledger"]["dispatched"] = sd["ledger"]["completed"] = 2**64
-    with pytest.raises(ValueError, match="outside int64"):
+    with pytest.raises(ValueError, match="counters outside"):
         impl(4).load_state_dict(sd)
 
 

@@ -18,9 +18,9 @@ import time
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_balanced, rows
 
 import pyfast_buffer as pfb
-from _helpers import assert_balanced, rows
 from pyfast_buffer import checkpoint
 
 IMPLS = [pfb.StalenessBuffer, pfb.ReferenceBuffer]
@@ -74,6 +74,7 @@ def _temp_files(directory):
 
 # -- round trips ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("target", IMPLS, ids=["into_native", "into_reference"])
 def test_round_trip_within_and_across_implementations(impl, target, tmp_path):
     src = _busy(impl)
@@ -120,9 +121,20 @@ def test_every_supported_leaf_round_trips_with_its_type(tmp_path):
         "ints": [0, -1, 2**63 - 1, 2**70],
         "floats": (1.5, float("inf"), -0.0),
         "misc": {"s": "ümlaut ✓", "t": True, "f": False, "none": None, "nested": {"deeper": [{"x": [1]}]}},
-        "tensors": {str(d): torch.arange(6).to(d).reshape(2, 3)
-                    for d in (torch.bool, torch.int8, torch.uint8, torch.int32, torch.int64,
-                              torch.float16, torch.float32, torch.float64, torch.complex64)},
+        "tensors": {
+            str(d): torch.arange(6).to(d).reshape(2, 3)
+            for d in (
+                torch.bool,
+                torch.int8,
+                torch.uint8,
+                torch.int32,
+                torch.int64,
+                torch.float16,
+                torch.float32,
+                torch.float64,
+                torch.complex64,
+            )
+        },
         "scalar_tensor": torch.tensor(7),
         "empty": torch.empty(0, 4, dtype=torch.int64),
         "strided": torch.arange(20).reshape(4, 5)[:, ::2],
@@ -140,12 +152,15 @@ def test_every_supported_leaf_round_trips_with_its_type(tmp_path):
     assert isinstance(back["floats"], tuple) and isinstance(back["ints"], list)
 
 
-@pytest.mark.parametrize("leaf, named", [
-    ({"a": {"b": object()}}, r"state\['a'\]\['b'\] is a object"),
-    ({"a": [torch.zeros(2, dtype=torch.bfloat16)]}, r"state\['a'\]\[0\] is a torch.bfloat16 tensor"),
-    ({"a": {1: 2}}, "has key 1"),
-    ({"a": np.array(["x"], dtype=object)}, "dtype object"),
-])
+@pytest.mark.parametrize(
+    "leaf, named",
+    [
+        ({"a": {"b": object()}}, r"state\['a'\]\['b'\] is a object"),
+        ({"a": [torch.zeros(2, dtype=torch.bfloat16)]}, r"state\['a'\]\[0\] is a torch.bfloat16 tensor"),
+        ({"a": {1: 2}}, "has key 1"),
+        ({"a": np.array(["x"], dtype=object)}, "dtype object"),
+    ],
+)
 def test_unstorable_state_is_refused_before_any_file_is_touched(leaf, named, tmp_path):
     path = tmp_path / "b.ckpt"
     checkpoint.save_state({"ok": 1}, path)
@@ -156,6 +171,7 @@ def test_unstorable_state_is_refused_before_any_file_is_touched(leaf, named, tmp
 
 
 # -- refusing damaged files ------------------------------------------------------------------------------------
+
 
 def _damaged_files(good: bytes):
     rng = random.Random(1234)
@@ -179,7 +195,7 @@ def _damaged_files(good: bytes):
         field = "magic" if pos < 8 else "format version" if pos < 12 else "announces" if pos < 28 else "checksum"
         yield f"bit flip at byte {pos}", bytes(flipped), field
     zeroed = bytearray(good)
-    zeroed[n // 2:n // 2 + 4096] = bytes(len(zeroed[n // 2:n // 2 + 4096]))
+    zeroed[n // 2 : n // 2 + 4096] = bytes(len(zeroed[n // 2 : n // 2 + 4096]))
     yield "a zeroed page in the payload", bytes(zeroed), "checksum"
 
 
@@ -203,18 +219,24 @@ def test_damaged_files_are_refused_and_change_nothing(impl, tmp_path):
     assert target.load(good_path).tolist() == [10_001, 10_002]  # the undamaged original still loads
 
 
-@pytest.mark.parametrize("header, message", [
-    (b"{not json", "not valid JSON"),
-    (b'{"tree": 1}', "without 'tree' and 'arrays'"),
-    (b'{"tree": {"tensor": 0}, "arrays": []}', "refers to array 0 but its header lists 0 arrays"),
-    (b'{"tree": {"pickle": "x"}, "arrays": []}', "unknown node 'pickle'"),
-    (b'{"tree": {"tensor": 0}, "arrays": [{"dtype": "|O", "shape": [1], "offset": 0, "nbytes": 8}]}', "malformed"),
-    (b'{"tree": {"tensor": 0}, "arrays": [{"dtype": "<i8", "shape": [2], "offset": 0, "nbytes": 16}]}', "malformed"),
-    (b'{"tree": {"tensor": 0}, "arrays": [{"dtype": "<i8", "shape": [1], "offset": 0, "nbytes": 4}]}', "malformed"),
-    (b'{"tree": {"tensor": 0}, "arrays": [{"dtype": "zz", "shape": [1], "offset": 0, "nbytes": 8}]}', "malformed"),
-    (b'{"tree": [1, 2], "arrays": []}', "malformed state tree"),
-    (b'{"tree": 5, "arrays": []}', "holds no state_dict"),
-])
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"tree": 1}', "without 'tree' and 'arrays'"),
+        (b'{"tree": {"tensor": 0}, "arrays": []}', "refers to array 0 but its header lists 0 arrays"),
+        (b'{"tree": {"pickle": "x"}, "arrays": []}', "unknown node 'pickle'"),
+        (b'{"tree": {"tensor": 0}, "arrays": [{"dtype": "|O", "shape": [1], "offset": 0, "nbytes": 8}]}', "malformed"),
+        (
+            b'{"tree": {"tensor": 0}, "arrays": [{"dtype": "<i8", "shape": [2], "offset": 0, "nbytes": 16}]}',
+            "malformed",
+        ),
+        (b'{"tree": {"tensor": 0}, "arrays": [{"dtype": "<i8", "shape": [1], "offset": 0, "nbytes": 4}]}', "malformed"),
+        (b'{"tree": {"tensor": 0}, "arrays": [{"dtype": "zz", "shape": [1], "offset": 0, "nbytes": 8}]}', "malformed"),
+        (b'{"tree": [1, 2], "arrays": []}', "malformed state tree"),
+        (b'{"tree": 5, "arrays": []}', "holds no state_dict"),
+    ],
+)
 def test_a_well_framed_file_with_a_bad_header_is_refused(impl, header, message, tmp_path):
     path = tmp_path / "crafted.ckpt"
     path.write_bytes(_frame(header, b"\0" * 8))
@@ -253,6 +275,7 @@ def test_missing_file_and_bad_in_flight_argument(impl, tmp_path):
 
 # -- failed saves keep the previous file ---------------------------------------------------------------------
 
+
 def test_save_that_cannot_finish_leaves_the_previous_file(impl, tmp_path):
     path = tmp_path / "b.ckpt"
     buf = _busy(impl)
@@ -287,14 +310,21 @@ def test_save_failing_mid_write_leaves_the_previous_file_and_no_temporary(impl, 
     path = tmp_path / "b.ckpt"
     _busy(impl).save(path)
     before = path.read_bytes()
-    child = subprocess.run([sys.executable, "-c", _FSIZE_CHILD.format(impl=impl.__name__), str(path)],
-                           check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    child = subprocess.run(
+        [sys.executable, "-c", _FSIZE_CHILD.format(impl=impl.__name__), str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert child.returncode == 0, child.stderr
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["b.ckpt"]  # the failed save removed its own temporary file
 
 
 # -- in-flight prompts ---------------------------------------------------------------------------------------
+
 
 def _waiting(impl):
     buf = impl(8, max_age=2, strategy="wait")
@@ -347,6 +377,7 @@ def test_default_is_fail_everywhere(impl):
 
 
 # -- temporary files -----------------------------------------------------------------------------------------
+
 
 def test_orphaned_temporary_files_of_dead_writers_are_removed_by_the_next_save(impl, tmp_path):
     path = tmp_path / "b.ckpt"
@@ -433,8 +464,14 @@ def test_sigkill_during_repeated_saves_leaves_the_old_or_the_new_state(tmp_path)
     ref_a.parent.mkdir()
     rng = random.Random(20261130)
     # cwd: a subprocess must import the installed package, not the source tree (CI tests the wheel).
-    with subprocess.Popen([sys.executable, "-c", _FORK_SERVER, str(path), str(ref_a), str(ref_b)], cwd=tmp_path,
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1) as server:
+    with subprocess.Popen(
+        [sys.executable, "-c", _FORK_SERVER, str(path), str(ref_a), str(ref_b)],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    ) as server:
         try:
             seen, killed_mid_write = _kill_writers(server, path, ref_a, ref_b, rng)
         finally:
@@ -455,7 +492,7 @@ def test_file_layout_is_as_documented(tmp_path):
     assert magic == b"\x89PFB\r\n\x1a\n" and version == 1
     assert len(data) == 60 + header_bytes + payload_bytes and (60 + header_bytes) % 64 == 0
     assert hashlib.sha256(data[:28] + data[60:]).digest() == data[28:60]
-    header = json.loads(data[60:60 + header_bytes])
+    header = json.loads(data[60 : 60 + header_bytes])
     assert header["tree"]["dict"]["format"] == "pyfast_buffer.state/1"
 
 

@@ -3,8 +3,6 @@
 import threading
 import time
 
-import pytest
-
 from _helpers import assert_balanced
 
 PRODUCERS = 3
@@ -21,7 +19,7 @@ def _run(buf, produce, consume_step):
             while not stop.is_set():
                 produce(buf, k, i)
                 i += 1
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             errors.append(exc)
 
     def consumer():
@@ -33,7 +31,7 @@ def _run(buf, produce, consume_step):
                 step += 1
                 if not len(batch):
                     time.sleep(0.0005)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=producer, args=(k,)) for k in range(PRODUCERS)]

@@ -7,9 +7,9 @@ import tempfile
 
 import numpy as np
 import pytest
+from _helpers import assert_balanced
 
 import pyfast_buffer as pfb
-from _helpers import assert_balanced
 
 KEYS = ("traj_id", "group_id", "sample_step", "policy_version", "uses", "group_len")
 
@@ -88,6 +88,7 @@ for seed in range(20):
 print("ok")
 """
     env = {**os.environ, "PYFAST_BUFFER_NO_SIMD": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=tempfile.gettempdir())
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tempfile.gettempdir()
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -77,15 +77,23 @@ def test_report_skips_pairs_that_lack_a_value_on_some_seed():
     assert "A > B" not in line and "not compared" in line
 
 
-@pytest.mark.parametrize("text, seeds", [("0-4", [0, 1, 2, 3, 4]), ("0,3,7", [0, 3, 7]), ("0-2,9", [0, 1, 2, 9]),
-                                         ("5", [5])])
+@pytest.mark.parametrize(
+    "text, seeds", [("0-4", [0, 1, 2, 3, 4]), ("0,3,7", [0, 3, 7]), ("0-2,9", [0, 1, 2, 9]), ("5", [5])]
+)
 def test_parse_seeds(text, seeds):
     assert parse_seeds(text) == seeds
 
 
-@pytest.mark.parametrize("text, message", [("0-x", "'0-x' is not a seed"), ("3-1", "'3-1' is not a range"),
-                                           ("0,0", "lists a seed twice"), ("", "'' is not a seed"),
-                                           ("-1", "'-1' is not a seed")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("0-x", "'0-x' is not a seed"),
+        ("3-1", "'3-1' is not a range"),
+        ("0,0", "lists a seed twice"),
+        ("", "'' is not a seed"),
+        ("-1", "'-1' is not a seed"),
+    ],
+)
 def test_parse_seeds_refuses_bad_lists(text, message):
     with pytest.raises(ValueError, match=message):
         parse_seeds(text)

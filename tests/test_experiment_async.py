@@ -46,9 +46,19 @@ def test_wait_arm_reports_age_past_max_age():
 
 
 def _summary(**kw):
-    base = {"reuse": 1, "strategy": "drop", "max_age": 4, "lag": 1, "loss_first_fresh": 0.0, "loss_last_fresh": 0.0,
-            "sample_reward_first": 0.1, "sample_reward_last": 0.5, "entropy_half_tick": 100,
-            "entropy_half_step": 100, "clip_frac_late": 0.05}
+    base = {
+        "reuse": 1,
+        "strategy": "drop",
+        "max_age": 4,
+        "lag": 1,
+        "loss_first_fresh": 0.0,
+        "loss_last_fresh": 0.0,
+        "sample_reward_first": 0.1,
+        "sample_reward_last": 0.5,
+        "entropy_half_tick": 100,
+        "entropy_half_step": 100,
+        "clip_frac_late": 0.05,
+    }
     return {**base, **kw}
 
 

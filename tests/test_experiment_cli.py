@@ -26,39 +26,57 @@ def test_experiment_cli_writes_records_report_and_figure(capsys):
 
 def test_experiment_cli_product_of_axes(capsys):
     out = fresh_dir()
-    rc = main(["experiment", "--preset", "tiny", "--ticks", "8", "--reuse", "1,2", "--strategy", "drop,wait",
-               "--out", out, "--no-progress", "--no-figure"])
+    rc = main(
+        [
+            "experiment",
+            "--preset",
+            "tiny",
+            "--ticks",
+            "8",
+            "--reuse",
+            "1,2",
+            "--strategy",
+            "drop,wait",
+            "--out",
+            out,
+            "--no-progress",
+            "--no-figure",
+        ]
+    )
     assert rc == 0
     assert "4 arms" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--reuse", "0"], "reuse=0 must be >= 1"),
-    (["--reuse", "1,x"], "--reuse='1,x' is not a comma-separated list of ints"),
-    (["--strategy", "drop,later"], "pass drop, wait or drop,wait"),
-    (["--batch-size", "30"], "batch_size=30 is not a multiple of group_size=8"),
-    (["--arm", "reuse=2,speed=3"], "'speed=3' is not KEY=VALUE"),
-    (["--lr", "-1"], "--lr=-1.0 must be a finite number > 0"),
-    (["--lr", "nan"], "--lr=nan must be a finite number > 0"),
-    (["--digits", "1"], "--digits=1 leaves nothing to learn"),
-    (["--length", "1"], "--length=1 cannot reach every sum"),
-    (["--arm", "reuse=2", "--arm", "reuse=2"], "--arm: arm reuse2-drop-age4-lag0 is listed twice"),
-    (["--tick-seconds", "-1"], "--tick-seconds=-1.0 must be a finite number >= 0"),
-    (["--out", "/etc/passwd/x"], "--out='/etc/passwd/x' is not a writable directory"),
-    (["--clip-eps", "-0.5"], "--clip-eps=-0.5 must be a finite number > 0"),
-    (["--latency-mean", "nan"], "--latency-mean=nan must be a finite number >= 0"),
-    (["--reuse", ""], "--reuse is empty"),
-    (["--strategy", ""], "--strategy is empty"),
-    (["--seeds", "0-x"], "--seeds='0-x': '0-x' is not a seed or a range"),
-    (["--seed", "1", "--seeds", "0-1"], "--seed and --seeds are both given"),
-    (["--seeds", "0-1", "--jobs", "0"], "--jobs=0 must be an int >= 1"),
-    (["--max-age", "adaptive:speed=1"], "'speed' is not kl or clip"),
-    (["--max-age", "adaptive:x"], "'x' is not a number"),
-    (["--max-age", "adaptive:-1"], "target_kl=-1.0 must be a finite number > 0"),
-    (["--max-age", "2,adaptive2"], "'adaptive2' is not adaptive[:TARGET]"),
-    (["--arm", "max_age=adaptive:clip=y"], "--arm 'max_age=adaptive:clip=y'"),
-    (["--adaptive-min-age", "5", "--adaptive-max-age", "2"], "must satisfy 0 <= min <= max"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--reuse", "0"], "reuse=0 must be >= 1"),
+        (["--reuse", "1,x"], "--reuse='1,x' is not a comma-separated list of ints"),
+        (["--strategy", "drop,later"], "pass drop, wait or drop,wait"),
+        (["--batch-size", "30"], "batch_size=30 is not a multiple of group_size=8"),
+        (["--arm", "reuse=2,speed=3"], "'speed=3' is not KEY=VALUE"),
+        (["--lr", "-1"], "--lr=-1.0 must be a finite number > 0"),
+        (["--lr", "nan"], "--lr=nan must be a finite number > 0"),
+        (["--digits", "1"], "--digits=1 leaves nothing to learn"),
+        (["--length", "1"], "--length=1 cannot reach every sum"),
+        (["--arm", "reuse=2", "--arm", "reuse=2"], "--arm: arm reuse2-drop-age4-lag0 is listed twice"),
+        (["--tick-seconds", "-1"], "--tick-seconds=-1.0 must be a finite number >= 0"),
+        (["--out", "/etc/passwd/x"], "--out='/etc/passwd/x' is not a writable directory"),
+        (["--clip-eps", "-0.5"], "--clip-eps=-0.5 must be a finite number > 0"),
+        (["--latency-mean", "nan"], "--latency-mean=nan must be a finite number >= 0"),
+        (["--reuse", ""], "--reuse is empty"),
+        (["--strategy", ""], "--strategy is empty"),
+        (["--seeds", "0-x"], "--seeds='0-x': '0-x' is not a seed or a range"),
+        (["--seed", "1", "--seeds", "0-1"], "--seed and --seeds are both given"),
+        (["--seeds", "0-1", "--jobs", "0"], "--jobs=0 must be an int >= 1"),
+        (["--max-age", "adaptive:speed=1"], "'speed' is not kl or clip"),
+        (["--max-age", "adaptive:x"], "'x' is not a number"),
+        (["--max-age", "adaptive:-1"], "target_kl=-1.0 must be a finite number > 0"),
+        (["--max-age", "2,adaptive2"], "'adaptive2' is not adaptive[:TARGET]"),
+        (["--arm", "max_age=adaptive:clip=y"], "--arm 'max_age=adaptive:clip=y'"),
+        (["--adaptive-min-age", "5", "--adaptive-max-age", "2"], "must satisfy 0 <= min <= max"),
+    ],
+)
 def test_bad_flags_name_the_argument_and_the_fix(capsys, flags, message):
     rc = main(["experiment", "--preset", "tiny", "--out", fresh_dir(), "--no-progress", *flags])
     assert rc == 2
@@ -75,7 +93,11 @@ def test_one_axis_flag_keeps_the_presets_other_axes():
     args = parser.parse_args(["experiment", "--preset", "demo", "--reuse", "1,4"])
     _, arms = resolve(args)
     assert sorted((a.reuse, a.strategy, a.max_age, a.lag) for a in arms) == [
-        (1, "drop", 4, 1), (1, "wait", 4, 1), (4, "drop", 4, 1), (4, "wait", 4, 1)]
+        (1, "drop", 4, 1),
+        (1, "wait", 4, 1),
+        (4, "drop", 4, 1),
+        (4, "wait", 4, 1),
+    ]
 
 
 def test_max_age_axis_takes_adaptive_items():
@@ -85,8 +107,17 @@ def test_max_age_axis_takes_adaptive_items():
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
-    args = parser.parse_args(["experiment", "--reuse", "4", "--max-age", "2,adaptive,adaptive:clip=0.05",
-                              "--arm", "reuse=4,max_age=adaptive:kl=0.02+clip=0.1"])
+    args = parser.parse_args(
+        [
+            "experiment",
+            "--reuse",
+            "4",
+            "--max-age",
+            "2,adaptive,adaptive:clip=0.05",
+            "--arm",
+            "reuse=4,max_age=adaptive:kl=0.02+clip=0.1",
+        ]
+    )
     _, arms = resolve(args)
     assert [(a.max_age_spec, a.target_kl, a.target_clip) for a in arms] == [("adaptive:kl=0.02+clip=0.1", 0.02, 0.1)]
     args.arm = None

@@ -17,8 +17,21 @@ def test_reuse_1_reward_rises_above_its_initial_level():
 def test_every_arm_trains_and_records_the_procedure_fields():
     result = tiny_run()
     step = next(r for r in result.records if r["kind"] == "step")
-    for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "train_reward", "step", "tick",
-                "buffer_left", "age_mean", "age_hist/0", "uses/1", "ledger/sampled_total"):
+    for key in (
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "approx_kl",
+        "clip_frac",
+        "train_reward",
+        "step",
+        "tick",
+        "buffer_left",
+        "age_mean",
+        "age_hist/0",
+        "uses/1",
+        "ledger/sampled_total",
+    ):
         assert key in step
     assert step["value_loss"] is None  # GRPO has no critic
     assert all(s["trainer_steps"] > 0 for s in result.summaries)

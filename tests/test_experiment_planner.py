@@ -17,8 +17,9 @@ TV_TOLERANCE = 0.05
 MEAN_TOLERANCE = 0.1
 
 
-@pytest.mark.parametrize("overrides", [{}, {"prompts_per_tick": 5, "capacity": 200, "parameter_sync_step": 3}],
-                         ids=["fifo-preset", "sync3"])
+@pytest.mark.parametrize(
+    "overrides", [{}, {"prompts_per_tick": 5, "capacity": 200, "parameter_sync_step": 3}], ids=["fifo-preset", "sync3"]
+)
 def test_planner_matches_measured_ages_in_the_fifo_steady_state(overrides):
     p = preset("fifo")
     cfg = replace(p.config, **overrides)

@@ -1,7 +1,6 @@
 """dispatch / complete / fail: in-flight prompts, groups and the prompt half of the ledger."""
 
 import pytest
-
 from _helpers import assert_balanced
 
 

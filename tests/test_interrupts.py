@@ -13,7 +13,6 @@ import threading
 import time
 
 import pytest
-
 from _helpers import assert_balanced
 
 TIMEOUT = 120.0

@@ -9,9 +9,9 @@ import math
 import threading
 
 import pytest
+from _helpers import assert_balanced
 
 import pyfast_buffer as pfb
-from _helpers import assert_balanced
 
 S = 1_000_000_000  # ns per second
 
@@ -22,9 +22,19 @@ def frozen(impl, *args, **kwargs):
     return buf
 
 
-@pytest.mark.parametrize("lease, error", [(0, ValueError), (-1, ValueError), (math.nan, ValueError),
-                                          (math.inf, ValueError), (1e10, ValueError), (10**400, ValueError),
-                                          ("1", TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    "lease, error",
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (1e10, ValueError),
+        (10**400, ValueError),
+        ("1", TypeError),
+        (True, TypeError),
+    ],
+)
 def test_bad_lease_is_refused_changing_nothing(impl, lease, error):
     buf = frozen(impl, 8)
     buf.dispatch([1], 0, lease=2)
@@ -45,7 +55,7 @@ def test_a_passed_lease_fails_the_prompt_as_expired(impl):
     buf._set_lease_clock(5 * S)
     led = assert_balanced(buf)
     assert led["failed"] == 2 and led["expired"] == 2 and led["in_flight"] == 1
-    with pytest.raises(ValueError, match="prompt 1 is not in flight.*expired"):
+    with pytest.raises(ValueError, match=r"prompt 1 is not in flight.*expired"):
         buf.complete([10], [1])
     buf.complete([10], [3])
     assert assert_balanced(buf)["completed"] == 1
@@ -87,8 +97,9 @@ def test_expire_in_flight_fails_prompts_older_than_the_bound(impl):
     assert led["failed"] == led["expired"] == 2
 
 
-@pytest.mark.parametrize("bad, error", [(-1, ValueError), (math.nan, ValueError), (1e12, ValueError),
-                                        (None, TypeError), ("3", TypeError)])
+@pytest.mark.parametrize(
+    "bad, error", [(-1, ValueError), (math.nan, ValueError), (1e12, ValueError), (None, TypeError), ("3", TypeError)]
+)
 def test_bad_expire_in_flight_is_refused(impl, bad, error):
     buf = frozen(impl, 8)
     buf.dispatch([1], 0)

@@ -34,8 +34,14 @@ PAYLOAD_BYTES = 256 * 1024  # above Ray's 100 KiB inline limit: each payload liv
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    init_local_cluster(num_cpus=4, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR", object_store_memory=256 * 2**20)
+    init_local_cluster(
+        num_cpus=4,
+        namespace=NAMESPACE,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        object_store_memory=256 * 2**20,
+    )
     try:
         yield
     finally:
@@ -195,8 +201,13 @@ def test_named_buffer_is_reachable_from_a_ray_task_and_a_second_driver():
         "ray.shutdown()\n"
     )
     gcs = ray.get_runtime_context().gcs_address
-    out = subprocess.run([sys.executable, "-c", script, gcs, NAMESPACE, name], capture_output=True, text=True,
-                         timeout=180, cwd=tempfile.gettempdir())
+    out = subprocess.run(
+        [sys.executable, "-c", script, gcs, NAMESPACE, name],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tempfile.gettempdir(),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "len 2" in out.stdout
     assert client.take(2, 5).traj_ids.tolist() == [900, 901]
@@ -248,7 +259,7 @@ def test_save_and_load_run_in_the_actor(tmp_path):
     assert failed.tolist() == [50] and len(client) == 3 and client.in_flight == 0
     assert client.take(3, 4).traj_ids.tolist() == [1, 2, 3]
     path.write_bytes(path.read_bytes()[:-3])
-    with pytest.raises(CheckpointError, match="(?i)checksum|torn|truncat|corrupt|short"):
+    with pytest.raises(CheckpointError, match=r"(?i)checksum|torn|truncat|corrupt|short"):
         client.load(path)
     assert client.ledger()["taken"] == 3 and len(client) == 0
 

@@ -34,8 +34,9 @@ BASE_STEP = 100  # the trainer's first step; producers stamp relative to it
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    init_local_cluster(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             object_store_memory=128 * 2**20)
+    init_local_cluster(
+        num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR", object_store_memory=128 * 2**20
+    )
     try:
         yield
     finally:
@@ -80,7 +81,7 @@ def producers():
     return workers
 
 
-def train(client: RemoteBuffer, runs: List["ray.ObjectRef"]) -> List[np.ndarray]:
+def train(client: RemoteBuffer, runs: List[ray.ObjectRef]) -> List[np.ndarray]:
     """Takes full batches (blocking) while producers run, then drains what is left; returns each batch's columns."""
     batches, taken = [], 0
     while True:

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from _helpers import assert_balanced
 
 import pyfast_buffer as pfb
-from _helpers import assert_balanced
 
 RETIRED, DROPPED_STALE, EVICTED, FAILED, EXPIRED = range(5)
 
@@ -95,14 +95,17 @@ def test_load_state_dict_keeps_the_pending_records(impl):
     assert drain(buf) == [(1, RETIRED)]
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda b: b.put([5, 5, 5], 0), "trajectory 5 appears twice"),
-    (lambda b: b.put([5, 6, 5], 0, group_ids=[1, 1, 1]), "trajectory 5 appears twice"),
-    (lambda b: b.complete([7, 7], [100, 100]), "trajectory 7 appears twice"),
-    (lambda b: b.dispatch([3, 3], 0), "prompt 3 appears twice"),
-    (lambda b: b.fail([100, 100]), "prompt 100 appears twice"),
-    (lambda b: b.renew([100, 100], 1), "prompt 100 appears twice"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda b: b.put([5, 5, 5], 0), "trajectory 5 appears twice"),
+        (lambda b: b.put([5, 6, 5], 0, group_ids=[1, 1, 1]), "trajectory 5 appears twice"),
+        (lambda b: b.complete([7, 7], [100, 100]), "trajectory 7 appears twice"),
+        (lambda b: b.dispatch([3, 3], 0), "prompt 3 appears twice"),
+        (lambda b: b.fail([100, 100]), "prompt 100 appears twice"),
+        (lambda b: b.renew([100, 100], 1), "prompt 100 appears twice"),
+    ],
+)
 def test_duplicate_ids_in_one_call_are_refused_naming_the_id(impl, call, match):
     buf = impl(8)
     buf.dispatch([100], 0)

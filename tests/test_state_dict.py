@@ -4,9 +4,9 @@ import io
 
 import pytest
 import torch
+from _helpers import assert_balanced, rows
 
 import pyfast_buffer as pfb
-from _helpers import assert_balanced, rows
 
 
 def _busy(impl):

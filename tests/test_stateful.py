@@ -11,11 +11,11 @@ the test machine took between them, so the comparison stays exact and the test c
 from collections import Counter
 
 import hypothesis.strategies as st
+from _helpers import assert_balanced, rows
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import pyfast_buffer as pfb
-from _helpers import assert_balanced, rows
 
 
 class NativeMatchesReference(RuleBasedStateMachine):
@@ -29,8 +29,16 @@ class NativeMatchesReference(RuleBasedStateMachine):
         unique=st.booleans(),
     )
     def build(self, capacity, max_age, strategy, max_uses, on_full, sync, unique):
-        kwargs = dict(capacity=capacity, max_age=max_age, strategy=strategy, max_uses=max_uses, on_full=on_full,
-                      parameter_sync_step=sync, track_released=True, unique_ids=unique)
+        kwargs = dict(
+            capacity=capacity,
+            max_age=max_age,
+            strategy=strategy,
+            max_uses=max_uses,
+            on_full=on_full,
+            parameter_sync_step=sync,
+            track_released=True,
+            unique_ids=unique,
+        )
         self.native = pfb.StalenessBuffer(**kwargs)
         self.ref = pfb.ReferenceBuffer(**kwargs)
         self.next_traj = 0
@@ -63,8 +71,12 @@ class NativeMatchesReference(RuleBasedStateMachine):
     def in_flight(self):
         return sorted(self.ref._in_flight)
 
-    @rule(count=st.integers(1, 3), lag=st.integers(0, 3), reuse_old=st.booleans(),
-          lease=st.sampled_from([None, None, 0.5, 1, 2.5]))
+    @rule(
+        count=st.integers(1, 3),
+        lag=st.integers(0, 3),
+        reuse_old=st.booleans(),
+        lease=st.sampled_from([None, None, 0.5, 1, 2.5]),
+    )
     def dispatch(self, count, lag, reuse_old, lease):
         prompts = list(range(self.next_prompt, self.next_prompt + count))
         if reuse_old and self.next_prompt:
@@ -106,8 +118,13 @@ class NativeMatchesReference(RuleBasedStateMachine):
     def fail(self, prompt):
         self.both(lambda b: b.fail([prompt]))
 
-    @rule(n=st.integers(1, 4), lag=st.integers(0, 4), grouped=st.booleans(), per_entry=st.booleans(),
-          reuse_old=st.booleans())
+    @rule(
+        n=st.integers(1, 4),
+        lag=st.integers(0, 4),
+        grouped=st.booleans(),
+        per_entry=st.booleans(),
+        reuse_old=st.booleans(),
+    )
     def put(self, n, lag, grouped, per_entry, reuse_old):
         trajs = list(range(self.next_traj, self.next_traj + n))
         if reuse_old and self.next_traj:

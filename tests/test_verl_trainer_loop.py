@@ -54,8 +54,11 @@ class Rollout(threading.Thread):
 
     def dispatch(self, count: int, step: int) -> int:
         uids = [new_uid() for _ in range(count)]
-        self.tq.kv_batch_put(keys=uids, partition_id=self.partition_id,
-                             tags=[{"is_prompt": True, "status": "pending", "global_steps": step} for _ in uids])
+        self.tq.kv_batch_put(
+            keys=uids,
+            partition_id=self.partition_id,
+            tags=[{"is_prompt": True, "status": "pending", "global_steps": step} for _ in uids],
+        )
         with self.cond:
             for uid in uids:
                 heapq.heappush(self.queue, (time.monotonic(), uid, step, "run"))
@@ -73,7 +76,7 @@ class Rollout(threading.Thread):
                         return
                     _, uid, step, phase = heapq.heappop(self.queue)
                 self._advance(uid, step, phase)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+        except BaseException as exc:
             self.error = exc
 
     def _advance(self, uid: str, step: int, phase: str) -> None:
@@ -88,10 +91,14 @@ class Rollout(threading.Thread):
         sessions = self.rng.choice([0, 1]) if failed else SESSIONS
         keys = [f"{uid}_{s}_0" for s in range(sessions)]
         if keys:
-            self.tq.kv_batch_put(keys=keys, partition_id=self.partition_id,
-                                 tags=[{"is_prompt": False, "global_steps": step} for _ in keys])
-        self.tq.kv_put(key=uid, partition_id=self.partition_id,
-                       tag={**tag, "status": "failure" if failed else "finished"})
+            self.tq.kv_batch_put(
+                keys=keys,
+                partition_id=self.partition_id,
+                tags=[{"is_prompt": False, "global_steps": step} for _ in keys],
+            )
+        self.tq.kv_put(
+            key=uid, partition_id=self.partition_id, tag={**tag, "status": "failure" if failed else "finished"}
+        )
 
     def stop(self) -> None:
         with self.cond:
@@ -119,9 +126,14 @@ def test_two_hundred_steps_of_a_separate_async_trainer(tq_running, strategy):
         refills.append(count)
         return rollout.dispatch(count, step)
 
-    rb = verl_mod.FastReplayBuffer(trainer_mode="separate_async", trainer_config={},
-                                   max_off_policy_threshold=THRESHOLD[strategy], max_off_policy_strategy=strategy,
-                                   sampler_kwargs={"timeout": TIMEOUT_S}, refill_fn=refill_fn)
+    rb = verl_mod.FastReplayBuffer(
+        trainer_mode="separate_async",
+        trainer_config={},
+        max_off_policy_threshold=THRESHOLD[strategy],
+        max_off_policy_strategy=strategy,
+        sampler_kwargs={"timeout": TIMEOUT_S},
+        refill_fn=refill_fn,
+    )
     durations: list[float] = []
     trained: list[str] = []
     evicted_in_metrics = 0

@@ -30,14 +30,29 @@ CASE = "ray"  # every row; ``op`` says which measurement: put/<n>p, take, wake
 
 def _rate_row(op: str, contender: str, batch: int, entries: float, seconds: float, producers: int) -> Dict:
     rate = entries / seconds
-    return {"case": CASE, "op": op, "contender": contender, "batch": batch, "producers": producers,
-            "entries_per_s": rate,
-            "median_s": 1 / rate if rate else float("inf"), "runs": 1}
+    return {
+        "case": CASE,
+        "op": op,
+        "contender": contender,
+        "batch": batch,
+        "producers": producers,
+        "entries_per_s": rate,
+        "median_s": 1 / rate if rate else float("inf"),
+        "runs": 1,
+    }
 
 
 def _latency_row(op: str, contender: str, batch: int, times: List[float]) -> Dict:
-    return {"case": CASE, "op": op, "contender": contender, "batch": batch, "median_s": median(times),
-            "p50_s": percentile(times, 50), "p99_s": percentile(times, 99), "runs": len(times)}
+    return {
+        "case": CASE,
+        "op": op,
+        "contender": contender,
+        "batch": batch,
+        "median_s": median(times),
+        "p50_s": percentile(times, 50),
+        "p99_s": percentile(times, 99),
+        "runs": len(times),
+    }
 
 
 def _remote_classes() -> Tuple[Any, Any]:
@@ -56,8 +71,9 @@ def _remote_classes() -> Tuple[Any, Any]:
             elif kind == "buffer+values":  # the actor ray.puts each value: it owns them
                 self.send = lambda: target.put(ids + self._next(batch), CURRENT_STEP, payloads=[payload] * batch)
             elif kind == "buffer+refs":  # this process puts them: they die with it
-                self.send = lambda: target.put(ids + self._next(batch), CURRENT_STEP,
-                                               payloads=[ray.put(payload) for _ in range(batch)])
+                self.send = lambda: target.put(
+                    ids + self._next(batch), CURRENT_STEP, payloads=[ray.put(payload) for _ in range(batch)]
+                )
             elif kind == "queue":
                 self.send = lambda: target.put_nowait_batch(items)
             else:
@@ -126,8 +142,9 @@ def _puts(batches: Tuple[int, ...], seconds: float, producers: List[Any], sink: 
                 if queue is not None:
                     queue.shutdown()
             local = StalenessBuffer(1 << 20, max_age=10, pin_memory=False)
-            rows.append(_rate_row(op, f"{LOCAL} ({n} threads)", batch, _local_puts(local, batch, n, seconds),
-                                  seconds, n))
+            rows.append(
+                _rate_row(op, f"{LOCAL} ({n} threads)", batch, _local_puts(local, batch, n, seconds), seconds, n)
+            )
     for name, kind in ((f"{OURS}, payload values", "buffer+values"), (f"{OURS}, payload refs", "buffer+refs")):
         batch = min(batches)
         ray.get([p.warm.remote(client, kind, batch) for p in producers[:1]])
@@ -176,20 +193,32 @@ def _takes(batches: Tuple[int, ...], repeat: int, sink: Any, client: Any, queue:
     for batch in batches:
         chunk = np.arange(16 * batch, dtype=np.int64)
 
-        def refill_buffer(buf: Any = client) -> None:
+        def refill_buffer(buf: Any = client, batch: int = batch, chunk: np.ndarray = chunk) -> None:
             if len(buf) < batch:
                 buf.put(chunk, CURRENT_STEP)
 
-        def refill_queue() -> None:
+        def refill_queue(batch: int = batch, chunk: np.ndarray = chunk) -> None:
             if queue.size() < batch:
                 queue.put_nowait_batch(chunk.tolist())
 
+        def take_remote(batch: int = batch) -> int:
+            return len(client.take(batch, CURRENT_STEP))
+
+        def take_queue(batch: int = batch) -> int:
+            return len(queue.get_nowait_batch(batch))
+
+        def take_local(batch: int = batch) -> int:
+            return len(local.take(batch, CURRENT_STEP))
+
+        def take_floor(batch: int = batch) -> int:  # the same bytes as a batch's 8 int64 columns, one actor call
+            columns: np.ndarray = ray.get(sink.give.remote(8 * batch))
+            return columns.size // 8
+
         cases: List[Tuple[str, Callable[[], int], Callable[[], None]]] = [
-            (OURS, lambda: len(client.take(batch, CURRENT_STEP)), refill_buffer),
-            (QUEUE, lambda: len(queue.get_nowait_batch(batch)), refill_queue),
-            (LOCAL, lambda: len(local.take(batch, CURRENT_STEP)), lambda: refill_buffer(local)),
-            # the same bytes as a batch's 8 int64 columns, through one actor call
-            (FLOOR, lambda: ray.get(sink.give.remote(8 * batch)).size // 8, lambda: None),
+            (OURS, take_remote, refill_buffer),
+            (QUEUE, take_queue, refill_queue),
+            (LOCAL, take_local, lambda: refill_buffer(local)),
+            (FLOOR, take_floor, lambda: None),
         ]
         for name, fn, refill in cases:
             fn_times = _timed(fn, repeat, batch, refill)  # warm, then measured
@@ -201,7 +230,6 @@ def _takes(batches: Tuple[int, ...], repeat: int, sink: Any, client: Any, queue:
 def _wakes(rounds: int, producer: Any, client: Any, queue: Any) -> List[Dict]:
     """A take blocked in the actor, woken by a put from another process; the same with ray Queue.get."""
     import ray
-
 
     rows = []
     client.max_age = 0  # empty both: every entry is one step too old for the evict below
@@ -217,7 +245,8 @@ def _wakes(rounds: int, producer: Any, client: Any, queue: Any) -> List[Dict]:
             started = producer.put_after.remote(target, kind, 0.01, i)
             take()
             woken = time.perf_counter_ns()
-            latencies.append((woken - ray.get(started)) / 1e9)
+            sent: int = ray.get(started)
+            latencies.append((woken - sent) / 1e9)
         rows.append(_latency_row("wake", name, 1, latencies))
     return rows
 
@@ -233,8 +262,9 @@ def ray_case(plan: Any, skipped: Dict[str, str]) -> List[Dict]:
     if started:
         from ..ray._local import init_local_cluster
 
-        init_local_cluster(num_cpus=max(PRODUCERS) + 2, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.ERROR)
+        init_local_cluster(
+            num_cpus=max(PRODUCERS) + 2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+        )
     try:
         from ray.util.queue import Queue
 
@@ -264,31 +294,46 @@ def markdown(rows: List[Dict]) -> str:
     def find(op: str, contender: str, batch: int) -> Dict:
         return next(r for r in rows if r["op"] == op and r["contender"] == contender and r["batch"] == batch)
 
-    out = ["| producers | batch | pyfast_buffer actor | ray Queue | actor/Queue | floor: actor call, same bytes "
-           "| in-process (threads) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        "| producers | batch | pyfast_buffer actor | ray Queue | actor/Queue | floor: actor call, same bytes "
+        "| in-process (threads) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         if r["op"].startswith("put") and r["contender"] == OURS:
             q = find(r["op"], QUEUE, r["batch"])
             f = find(r["op"], FLOOR, r["batch"])
-            local = next(x for x in rows if x["op"] == r["op"] and x["batch"] == r["batch"]
-                         and x["contender"].startswith(LOCAL))
-            out.append(f"| {r['producers']} | {r['batch']} | {r['entries_per_s'] / 1e6:.3f} M/s "
-                       f"| {q['entries_per_s'] / 1e6:.3f} M/s | {r['entries_per_s'] / q['entries_per_s']:.1f}x "
-                       f"| {f['entries_per_s'] / 1e6:.3f} M/s | {local['entries_per_s'] / 1e6:.2f} M/s |")
+            local = next(
+                x for x in rows if x["op"] == r["op"] and x["batch"] == r["batch"] and x["contender"].startswith(LOCAL)
+            )
+            out.append(
+                f"| {r['producers']} | {r['batch']} | {r['entries_per_s'] / 1e6:.3f} M/s "
+                f"| {q['entries_per_s'] / 1e6:.3f} M/s | {r['entries_per_s'] / q['entries_per_s']:.1f}x "
+                f"| {f['entries_per_s'] / 1e6:.3f} M/s | {local['entries_per_s'] / 1e6:.2f} M/s |"
+            )
     out += ["", "| one producer, batch | put with payloads | entries/s |", "| --- | --- | --- |"]
-    out += [f"| {r['batch']} | {r['contender']} | {r['entries_per_s']:.0f} |"
-            for r in rows if r["op"] == "put+payload/1p"]
-    out += ["", "| batch | pyfast_buffer actor take | ray Queue get_nowait_batch | Queue/actor "
-            "| floor: actor call returning 8 x batch int64 | in-process take |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    out += [
+        f"| {r['batch']} | {r['contender']} | {r['entries_per_s']:.0f} |" for r in rows if r["op"] == "put+payload/1p"
+    ]
+    out += [
+        "",
+        "| batch | pyfast_buffer actor take | ray Queue get_nowait_batch | Queue/actor "
+        "| floor: actor call returning 8 x batch int64 | in-process take |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         if r["op"] == "take" and r["contender"] == OURS:
             q, f, loc = (find("take", c, r["batch"]) for c in (QUEUE, FLOOR, LOCAL))
-            out.append(f"| {r['batch']} | {_ms(r)} | {_ms(q)} | {q['median_s'] / r['median_s']:.1f}x | {_ms(f)} "
-                       f"| {loc['median_s'] * 1e6:.1f} us |")
+            out.append(
+                f"| {r['batch']} | {_ms(r)} | {_ms(q)} | {q['median_s'] / r['median_s']:.1f}x | {_ms(f)} "
+                f"| {loc['median_s'] * 1e6:.1f} us |"
+            )
     out += ["", "| wake-up (blocked take, put from another process) | p50 | p99 |", "| --- | --- | --- |"]
-    out += [f"| {r['contender']} | {r['p50_s'] * 1e3:.2f} ms | {r['p99_s'] * 1e3:.2f} ms |"
-            for r in rows if r["op"] == "wake"]
+    out += [
+        f"| {r['contender']} | {r['p50_s'] * 1e3:.2f} ms | {r['p99_s'] * 1e3:.2f} ms |"
+        for r in rows
+        if r["op"] == "wake"
+    ]
     return "\n".join(out)
 
 

@@ -60,7 +60,7 @@ def load_verl(verl_src: str) -> Any:
         spec = importlib.util.spec_from_file_location("_pyfast_bench_verl_replay_buffer", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        spec.loader.exec_module(module)  # pyright: ignore[reportAttributeAccessIssue]
         return module
     finally:
         for name in stubs:
@@ -124,7 +124,7 @@ def transfer_queue_module(modules: list[Any], stand_in: Any) -> Iterator[None]:
 def running_transfer_queue() -> Iterator[Any]:
     """A local Ray (8 logical CPUs: TransferQueue's placement groups ask for more than 2) and TransferQueue."""
     import ray
-    import transfer_queue as tq  # type: ignore[import-untyped]
+    import transfer_queue as tq
 
     started = not ray.is_initialized()
     if started:
@@ -142,11 +142,15 @@ def put_groups(tq: Any, partition_id: str, n: int) -> None:
     uids = [uuid.uuid4().hex for _ in range(n)]
     keys = [f"{u}_{s}_0" for u in uids for s in range(SESSIONS)]
     for start in range(0, len(keys), 20_000):
-        chunk = keys[start:start + 20_000]
-        tq.kv_batch_put(keys=chunk, partition_id=partition_id,
-                        tags=[{"is_prompt": False, "global_steps": STEP} for _ in chunk])
-    tq.kv_batch_put(keys=uids, partition_id=partition_id,
-                    tags=[{"is_prompt": True, "status": "finished", "global_steps": STEP} for _ in uids])
+        chunk = keys[start : start + 20_000]
+        tq.kv_batch_put(
+            keys=chunk, partition_id=partition_id, tags=[{"is_prompt": False, "global_steps": STEP} for _ in chunk]
+        )
+    tq.kv_batch_put(
+        keys=uids,
+        partition_id=partition_id,
+        tags=[{"is_prompt": True, "status": "finished", "global_steps": STEP} for _ in uids],
+    )
 
 
 def clear_partition(tq: Any, partition_id: str) -> None:
@@ -156,13 +160,26 @@ def clear_partition(tq: Any, partition_id: str) -> None:
 
 
 def make_sampler(cls: Any) -> Any:
-    return cls(trainer_mode="separate_async", trainer_config={}, max_off_policy_threshold=8,
-               max_off_policy_strategy="drop", sampler_kwargs={"capacity": 1 << 17}, poll_interval=0.05)
+    return cls(
+        trainer_mode="separate_async",
+        trainer_config={},
+        max_off_policy_threshold=8,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={"capacity": 1 << 17},
+        poll_interval=0.05,
+    )
 
 
 def _row(contender: str, times: list[float], tags: int) -> dict:
-    return {"case": "verl_sample", "contender": contender, "capacity": tags, "batch": BATCH,
-            "median_s": median(times), "p99_s": percentile(times, 99), "runs": len(times)}
+    return {
+        "case": "verl_sample",
+        "contender": contender,
+        "capacity": tags,
+        "batch": BATCH,
+        "median_s": median(times),
+        "p99_s": percentile(times, 99),
+        "runs": len(times),
+    }
 
 
 def _cpu_times(cls: Any, modules: list[Any], tags: int, repeat: int) -> list[float]:
@@ -241,7 +258,7 @@ def verl_case(plan: Any, skipped: dict[str, str], verl_src: str = "", sizes: tup
     else:
         try:
             verl = load_verl(verl_src)
-        except Exception as exc:  # noqa: BLE001 - any failure to load verl skips its rows, with the reason
+        except Exception as exc:
             skipped["verl (upstream)"] = f"could not load verl from {verl_src!r}: {exc!r}"
     if sizes is None:
         sizes = QUICK_SIZES if getattr(plan, "repeat", 15) < 15 else SIZES
@@ -251,8 +268,9 @@ def verl_case(plan: Any, skipped: dict[str, str], verl_src: str = "", sizes: tup
         for tags in sizes:
             if verl is not None:
                 rows.append(_row("verl cpu", _cpu_times(verl.ReplayBufferAsync, [verl], tags, repeat), tags))
-            rows.append(_row("pyfast_buffer cpu", _cpu_times(ours.FastReplayBuffer, [ours, _verl_state], tags,
-                                                             repeat), tags))
+            rows.append(
+                _row("pyfast_buffer cpu", _cpu_times(ours.FastReplayBuffer, [ours, _verl_state], tags, repeat), tags)
+            )
             classes: dict[str, Any] = {"tq round trip": None}
             if verl is not None:
                 classes["verl end to end"] = verl.ReplayBufferAsync
@@ -279,8 +297,10 @@ def summary(rows: list[dict]) -> str:
     for r in rows:
         if r["case"] == "verl_sample":
             ratio = f"{r['x_verl']:.2f}x" if "x_verl" in r else ""
-            lines.append(f"{r['capacity']:>7}  {r['contender']:<26}{r['median_s'] * 1e3:>8.1f}ms"
-                         f"{r['p99_s'] * 1e3:>8.1f}ms{ratio:>9}")
+            lines.append(
+                f"{r['capacity']:>7}  {r['contender']:<26}{r['median_s'] * 1e3:>8.1f}ms"
+                f"{r['p99_s'] * 1e3:>8.1f}ms{ratio:>9}"
+            )
     return "\n".join(lines)
 
 

@@ -9,6 +9,6 @@ from .runner import ExperimentResult, run_experiment
 
 __all__ = ["PRESETS", "ArmConfig", "ExperimentConfig", "ExperimentResult", "preset", "run_experiment"]
 
-from .cli import add_parser  # noqa: E402  (``pyfast-buffer experiment`` registers through the package)
+from .cli import add_parser
 
 __all__ += ["add_parser"]

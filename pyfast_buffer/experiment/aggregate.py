@@ -38,8 +38,9 @@ METRICS: Tuple[Tuple[str, str, int], ...] = (
 Interval = Tuple[float, float, float]  # (mean, low, high)
 
 
-def bootstrap_interval(values: Sequence[float], resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                       level: float = LEVEL) -> Interval:
+def bootstrap_interval(
+    values: Sequence[float], resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED, level: float = LEVEL
+) -> Interval:
     """Returns (mean, low, high): the sample mean and its percentile-bootstrap interval at ``level``.
 
     One value gives (v, v, v). Raises ValueError on no values or a non-finite one.
@@ -58,8 +59,9 @@ def bootstrap_interval(values: Sequence[float], resamples: int = RESAMPLES, seed
     return float(x.mean()), float(low), float(high)
 
 
-def band(curves: np.ndarray, resamples: int = 1000, seed: int = BOOTSTRAP_SEED,
-         level: float = LEVEL) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def band(
+    curves: np.ndarray, resamples: int = 1000, seed: int = BOOTSTRAP_SEED, level: float = LEVEL
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per column of ``curves`` (seeds x points): mean and percentile-bootstrap band, one resampling of the seeds
     shared by every point (so the band is a band of mean curves). NaN cells are left out of the means."""
     rng = np.random.default_rng(seed)
@@ -92,9 +94,16 @@ def aggregate(summaries: Sequence[Dict[str, Any]], arms: Sequence[Any]) -> List[
     out = []
     for arm in arms:
         mine = [s for s in summaries if s["arm"] == arm.name]
-        row: Dict[str, Any] = {"arm": arm.name, "seeds": [s["seed"] for s in mine], "n": len(mine),
-                               "reuse": arm.reuse, "strategy": arm.strategy, "max_age_spec": arm.max_age_spec,
-                               "lag": arm.lag, "reconciled": all(s["reconciled"] for s in mine)}
+        row: Dict[str, Any] = {
+            "arm": arm.name,
+            "seeds": [s["seed"] for s in mine],
+            "n": len(mine),
+            "reuse": arm.reuse,
+            "strategy": arm.strategy,
+            "max_age_spec": arm.max_age_spec,
+            "lag": arm.lag,
+            "reconciled": all(s["reconciled"] for s in mine),
+        }
         for key, _, _ in METRICS:
             values = [float(s[key]) for s in mine if s.get(key) is not None]
             row[key] = bootstrap_interval(values) if values else None

@@ -14,20 +14,25 @@ AXIS_DEFAULTS = {"reuse": "1,2,4", "strategy": "drop", "max_age": "4", "lag": "0
 def parse_list(text: str, name: str, convert: Callable[[str], T]) -> List[T]:
     """Parses ``"1,2,4"`` into ``[1, 2, 4]``; raises ValueError naming ``--name`` and the expected form."""
     if not str(text).strip():
-        raise ValueError(f"--{name.replace('_', '-')} is empty; pass a comma-separated list such as "
-                         f"{AXIS_DEFAULTS[name]!r}")
+        raise ValueError(
+            f"--{name.replace('_', '-')} is empty; pass a comma-separated list such as {AXIS_DEFAULTS[name]!r}"
+        )
     items = [part.strip() for part in str(text).split(",")]
     if not items or any(not part for part in items):
-        raise ValueError(f"--{name.replace('_', '-')}={text!r} has an empty item; pass a comma-separated list "
-                         f"such as {AXIS_DEFAULTS[name]!r}")
+        raise ValueError(
+            f"--{name.replace('_', '-')}={text!r} has an empty item; pass a comma-separated list "
+            f"such as {AXIS_DEFAULTS[name]!r}"
+        )
     try:
         values = [convert(part) for part in items]
     except ValueError as exc:
         kind = {str: "strategies", int: "ints"}.get(convert)  # type: ignore[call-overload]
         if kind is None:  # a converter with its own message (max_age's adaptive items)
             raise ValueError(f"--{name.replace('_', '-')}={text!r}: {exc}") from None
-        raise ValueError(f"--{name.replace('_', '-')}={text!r} is not a comma-separated list of "
-                         f"{kind}; pass e.g. {AXIS_DEFAULTS[name]!r}") from None
+        raise ValueError(
+            f"--{name.replace('_', '-')}={text!r} is not a comma-separated list of "
+            f"{kind}; pass e.g. {AXIS_DEFAULTS[name]!r}"
+        ) from None
     if len({repr(v) for v in values}) != len(values):
         raise ValueError(f"--{name.replace('_', '-')}={text!r} repeats a value; list each once")
     return values
@@ -44,8 +49,9 @@ def parse_max_age(item: str) -> MaxAge:
         try:
             return int(item)
         except ValueError:
-            raise ValueError(f"{item!r} is neither an int nor adaptive[:TARGET]; pass e.g. 1,2,4,8,adaptive:0.01") \
-                from None
+            raise ValueError(
+                f"{item!r} is neither an int nor adaptive[:TARGET]; pass e.g. 1,2,4,8,adaptive:0.01"
+            ) from None
     head, _, spec = item.partition(":")
     if head != "adaptive":
         raise ValueError(f"{item!r} is not adaptive[:TARGET]; pass e.g. adaptive, adaptive:0.01 or adaptive:clip=0.05")
@@ -80,8 +86,13 @@ def axis_values(arms: Sequence[ArmConfig]) -> Dict[str, str]:
     return out
 
 
-def product_arms(reuse: Optional[str] = None, strategy: Optional[str] = None, max_age: Optional[str] = None,
-                 lag: Optional[str] = None, defaults: Optional[Dict[str, str]] = None) -> List[ArmConfig]:
+def product_arms(
+    reuse: Optional[str] = None,
+    strategy: Optional[str] = None,
+    max_age: Optional[str] = None,
+    lag: Optional[str] = None,
+    defaults: Optional[Dict[str, str]] = None,
+) -> List[ArmConfig]:
     """Every combination of the four axes, reuse varying slowest. An unset (None) axis takes
     ``defaults`` (a preset's values) or AXIS_DEFAULTS; an empty string is an error."""
     fallback = {**AXIS_DEFAULTS, **(defaults or {})}
@@ -102,8 +113,10 @@ def parse_arm(spec: str) -> ArmConfig:
         key, sep, value = part.strip().partition("=")
         key = key.replace("-", "_")
         if not sep or key not in AXIS_DEFAULTS:
-            raise ValueError(f"--arm {spec!r}: {part.strip()!r} is not KEY=VALUE with KEY one of "
-                             f"{', '.join(AXIS_DEFAULTS)}; pass e.g. 'reuse=4,strategy=wait'")
+            raise ValueError(
+                f"--arm {spec!r}: {part.strip()!r} is not KEY=VALUE with KEY one of "
+                f"{', '.join(AXIS_DEFAULTS)}; pass e.g. 'reuse=4,strategy=wait'"
+            )
         try:
             if key == "max_age":
                 age = parse_max_age(value)
@@ -111,8 +124,9 @@ def parse_arm(spec: str) -> ArmConfig:
             else:
                 fields[key] = value if key == "strategy" else int(value)
         except ValueError as exc:
-            raise ValueError(f"--arm {spec!r}: {key}={value!r} is not an int" if key != "max_age" else
-                             f"--arm {spec!r}: {exc}") from None
+            raise ValueError(
+                f"--arm {spec!r}: {key}={value!r} is not an int" if key != "max_age" else f"--arm {spec!r}: {exc}"
+            ) from None
     return ArmConfig(**fields)
 
 

@@ -22,7 +22,7 @@ def age_hist(batch: Any) -> Dict[str, int]:
     """The fixed-bucket age histogram as ``{"age_hist/<bucket>": count}``, whatever the prefix."""
     out = {}
     for key, value in batch.metrics.items():
-        bare = key[len(PREFIX):] if key.startswith(PREFIX) else key
+        bare = key[len(PREFIX) :] if key.startswith(PREFIX) else key
         if bare.startswith("age_hist/"):
             out[bare] = value
     return out

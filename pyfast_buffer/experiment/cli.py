@@ -46,27 +46,43 @@ def add_arguments(p: argparse.ArgumentParser, default_out: str) -> None:
 
 
 def add_seed_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seeds", help="run every arm once per seed: a range 0-4, a list 0,3,7 or both 0-2,9 "
-                   "(default: --seed, or the preset's seeds); more than one adds 95%% bootstrap intervals")
-    p.add_argument("--jobs", type=int, help="worker processes for the runs (default: min(cores, runs)); the "
-                   "results are the same for any value")
+    p.add_argument(
+        "--seeds",
+        help="run every arm once per seed: a range 0-4, a list 0,3,7 or both 0-2,9 "
+        "(default: --seed, or the preset's seeds); more than one adds 95%% bootstrap intervals",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        help="worker processes for the runs (default: min(cores, runs)); the results are the same for any value",
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("experiment", help="async GRPO runs on the buffer comparing reuse and staleness arms",
-                       description="Runs a real asynchronous GRPO loop (tiny GRU policy, digit-sum task) once per "
-                       "arm with everything else fixed, and writes JSONL/CSV records, a figure and a report. Arms are "
-                       "the cartesian product of --reuse x --strategy x --max-age x --lag, or the --arm list.")
+    p = sub.add_parser(
+        "experiment",
+        help="async GRPO runs on the buffer comparing reuse and staleness arms",
+        description="Runs a real asynchronous GRPO loop (tiny GRU policy, digit-sum task) once per "
+        "arm with everything else fixed, and writes JSONL/CSV records, a figure and a report. Arms are "
+        "the cartesian product of --reuse x --strategy x --max-age x --lag, or the --arm list.",
+    )
     p.add_argument("--preset", choices=sorted(PRESETS), help="start from a preset's configuration and arms")
     p.add_argument("--reuse", help="comma list of max_uses values (default 1,2,4)")
     p.add_argument("--strategy", help="comma list of drop/wait (default drop)")
-    p.add_argument("--max-age", dest="max_age", help="comma list of max_age values (default 4); an item "
-                   "adaptive[:TARGET] is an arm whose max_age an AdaptiveMaxAge controller moves to hold approx KL "
-                   "TARGET (adaptive:kl=X, adaptive:clip=Y for the clip fraction; default adaptive:kl=0.01)")
+    p.add_argument(
+        "--max-age",
+        dest="max_age",
+        help="comma list of max_age values (default 4); an item "
+        "adaptive[:TARGET] is an arm whose max_age an AdaptiveMaxAge controller moves to hold approx KL "
+        "TARGET (adaptive:kl=X, adaptive:clip=Y for the clip fraction; default adaptive:kl=0.01)",
+    )
     p.add_argument("--lag", help="comma list of rollout weight lags in trainer steps (default 0)")
-    p.add_argument("--arm", action="append", metavar="SPEC",
-                   help="an explicit arm, e.g. 'reuse=4,strategy=wait,max_age=2,lag=1' (repeatable; "
-                   "replaces the product)")
+    p.add_argument(
+        "--arm",
+        action="append",
+        metavar="SPEC",
+        help="an explicit arm, e.g. 'reuse=4,strategy=wait,max_age=2,lag=1' (repeatable; replaces the product)",
+    )
     p.add_argument("--mode", choices=MODES, help="interleave (deterministic, default) or thread (a producer thread)")
     for flag, field, kind, text in CONFIG_FLAGS:
         p.add_argument(flag, dest=field, type=kind, help=text)
@@ -75,7 +91,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def resolve_seeds(args: argparse.Namespace, cfg: ExperimentConfig, arms: List[ArmConfig]) -> "tuple[List[int], int]":
+def resolve_seeds(args: argparse.Namespace, cfg: ExperimentConfig, arms: List[ArmConfig]) -> tuple[List[int], int]:
     """The seeds and worker count the flags ask for: --seeds, else --seed, else the preset's seeds."""
     text = getattr(args, "seeds", None)
     if text is not None:
@@ -94,7 +110,7 @@ def resolve_seeds(args: argparse.Namespace, cfg: ExperimentConfig, arms: List[Ar
     return seeds, jobs
 
 
-def resolve(args: argparse.Namespace) -> "tuple[ExperimentConfig, List[ArmConfig]]":
+def resolve(args: argparse.Namespace) -> tuple[ExperimentConfig, List[ArmConfig]]:
     """The configuration and arms the flags ask for; raises ValueError/TypeError naming a bad flag."""
     base = preset(args.preset) if getattr(args, "preset", None) else None
     overrides: Dict[str, Any] = {field: getattr(args, field, None) for _, field, _, _ in CONFIG_FLAGS}
@@ -125,14 +141,21 @@ def execute(args: argparse.Namespace, label: str) -> int:
             pass
         os.remove(probe)
     except OSError as exc:
-        print(f"pyfast-buffer {label}: error: --out={args.out!r} is not a writable directory "
-              f"({exc.strerror or exc}); pass a directory you can write to", file=sys.stderr)
+        print(
+            f"pyfast-buffer {label}: error: --out={args.out!r} is not a writable directory "
+            f"({exc.strerror or exc}); pass a directory you can write to",
+            file=sys.stderr,
+        )
         return 2
     runs = f" x {len(seeds)} seeds ({jobs} worker processes)" if len(seeds) > 1 else ""
-    print(f"{label}: {len(arms)} arms{runs} x {cfg.ticks} sampling steps ({cfg.mode} mode): "
-          + ", ".join(a.name for a in arms), flush=True)
-    result = run_experiment(cfg, arms, args.out, show_progress=not args.no_progress,
-                            make_figure=not args.no_figure, seeds=seeds, jobs=jobs)
+    print(
+        f"{label}: {len(arms)} arms{runs} x {cfg.ticks} sampling steps ({cfg.mode} mode): "
+        + ", ".join(a.name for a in arms),
+        flush=True,
+    )
+    result = run_experiment(
+        cfg, arms, args.out, show_progress=not args.no_progress, make_figure=not args.no_figure, seeds=seeds, jobs=jobs
+    )
     print()
     print(result.report)
     print()

@@ -17,11 +17,11 @@ DEFAULT_ADAPTIVE_KL = 0.01
 class ArmConfig:
     """The knobs an arm varies; everything else is the experiment's and is shared by every arm."""
 
-    reuse: int = 1          # the buffer's max_uses: times one trajectory may be trained on
+    reuse: int = 1  # the buffer's max_uses: times one trajectory may be trained on
     strategy: str = "drop"  # drop stale entries at take, or wait for in-flight prompts
-    max_age: int = 4        # drop: entries older than this (trainer steps) are dropped; wait: blocks on in-flight
-                            # prompts at this age but still trains ready entries past it
-    lag: int = 0            # rollout weights are those of (sync step - lag)
+    max_age: int = 4  # drop: entries older than this (trainer steps) are dropped; wait: blocks on in-flight
+    # prompts at this age but still trains ready entries past it
+    lag: int = 0  # rollout weights are those of (sync step - lag)
     # Adaptive arms: an AdaptiveMaxAge controller moves max_age (the starting value) between trainer steps,
     # within the experiment's [adaptive_min_age, adaptive_max_age], to hold this approx KL or clip fraction.
     target_kl: Optional[float] = None
@@ -30,8 +30,9 @@ class ArmConfig:
     def __post_init__(self) -> None:
         for target in ("target_kl", "target_clip"):
             value = getattr(self, target)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value <= 0):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
+            ):
                 raise ValueError(f"{target}={value!r} must be a finite number > 0; pass e.g. adaptive:0.01")
         for name in ("reuse", "max_age", "lag"):
             value = getattr(self, name)
@@ -56,7 +57,8 @@ class ArmConfig:
         if not self.adaptive:
             return str(self.max_age)
         parts = ([f"kl={self.target_kl:g}"] if self.target_kl is not None else []) + (
-            [f"clip={self.target_clip:g}"] if self.target_clip is not None else [])
+            [f"clip={self.target_clip:g}"] if self.target_clip is not None else []
+        )
         return "adaptive:" + "+".join(parts)
 
     @property
@@ -70,40 +72,64 @@ class ExperimentConfig:
     """Everything held fixed across arms: seed, task, model, batch sizes, capacity, sampling budget."""
 
     seed: int = 0
-    digits: int = 10            # task: digits in [0, digits)
-    length: int = 2             # task: response length in digits
-    group_size: int = 8         # GRPO n: samples per prompt
-    prompts_per_tick: int = 8   # prompts dispatched per sampling step
-    batch_size: int = 64        # trajectories per trainer step (a multiple of group_size)
-    capacity: int = 256         # ready trajectories the buffer holds
-    ticks: int = 300            # total sampling steps, the same for every arm
-    eval_interval: int = 25     # sampling steps between evaluations
-    eval_prompts: int = 200     # fixed eval prompts (from the training distribution), greedy decoding
+    digits: int = 10  # task: digits in [0, digits)
+    length: int = 2  # task: response length in digits
+    group_size: int = 8  # GRPO n: samples per prompt
+    prompts_per_tick: int = 8  # prompts dispatched per sampling step
+    batch_size: int = 64  # trajectories per trainer step (a multiple of group_size)
+    capacity: int = 256  # ready trajectories the buffer holds
+    ticks: int = 300  # total sampling steps, the same for every arm
+    eval_interval: int = 25  # sampling steps between evaluations
+    eval_prompts: int = 200  # fixed eval prompts (from the training distribution), greedy decoding
     parameter_sync_step: int = 1
-    latency_mean: float = 0.5   # mean extra sampling steps a prompt stays in flight (geometric)
-    max_latency: int = 6        # longest a prompt stays in flight, in sampling steps
-    fail_prob: float = 0.02     # share of dispatched prompts that fail (never complete)
+    latency_mean: float = 0.5  # mean extra sampling steps a prompt stays in flight (geometric)
+    max_latency: int = 6  # longest a prompt stays in flight, in sampling steps
+    fail_prob: float = 0.02  # share of dispatched prompts that fail (never complete)
     lr: float = 3e-3
     clip_eps: float = 0.2
     hidden: int = 64
-    mode: str = "interleave"    # interleave: deterministic; thread: a real producer thread
+    mode: str = "interleave"  # interleave: deterministic; thread: a real producer thread
     tick_seconds: float = 0.01  # thread mode: the producer's pause between sampling steps
     max_steps_per_tick: int = 0  # trainer steps per sampling step at most (0: as many as full batches allow)
-    adaptive_min_age: int = 1   # adaptive arms: the controller's bounds on max_age
+    adaptive_min_age: int = 1  # adaptive arms: the controller's bounds on max_age
     adaptive_max_age: int = 8
 
     def __post_init__(self) -> None:
         def flag(name: str) -> str:
             return f"--{name.replace('_', '-')}"
 
-        for name in ("seed", "digits", "length", "group_size", "prompts_per_tick", "batch_size", "capacity", "ticks",
-                     "eval_interval", "eval_prompts", "parameter_sync_step", "max_latency", "hidden",
-                     "max_steps_per_tick", "adaptive_min_age", "adaptive_max_age"):
+        for name in (
+            "seed",
+            "digits",
+            "length",
+            "group_size",
+            "prompts_per_tick",
+            "batch_size",
+            "capacity",
+            "ticks",
+            "eval_interval",
+            "eval_prompts",
+            "parameter_sync_step",
+            "max_latency",
+            "hidden",
+            "max_steps_per_tick",
+            "adaptive_min_age",
+            "adaptive_max_age",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{flag(name)}={value!r} must be an int")
-        positive = ("group_size", "prompts_per_tick", "batch_size", "capacity", "ticks",
-                    "eval_interval", "eval_prompts", "parameter_sync_step", "hidden")
+        positive = (
+            "group_size",
+            "prompts_per_tick",
+            "batch_size",
+            "capacity",
+            "ticks",
+            "eval_interval",
+            "eval_prompts",
+            "parameter_sync_step",
+            "hidden",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{flag(name)}={getattr(self, name)} must be >= 1")
@@ -118,26 +144,38 @@ class ExperimentConfig:
         if self.max_steps_per_tick < 0:
             raise ValueError(f"--max-steps-per-tick={self.max_steps_per_tick} must be >= 0 (0 = no cap)")
         if not 0 <= self.adaptive_min_age <= self.adaptive_max_age:
-            raise ValueError(f"--adaptive-min-age={self.adaptive_min_age} and --adaptive-max-age="
-                             f"{self.adaptive_max_age} must satisfy 0 <= min <= max")
-        for name, lo, lo_ok, example in (("lr", 0.0, False, "3e-3"), ("clip_eps", 0.0, False, "0.2"),
-                                         ("latency_mean", 0.0, True, "0.5"), ("tick_seconds", 0.0, True, "0.01"),
-                                         ("fail_prob", 0.0, True, "0.02")):
+            raise ValueError(
+                f"--adaptive-min-age={self.adaptive_min_age} and --adaptive-max-age="
+                f"{self.adaptive_max_age} must satisfy 0 <= min <= max"
+            )
+        for name, lo, lo_ok, example in (
+            ("lr", 0.0, False, "3e-3"),
+            ("clip_eps", 0.0, False, "0.2"),
+            ("latency_mean", 0.0, True, "0.5"),
+            ("tick_seconds", 0.0, True, "0.01"),
+            ("fail_prob", 0.0, True, "0.02"),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{flag(name)}={value!r} must be a number; pass e.g. {example}")
             if not math.isfinite(value) or value < lo or (value == lo and not lo_ok):
-                raise ValueError(f"{flag(name)}={value!r} must be a finite number {'>=' if lo_ok else '>'} {lo:g}; "
-                                 f"pass e.g. {example}")
+                raise ValueError(
+                    f"{flag(name)}={value!r} must be a finite number {'>=' if lo_ok else '>'} {lo:g}; "
+                    f"pass e.g. {example}"
+                )
         if self.fail_prob >= 1.0:
-            raise ValueError(f"--fail-prob={self.fail_prob} must be below 1 (some prompts must complete); "
-                             "pass e.g. 0.02")
+            raise ValueError(
+                f"--fail-prob={self.fail_prob} must be below 1 (some prompts must complete); pass e.g. 0.02"
+            )
         if self.batch_size % self.group_size:
-            raise ValueError(f"batch_size={self.batch_size} is not a multiple of group_size={self.group_size}; "
-                             "groups are never split, so pass a multiple")
+            raise ValueError(
+                f"batch_size={self.batch_size} is not a multiple of group_size={self.group_size}; "
+                "groups are never split, so pass a multiple"
+            )
         if self.capacity < self.batch_size:
-            raise ValueError(f"capacity={self.capacity} is below batch_size={self.batch_size}; pass a capacity "
-                             "of at least one batch")
+            raise ValueError(
+                f"capacity={self.capacity} is below batch_size={self.batch_size}; pass a capacity of at least one batch"
+            )
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is unknown; pass one of {', '.join(MODES)}")
 
@@ -161,29 +199,62 @@ def _arms(*specs: tuple) -> List[ArmConfig]:
 #: The staleness-bound study's arms: reuse 4 under drop with rollouts one step behind, max_age fixed at
 #: 1, 2, 4, 8 or adaptive (starting at 4, held at approx KL DEFAULT_ADAPTIVE_KL, within [1, 8]), and reuse 1
 #: (max_age 4) as the near-on-policy reference.
-STUDY_ARMS = _arms(*[(4, "drop", a, 1) for a in (1, 2, 4, 8)]) + [
+STUDY_ARMS = [
+    *_arms(*[(4, "drop", a, 1) for a in (1, 2, 4, 8)]),
     ArmConfig(reuse=4, strategy="drop", max_age=4, lag=1, target_kl=DEFAULT_ADAPTIVE_KL),
-    ArmConfig(reuse=1, strategy="drop", max_age=4, lag=1)]
+    ArmConfig(reuse=1, strategy="drop", max_age=4, lag=1),
+]
 
 PRESETS: Dict[str, Preset] = {
     # Seconds: the test suite's preset. Easy task (base reward about 0.14), a higher learning rate.
-    "tiny": Preset(ExperimentConfig(digits=5, length=2, group_size=8, prompts_per_tick=4, batch_size=32,
-                                    capacity=128, ticks=100, eval_interval=25, eval_prompts=100, hidden=32, lr=1e-2),
-                   _arms((1, "drop", 4, 1), (4, "drop", 4, 1), (4, "wait", 4, 1))),
+    "tiny": Preset(
+        ExperimentConfig(
+            digits=5,
+            length=2,
+            group_size=8,
+            prompts_per_tick=4,
+            batch_size=32,
+            capacity=128,
+            ticks=100,
+            eval_interval=25,
+            eval_prompts=100,
+            hidden=32,
+            lr=1e-2,
+        ),
+        _arms((1, "drop", 4, 1), (4, "drop", 4, 1), (4, "wait", 4, 1)),
+    ),
     # About 30 s on 2 CPU cores: reuse 1/2/4 under drop and under wait, rollouts one step behind; one seed.
-    "demo": Preset(ExperimentConfig(ticks=600, eval_interval=50),
-                   _arms(*[(r, s, 4, 1) for s in ("drop", "wait") for r in (1, 2, 4)])),
+    "demo": Preset(
+        ExperimentConfig(ticks=600, eval_interval=50),
+        _arms(*[(r, s, 4, 1) for s in ("drop", "wait") for r in (1, 2, 4)]),
+    ),
     # The multi-seed study docs/experiment.md reports: 6 arms x 5 seeds x 600 sampling steps, 188 CPU-seconds
     # measured (30 runs of 3-10 s each; the wall time depends on --jobs and on what else the cores run).
     "study": Preset(ExperimentConfig(ticks=600, eval_interval=50), STUDY_ARMS, seeds=tuple(range(5))),
     # The rhythm planner's FIFO case, for planner-vs-measured: one trainer step per sampling step, production
     # (48 a step) above consumption (32), so the buffer fills and evicts oldest first; weights pushed every
     # 2 steps; constant latency (the lag), no failures, no drops (max_age far above the ages). Seconds.
-    "fifo": Preset(ExperimentConfig(digits=5, length=2, group_size=8, prompts_per_tick=6, batch_size=32,
-                                    capacity=160, ticks=60, eval_interval=30, eval_prompts=50, hidden=32, lr=1e-2,
-                                    latency_mean=0.0, max_latency=0, fail_prob=0.0, max_steps_per_tick=1,
-                                    parameter_sync_step=2),
-                   _arms((1, "drop", 100, 0), (1, "drop", 100, 1))),
+    "fifo": Preset(
+        ExperimentConfig(
+            digits=5,
+            length=2,
+            group_size=8,
+            prompts_per_tick=6,
+            batch_size=32,
+            capacity=160,
+            ticks=60,
+            eval_interval=30,
+            eval_prompts=50,
+            hidden=32,
+            lr=1e-2,
+            latency_mean=0.0,
+            max_latency=0,
+            fail_prob=0.0,
+            max_steps_per_tick=1,
+            parameter_sync_step=2,
+        ),
+        _arms((1, "drop", 100, 0), (1, "drop", 100, 1)),
+    ),
 }
 
 

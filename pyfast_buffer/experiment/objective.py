@@ -17,8 +17,9 @@ def group_advantages(reward: torch.Tensor, group_size: int, eps: float = 1e-6) -
     return (centred / (r.std(dim=1, unbiased=False, keepdim=True) + eps)).view(-1)
 
 
-def clipped_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: torch.Tensor, entropy: torch.Tensor,
-                 clip_eps: float) -> Tuple[torch.Tensor, Dict[str, float]]:
+def clipped_loss(
+    logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: torch.Tensor, entropy: torch.Tensor, clip_eps: float
+) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Returns the token-mean clipped surrogate (to minimise) and its diagnostics.
 
     ``ratio = pi(a)/mu(a)`` with ``mu`` the (possibly stale) policy that sampled the token, so

@@ -43,54 +43,93 @@ def total_variation(p: Dict[int, float], q: Dict[int, float]) -> float:
     return 0.5 * sum(abs(p.get(a, 0.0) - q.get(a, 0.0)) for a in set(p) | set(q))
 
 
-def compare(records: Sequence[Record], cfg: ExperimentConfig, arm: ArmConfig,
-            seed: Optional[int] = None) -> Optional[Dict[str, Any]]:
+def compare(
+    records: Sequence[Record], cfg: ExperimentConfig, arm: ArmConfig, seed: Optional[int] = None
+) -> Optional[Dict[str, Any]]:
     """Planner prediction and measurement for one reuse-1 run, or None when the arm is not comparable."""
     if arm.reuse != 1 or arm.adaptive:
         return None
     counts = measured_ages(records, arm.name, seed, cfg.ticks)
     total = sum(counts.values())
-    steady = [r for r in records if r["kind"] == "tick" and r["arm"] == arm.name
-              and (seed is None or r.get("seed") == seed) and r["tick"] >= STEADY_FROM * cfg.ticks]
+    steady = [
+        r
+        for r in records
+        if r["kind"] == "tick"
+        and r["arm"] == arm.name
+        and (seed is None or r.get("seed") == seed)
+        and r["tick"] >= STEADY_FROM * cfg.ticks
+    ]
     steps = sum(r["trainer_steps"] or 0 for r in steady)
     if not total or not steps:
         return None
     produced = cfg.prompts_per_tick * cfg.group_size * (1.0 - cfg.fail_prob) * len(steady) / steps
-    p = plan(produced, cfg.batch_size, cfg.capacity, cfg.parameter_sync_step, max_age=arm.max_age,
-             strategy=arm.strategy, latency_steps=arm.lag)
+    p = plan(
+        produced,
+        cfg.batch_size,
+        cfg.capacity,
+        cfg.parameter_sync_step,
+        max_age=arm.max_age,
+        strategy=arm.strategy,
+        latency_steps=arm.lag,
+    )
     measured = {a: c / total for a, c in counts.items()}
     mean = sum(a * s for a, s in measured.items())
-    return {"arm": arm.name, "seed": seed, "produced_per_step": produced, "consumed_per_step": cfg.batch_size,
-            "capacity": cfg.capacity, "parameter_sync_step": cfg.parameter_sync_step, "latency_steps": arm.lag,
-            "planned": dict(p.age_distribution), "measured": measured, "planned_mean": p.age_mean,
-            "measured_mean": mean, "tv_distance": total_variation(p.age_distribution, measured),
-            "buffer_full_share": sum(1 for r in steady if r["buffer_left"] + cfg.batch_size
-                                     * (r["trainer_steps"] or 0) >= cfg.capacity) / len(steady),
-            "random_latency": cfg.latency_mean > 0 or cfg.fail_prob > 0}
+    return {
+        "arm": arm.name,
+        "seed": seed,
+        "produced_per_step": produced,
+        "consumed_per_step": cfg.batch_size,
+        "capacity": cfg.capacity,
+        "parameter_sync_step": cfg.parameter_sync_step,
+        "latency_steps": arm.lag,
+        "planned": dict(p.age_distribution),
+        "measured": measured,
+        "planned_mean": p.age_mean,
+        "measured_mean": mean,
+        "tv_distance": total_variation(p.age_distribution, measured),
+        "buffer_full_share": sum(
+            1 for r in steady if r["buffer_left"] + cfg.batch_size * (r["trainer_steps"] or 0) >= cfg.capacity
+        )
+        / len(steady),
+        "random_latency": cfg.latency_mean > 0 or cfg.fail_prob > 0,
+    }
 
 
 def render(checks: Sequence[Dict[str, Any]]) -> List[str]:
     """The report's side-by-side section: per age, the planned and the measured share of trained trajectories."""
     if not checks:
         return ["Rhythm planner vs measured ages: no reuse-1 arm ran (the planner models single-use FIFO only)."]
-    out = [f"Rhythm planner (rhythm.plan) vs measured ages of trained trajectories, steady state (sampling steps from "
-           f"{STEADY_FROM:.0%} of the run on):"]
+    out = [
+        f"Rhythm planner (rhythm.plan) vs measured ages of trained trajectories, steady state (sampling steps from "
+        f"{STEADY_FROM:.0%} of the run on):"
+    ]
     for c in checks:
-        out.append(f"- {c['arm']}" + (f" seed {c['seed']}" if c["seed"] is not None else "")
-                   + f": plan(produced_per_step={c['produced_per_step']:.4g}, "
-                   f"consumed_per_step={c['consumed_per_step']}, "
-                   f"capacity={c['capacity']}, parameter_sync_step={c['parameter_sync_step']}, "
-                   f"latency_steps={c['latency_steps']})")
+        out.append(
+            f"- {c['arm']}"
+            + (f" seed {c['seed']}" if c["seed"] is not None else "")
+            + f": plan(produced_per_step={c['produced_per_step']:.4g}, "
+            f"consumed_per_step={c['consumed_per_step']}, "
+            f"capacity={c['capacity']}, parameter_sync_step={c['parameter_sync_step']}, "
+            f"latency_steps={c['latency_steps']})"
+        )
         ages = sorted(set(c["planned"]) | set(c["measured"]))
         out.append("    age      " + "".join(f"{a:>7}" for a in ages) + "     mean")
-        out.append("    planned  " + "".join(f"{c['planned'].get(a, 0.0):>7.1%}" for a in ages)
-                   + f"  {c['planned_mean']:>7.2f}")
-        out.append("    measured " + "".join(f"{c['measured'].get(a, 0.0):>7.1%}" for a in ages)
-                   + f"  {c['measured_mean']:>7.2f}")
+        out.append(
+            "    planned  "
+            + "".join(f"{c['planned'].get(a, 0.0):>7.1%}" for a in ages)
+            + f"  {c['planned_mean']:>7.2f}"
+        )
+        out.append(
+            "    measured "
+            + "".join(f"{c['measured'].get(a, 0.0):>7.1%}" for a in ages)
+            + f"  {c['measured_mean']:>7.2f}"
+        )
         why = []
         if c["buffer_full_share"] < 0.5:
-            why.append(f"the buffer was full on only {c['buffer_full_share']:.0%} of these sampling steps, while the "
-                       "planner assumes it has filled (its worst case)")
+            why.append(
+                f"the buffer was full on only {c['buffer_full_share']:.0%} of these sampling steps, while the "
+                "planner assumes it has filled (its worst case)"
+            )
         if c["random_latency"]:
             why.append("random latency and failures are not in the plan")
         out.append(f"    total variation distance {c['tv_distance']:.3f}" + (f" ({'; '.join(why)})" if why else ""))

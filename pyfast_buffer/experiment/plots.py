@@ -12,12 +12,20 @@ from .summary import per_tick as _per_tick
 
 Record = Dict[str, Any]
 #: Panels of per-trainer-step metrics: (record key, title).
-_STEP_PANELS = (("policy_loss", "policy loss (clipped surrogate)"), ("entropy", "entropy (nats/token)"),
-                ("clip_frac", "clip fraction"), ("approx_kl", "approx KL to behaviour policy"),
-                ("age_mean", "mean age of trained data (steps)"))
+_STEP_PANELS = (
+    ("policy_loss", "policy loss (clipped surrogate)"),
+    ("entropy", "entropy (nats/token)"),
+    ("clip_frac", "clip fraction"),
+    ("approx_kl", "approx KL to behaviour policy"),
+    ("age_mean", "mean age of trained data (steps)"),
+)
 #: (ledger key, label, colour): greys, so no bar shares a colour with an arm's curve (C0, C1, ...).
-_LEDGER = (("retired", "retired (taken max_uses times)", "0.15"), ("dropped_stale", "dropped stale", "0.45"),
-           ("evicted", "evicted", "0.7"), ("buffer_left", "left in buffer", "0.9"))
+_LEDGER = (
+    ("retired", "retired (taken max_uses times)", "0.15"),
+    ("dropped_stale", "dropped stale", "0.45"),
+    ("evicted", "evicted", "0.7"),
+    ("buffer_left", "left in buffer", "0.9"),
+)
 
 
 def _smooth(values: List[float], width: int) -> List[float]:
@@ -34,6 +42,7 @@ def plot(records: Sequence[Record], summaries: Sequence[Dict[str, Any]], path: s
     """Writes the PNG to ``path`` and returns ``path``; returns a 'no figure: ...' reason without matplotlib."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")  # files only, never a window
         import matplotlib.pyplot as plt
     except ImportError:
@@ -83,9 +92,13 @@ def _ledger_bars(ax: Any, summaries: Sequence[Dict[str, Any]], colors: Dict[str,
 
 
 #: The multi-seed figure's per-trainer-step panels: (record key, title).
-_BAND_STEP_PANELS = (("entropy", "entropy (nats/token)"), ("clip_frac", "clip fraction"),
-                     ("approx_kl", "approx KL to behaviour policy"), ("age_mean", "mean age of trained data (steps)"),
-                     ("max_age", "max_age in force (adaptive arms move it)"))
+_BAND_STEP_PANELS = (
+    ("entropy", "entropy (nats/token)"),
+    ("clip_frac", "clip fraction"),
+    ("approx_kl", "approx KL to behaviour policy"),
+    ("age_mean", "mean age of trained data (steps)"),
+    ("max_age", "max_age in force (adaptive arms move it)"),
+)
 
 
 def _seed_curve(rows: Sequence[Record], key: str, ticks: int, width: int) -> Any:
@@ -108,11 +121,13 @@ def _seed_curve(rows: Sequence[Record], key: str, ticks: int, width: int) -> Any
     return smooth
 
 
-def plot_bands(records: Sequence[Record], aggregate: Sequence[Dict[str, Any]], seeds: Sequence[int], path: str,
-               title: str) -> str:
+def plot_bands(
+    records: Sequence[Record], aggregate: Sequence[Dict[str, Any]], seeds: Sequence[int], path: str, title: str
+) -> str:
     """The multi-seed figure: each arm's mean curve over seeds with its 95% bootstrap band (seeds resampled)."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         import numpy as np
@@ -127,33 +142,44 @@ def plot_bands(records: Sequence[Record], aggregate: Sequence[Dict[str, Any]], s
     for i, a in enumerate(aggregate):
         colour, arm = f"C{i}", a["arm"]
         by_seed = {s: [r for r in records if r["arm"] == arm and r.get("seed") == s] for s in seeds}
-        panels = [("tick", "sample_reward", flat[0])] + [("step", k, ax) for (k, _), ax in
-                                                          zip(_BAND_STEP_PANELS, flat[2:7])]
+        panels = [("tick", "sample_reward", flat[0])] + [
+            ("step", k, ax) for (k, _), ax in zip(_BAND_STEP_PANELS, flat[2:7])
+        ]
         for kind, key, ax in panels:
-            curves = np.stack([_seed_curve([r for r in rows if r["kind"] == kind], key, ticks, width)
-                               for rows in by_seed.values()])
+            curves = np.stack(
+                [_seed_curve([r for r in rows if r["kind"] == kind], key, ticks, width) for rows in by_seed.values()]
+            )
             mean, low, high = band(curves)
             grid = np.arange(ticks)
             ax.plot(grid, mean, color=colour, label=arm if ax is flat[0] else None)
             ax.fill_between(grid, low, high, color=colour, alpha=0.2, linewidth=0)
         ev_ticks = sorted({r["tick"] for r in records if r["kind"] == "eval" and r["arm"] == arm})
-        ev = np.array([[next((r["eval_reward"] for r in rows if r["kind"] == "eval" and r["tick"] == t), np.nan)
-                        for t in ev_ticks] for rows in by_seed.values()])
+        ev = np.array(
+            [
+                [
+                    next((r["eval_reward"] for r in rows if r["kind"] == "eval" and r["tick"] == t), np.nan)
+                    for t in ev_ticks
+                ]
+                for rows in by_seed.values()
+            ]
+        )
         mean, low, high = band(ev)
         flat[1].plot(ev_ticks, mean, "o-", color=colour, ms=3)
         flat[1].fill_between(ev_ticks, low, high, color=colour, alpha=0.2, linewidth=0)
         share = a.get("drop_share")
         if share is not None:
             flat[7].bar(i, share[0], color=colour, yerr=[[share[0] - share[1]], [share[2] - share[0]]], capsize=4)
-    titles = ["sampled reward (rollout side)", "greedy eval reward (trainer weights)"] + \
-        [t for _, t in _BAND_STEP_PANELS]
+    titles = ["sampled reward (rollout side)", "greedy eval reward (trainer weights)"] + [
+        t for _, t in _BAND_STEP_PANELS
+    ]
     for ax, t in zip(flat[:7], titles):
         ax.set_title(t, fontsize=10)
         ax.set_xlabel("sampling step")
         ax.grid(alpha=0.3)
     # below the panels: inside one, the legend hides the curves it names
-    fig.legend(*flat[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(aggregate), 6), fontsize=9,
-               frameon=False)
+    fig.legend(
+        *flat[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(aggregate), 6), fontsize=9, frameon=False
+    )
     flat[7].set_xticks(range(len(aggregate)))
     flat[7].set_xticklabels([a["arm"].replace("-", "\n") for a in aggregate], fontsize=7)
     flat[7].set_title("share of sampled trajectories dropped stale (95% interval)", fontsize=10)

@@ -33,8 +33,9 @@ class GRUPolicy(nn.Module):
         return logp, entropy
 
     @torch.no_grad()
-    def sample(self, prompts: torch.Tensor, length: int, generator: torch.Generator,
-               greedy: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, prompts: torch.Tensor, length: int, generator: torch.Generator, greedy: bool = False
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Returns (responses (B, length) int64, behaviour log-probs (B, length) float32)."""
         out, h = self.gru(self.embed(prompts))
         last = out[:, -1]

@@ -24,8 +24,14 @@ from .task import DigitSumTask
 class Producer:
     """``tick(t)`` runs sampling step ``t`` and returns its sampling-side record."""
 
-    def __init__(self, cfg: ExperimentConfig, task: DigitSumTask, buf: StalenessBuffer, store: TrajectoryStore,
-                 rollout: RolloutWorker) -> None:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        task: DigitSumTask,
+        buf: StalenessBuffer,
+        store: TrajectoryStore,
+        rollout: RolloutWorker,
+    ) -> None:
         self.cfg, self.task, self.buf, self.store, self.rollout = cfg, task, buf, store, rollout
         # Separate streams, all from the seed: prompts and timing are identical in every arm.
         self.prompt_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 1)
@@ -53,5 +59,9 @@ class Producer:
             else:
                 self.buf.complete(torch.arange(p * n, (p + 1) * n), [p] * n)
                 completed += 1
-        return {"sample_reward": float(reward.mean()), "weights_step": weights_step,
-                "prompts_completed": completed, "prompts_failed": failed}
+        return {
+            "sample_reward": float(reward.mean()),
+            "weights_step": weights_step,
+            "prompts_completed": completed,
+            "prompts_failed": failed,
+        }

@@ -34,7 +34,6 @@ def write_csvs(out_dir: str, records: Sequence[Dict[str, Any]]) -> List[str]:
     return paths
 
 
-
 def _flat(row: Dict[str, Any]) -> Dict[str, Any]:
     """A summary row with nested values spread into columns: ``ledger/<k>``, ``uses/<k>``, ``<metric>_low`` ..."""
     out: Dict[str, Any] = {}

@@ -49,31 +49,45 @@ def signs(s: Dict[str, Any], base: Dict[str, Any]) -> List[str]:
     dlb = _trend(base["loss_last_fresh"], base["loss_first_fresh"])
     dr = _trend(s["sample_reward_last"], s["sample_reward_first"])
     drb = _trend(base["sample_reward_last"], base["sample_reward_first"])
-    if (dl is not None and dlb is not None and dr is not None and drb is not None
-            and dl <= dlb - LOSS_MARGIN and dr < drb + REWARD_MARGIN):
-        found.append(f"first-use training loss falls more than the baseline's while sampled reward does not rise "
-                     f"more: first-use policy loss changed {dl:+.3f} vs {dlb:+.3f} (threshold: at least "
-                     f"{LOSS_MARGIN} more fall), sampled reward changed {dr:+.3f} vs {drb:+.3f} (threshold: less "
-                     f"than {REWARD_MARGIN} above the baseline's change); changes are last minus first {WINDOW:.0%} "
-                     f"of sampling steps")
+    if (
+        dl is not None
+        and dlb is not None
+        and dr is not None
+        and drb is not None
+        and dl <= dlb - LOSS_MARGIN
+        and dr < drb + REWARD_MARGIN
+    ):
+        found.append(
+            f"first-use training loss falls more than the baseline's while sampled reward does not rise "
+            f"more: first-use policy loss changed {dl:+.3f} vs {dlb:+.3f} (threshold: at least "
+            f"{LOSS_MARGIN} more fall), sampled reward changed {dr:+.3f} vs {drb:+.3f} (threshold: less "
+            f"than {REWARD_MARGIN} above the baseline's change); changes are last minus first {WINDOW:.0%} "
+            f"of sampling steps"
+        )
     t, tb = s["entropy_half_tick"], base["entropy_half_tick"]
     n, nb = s["entropy_half_step"], base["entropy_half_step"]
     faster_ticks = t is not None and (tb is None or t <= ENTROPY_SPEEDUP * tb)
     faster_steps = n is not None and (nb is None or n <= ENTROPY_SPEEDUP * nb)
     if faster_ticks and faster_steps:
-        found.append(f"entropy falls faster, per sampling step and per trainer step: it halved by sampling step {t} "
-                     f"(after {n} trainer steps), the baseline "
-                     + (f"by sampling step {tb} (after {nb} trainer steps)" if tb is not None else "not within the run")
-                     + f" (threshold: within {ENTROPY_SPEEDUP:.0%} of the baseline's sampling steps and of its "
-                     f"trainer steps)")
+        found.append(
+            f"entropy falls faster, per sampling step and per trainer step: it halved by sampling step {t} "
+            f"(after {n} trainer steps), the baseline "
+            + (f"by sampling step {tb} (after {nb} trainer steps)" if tb is not None else "not within the run")
+            + f" (threshold: within {ENTROPY_SPEEDUP:.0%} of the baseline's sampling steps and of its "
+            f"trainer steps)"
+        )
     elif faster_ticks:
-        found.append(f"(not a sign) entropy halves sooner per sampling step only: sampling step {t} vs {tb}, but "
-                     f"after {n} trainer steps vs the baseline's {nb}, so per trainer step it is not "
-                     f"{ENTROPY_SPEEDUP:.0%} of the baseline's or less")
+        found.append(
+            f"(not a sign) entropy halves sooner per sampling step only: sampling step {t} vs {tb}, but "
+            f"after {n} trainer steps vs the baseline's {nb}, so per trainer step it is not "
+            f"{ENTROPY_SPEEDUP:.0%} of the baseline's or less"
+        )
     c, cb = s["clip_frac_late"], base["clip_frac_late"]
     if c is not None and cb is not None and c >= CLIP_HIGH and c >= CLIP_RATIO * cb:
-        found.append(f"clip fraction stays high: {_f(c)} on average over the second half of trainer steps, "
-                     f"baseline {_f(cb)} (thresholds: >= {CLIP_HIGH} and >= {CLIP_RATIO:g}x baseline)")
+        found.append(
+            f"clip fraction stays high: {_f(c)} on average over the second half of trainer steps, "
+            f"baseline {_f(cb)} (thresholds: >= {CLIP_HIGH} and >= {CLIP_RATIO:g}x baseline)"
+        )
     return found
 
 
@@ -81,11 +95,16 @@ def over_age(s: Dict[str, Any]) -> Optional[str]:
     """A note when the arm trained on data older than its max_age (wait trains ready entries past it)."""
     if s["age_max"] is None or not s.get("age_over_bound", s["age_max"] > s["max_age"]):
         return None
-    bound = f"the max_age in force (adaptive, mean {s['max_age_mean']:.1f})" if s.get("adaptive") else \
-        f"max_age {s['max_age']}"
-    return (f"trained on data up to {s['age_max']} trainer steps old, past {bound}: "
-            + ("wait blocks only on in-flight prompts at max_age and never drops ready entries, so ready "
-               "entries age past it" if s["strategy"] == "wait" else "unexpected under drop"))
+    bound = (
+        f"the max_age in force (adaptive, mean {s['max_age_mean']:.1f})"
+        if s.get("adaptive")
+        else f"max_age {s['max_age']}"
+    )
+    return f"trained on data up to {s['age_max']} trainer steps old, past {bound}: " + (
+        "wait blocks only on in-flight prompts at max_age and never drops ready entries, so ready entries age past it"
+        if s["strategy"] == "wait"
+        else "unexpected under drop"
+    )
 
 
 def arm_lines(s: Dict[str, Any]) -> List[str]:
@@ -99,8 +118,12 @@ def arm_lines(s: Dict[str, Any]) -> List[str]:
         f"{_f(s['entropy_last'])}; clip fraction {_f(s['clip_frac_late'])} and approx KL "
         f"{_f(s['approx_kl_late'], 4)} over the second half; age of trained data: mean {_f(s['age_mean'], 2)}, "
         f"max {s['age_max']} trainer steps ("
-        + (f"max_age {s['max_age_spec']}, mean {_f(s['max_age_mean'], 2)} in force, {s['max_age_changes']} changes"
-           if s.get("adaptive") else f"max_age {s['max_age']}") + ").",
+        + (
+            f"max_age {s['max_age_spec']}, mean {_f(s['max_age_mean'], 2)} in force, {s['max_age_changes']} changes"
+            if s.get("adaptive")
+            else f"max_age {s['max_age']}"
+        )
+        + ").",
         f"  trajectories: {led['retired']} retired, {led['dropped_stale']} dropped stale "
         f"({led['dropped_stale'] / sampled:.0%}), {led['evicted']} evicted ({led['evicted'] / sampled:.0%}), "
         f"{led['buffer_left']} left of {led['sampled_total']} sampled; uses per taken entry: {uses}; "
@@ -111,15 +134,19 @@ def arm_lines(s: Dict[str, Any]) -> List[str]:
 
 def render(summaries: Sequence[Dict[str, Any]], cfg: Any) -> str:
     """Returns the report text: configuration, per-arm observations, the signs, and the limits."""
-    out = [f"In this configuration and step range: {cfg.ticks} sampling steps per arm, seed {cfg.seed}, "
-           f"task digit-sum ({cfg.length} digits in [0,{cfg.digits})), group size {cfg.group_size}, batch "
-           f"{cfg.batch_size} trajectories, capacity {cfg.capacity}, parameter_sync_step "
-           f"{cfg.parameter_sync_step}, mode {cfg.mode}.", ""]
+    out = [
+        f"In this configuration and step range: {cfg.ticks} sampling steps per arm, seed {cfg.seed}, "
+        f"task digit-sum ({cfg.length} digits in [0,{cfg.digits})), group size {cfg.group_size}, batch "
+        f"{cfg.batch_size} trajectories, capacity {cfg.capacity}, parameter_sync_step "
+        f"{cfg.parameter_sync_step}, mode {cfg.mode}.",
+        "",
+    ]
     for s in summaries:
         out.extend(arm_lines(s))
     out.append("")
-    out.append("Signs from the procedure (each reuse > 1 arm against the reuse-1 arm with the same strategy, "
-               "max_age and lag):")
+    out.append(
+        "Signs from the procedure (each reuse > 1 arm against the reuse-1 arm with the same strategy, max_age and lag):"
+    )
     for s in summaries:
         if s["reuse"] == 1:
             continue
@@ -137,28 +164,37 @@ def render(summaries: Sequence[Dict[str, Any]], cfg: Any) -> str:
     notes = [(s["arm"], over_age(s)) for s in summaries if over_age(s)]
     if notes:
         out += ["", "Age past max_age:"] + [f"- {arm}: {note}." for arm, note in notes]
-    out += ["", "These are short runs with one fixed seed on a toy task: they show direction in this range only, "
-            "not what longer training or another task would do, and a gap between two arms can be seed noise "
-            "(rerun with another --seed before trusting it)."]
+    out += [
+        "",
+        "These are short runs with one fixed seed on a toy task: they show direction in this range only, "
+        "not what longer training or another task would do, and a gap between two arms can be seed noise "
+        "(rerun with another --seed before trusting it).",
+    ]
     return "\n".join(out)
 
 
 def table(summaries: Sequence[Dict[str, Any]]) -> str:
     """The final summary table, one row per arm."""
-    cols = [("arm", 24, lambda s: s["arm"]), ("steps", 6, lambda s: s["trainer_steps"]),
-            ("reward first", 12, lambda s: _f(s["sample_reward_first"])),
-            ("reward last", 11, lambda s: _f(s["sample_reward_last"])), ("eval last", 9, lambda s: _f(s["eval_last"])),
-            ("entropy", 7, lambda s: _f(s["entropy_last"])), ("clip", 5, lambda s: _f(s["clip_frac_late"], 2)),
-            ("age", 5, lambda s: _f(s["age_mean"], 1)),
-            ("age max", 7, lambda s: f"{s['age_max']}{'!' if over_age(s) else ''}"),
-            ("retired", 7, lambda s: s["ledger"]["retired"]),
-            ("dropped", 7, lambda s: s["ledger"]["dropped_stale"]), ("evicted", 7, lambda s: s["ledger"]["evicted"]),
-            ("left", 5, lambda s: s["ledger"]["buffer_left"]), ("stalls", 6, lambda s: s["stalled_ticks"]),
-            ("ledger", 6, lambda s: "ok" if s["reconciled"] else "BAD")]
+    cols = [
+        ("arm", 24, lambda s: s["arm"]),
+        ("steps", 6, lambda s: s["trainer_steps"]),
+        ("reward first", 12, lambda s: _f(s["sample_reward_first"])),
+        ("reward last", 11, lambda s: _f(s["sample_reward_last"])),
+        ("eval last", 9, lambda s: _f(s["eval_last"])),
+        ("entropy", 7, lambda s: _f(s["entropy_last"])),
+        ("clip", 5, lambda s: _f(s["clip_frac_late"], 2)),
+        ("age", 5, lambda s: _f(s["age_mean"], 1)),
+        ("age max", 7, lambda s: f"{s['age_max']}{'!' if over_age(s) else ''}"),
+        ("retired", 7, lambda s: s["ledger"]["retired"]),
+        ("dropped", 7, lambda s: s["ledger"]["dropped_stale"]),
+        ("evicted", 7, lambda s: s["ledger"]["evicted"]),
+        ("left", 5, lambda s: s["ledger"]["buffer_left"]),
+        ("stalls", 6, lambda s: s["stalled_ticks"]),
+        ("ledger", 6, lambda s: "ok" if s["reconciled"] else "BAD"),
+    ]
     lines = ["  ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w, _) in enumerate(cols))]
     for s in summaries:
-        lines.append("  ".join(f"{str(get(s)):>{w}}" if i else f"{str(get(s)):<{w}}"
-                               for i, (_, w, get) in enumerate(cols)))
+        lines.append("  ".join(f"{get(s)!s:>{w}}" if i else f"{get(s)!s:<{w}}" for i, (_, w, get) in enumerate(cols)))
     if any(over_age(s) for s in summaries):
         lines.append("! age max is above the arm's max_age")
     return "\n".join(lines)

@@ -43,8 +43,9 @@ class RolloutWorker:
         for old in [s for s in self._history if s < source]:  # later syncs only look forward
             del self._history[old]
 
-    def generate(self, prompts: torch.Tensor, group_size: int, length: int,
-                 generator: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    def generate(
+        self, prompts: torch.Tensor, group_size: int, length: int, generator: torch.Generator
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """Returns (prompts repeated per sample, responses, behaviour log-probs, weights step)."""
         repeated = prompts.repeat_interleave(group_size, dim=0)
         with self._lock:

@@ -29,9 +29,16 @@ class ExperimentResult:
     planner: List[Dict[str, Any]] = field(default_factory=list)  # rhythm.plan vs measured ages, reuse-1 runs
 
 
-def run_experiment(cfg: ExperimentConfig, arms: Sequence[ArmConfig], out_dir: str, show_progress: bool = False,
-                   make_figure: bool = True, say: Optional[Callable[[str], None]] = print,
-                   seeds: Optional[Sequence[int]] = None, jobs: int = 1) -> ExperimentResult:
+def run_experiment(
+    cfg: ExperimentConfig,
+    arms: Sequence[ArmConfig],
+    out_dir: str,
+    show_progress: bool = False,
+    make_figure: bool = True,
+    say: Optional[Callable[[str], None]] = print,
+    seeds: Optional[Sequence[int]] = None,
+    jobs: int = 1,
+) -> ExperimentResult:
     """Runs every arm once per seed (default: ``cfg.seed`` only) with everything else in ``cfg`` fixed, in
     ``jobs`` worker processes (1: in this process; the records are the same either way), and writes under
     ``out_dir``: ``metrics.jsonl`` (every record; identical for identical inputs in interleave mode),
@@ -51,16 +58,23 @@ def run_experiment(cfg: ExperimentConfig, arms: Sequence[ArmConfig], out_dir: st
     all_records = run_all(cfg, arms, seeds, jobs, show_progress, say)
     summaries = [summarise(all_records, arm, cfg.ticks, seed) for seed in seeds for arm in arms]
     agg = aggregate(summaries, arms)
-    checks = [c for seed in seeds for arm in arms
-              if (c := planner_check.compare(all_records, replace(cfg, seed=seed), arm, seed)) is not None]
+    checks = [
+        c
+        for seed in seeds
+        for arm in arms
+        if (c := planner_check.compare(all_records, replace(cfg, seed=seed), arm, seed)) is not None
+    ]
     multi = len(seeds) > 1
     if multi:
         text, tbl = report_seeds.render(agg, summaries, cfg, seeds), report_seeds.table(agg)
     else:
         text, tbl = report.render(summaries, cfg), report.table(summaries)
     text += "\n\n" + "\n".join(planner_check.render([c for c in checks if c["seed"] == seeds[0]]))
-    files = {"jsonl": os.path.join(out_dir, "metrics.jsonl"), "report": os.path.join(out_dir, "report.txt"),
-             "summary": os.path.join(out_dir, "summary.json")}
+    files = {
+        "jsonl": os.path.join(out_dir, "metrics.jsonl"),
+        "report": os.path.join(out_dir, "report.txt"),
+        "summary": os.path.join(out_dir, "summary.json"),
+    }
     records.write_jsonl(files["jsonl"], all_records)
     for path in records.write_csvs(out_dir, all_records):
         files[os.path.basename(path)] = path
@@ -70,19 +84,36 @@ def run_experiment(cfg: ExperimentConfig, arms: Sequence[ArmConfig], out_dir: st
         f.write(text + "\n\n" + tbl + "\n")
     if make_figure:
         what = f"seeds {_seed_text(seeds)} (mean, 95% bootstrap band)" if multi else f"seed {seeds[0]}"
-        title = (f"digit-sum GRPO on StalenessBuffer: {cfg.ticks} sampling steps, {what}, "
-                 f"parameter_sync_step {cfg.parameter_sync_step}, batch {cfg.batch_size}, capacity {cfg.capacity}")
+        title = (
+            f"digit-sum GRPO on StalenessBuffer: {cfg.ticks} sampling steps, {what}, "
+            f"parameter_sync_step {cfg.parameter_sync_step}, batch {cfg.batch_size}, capacity {cfg.capacity}"
+        )
         path = os.path.join(out_dir, "figure.png")
-        made = plots.plot_bands(all_records, agg, seeds, path, title) if multi else \
-            plots.plot(all_records, summaries, path, title)
+        made = (
+            plots.plot_bands(all_records, agg, seeds, path, title)
+            if multi
+            else plots.plot(all_records, summaries, path, title)
+        )
         if made.startswith("no figure"):
             say(made)
         else:
             files["figure"] = made
     wall = time.perf_counter() - started
     with open(files["summary"], "w", encoding="utf-8") as f:
-        json.dump({"config": cfg.to_dict(), "seeds": seeds, "jobs": jobs, "runs": summaries, "aggregate": agg,
-                   "planner_vs_measured": checks, "wall_seconds": wall}, f, indent=1, default=str)
+        json.dump(
+            {
+                "config": cfg.to_dict(),
+                "seeds": seeds,
+                "jobs": jobs,
+                "runs": summaries,
+                "aggregate": agg,
+                "planner_vs_measured": checks,
+                "wall_seconds": wall,
+            },
+            f,
+            indent=1,
+            default=str,
+        )
     return ExperimentResult(all_records, summaries, text, tbl, files, wall, seeds, agg, checks)
 
 

@@ -58,8 +58,14 @@ def run_one(cfg: ExperimentConfig, arm: ArmConfig, show_progress: bool = False) 
         torch.set_num_threads(threads)
 
 
-def run_all(cfg: ExperimentConfig, arms: Sequence[ArmConfig], seeds: Sequence[int], jobs: int = 1,
-            show_progress: bool = False, say: Optional[Callable[[str], None]] = None) -> List[Record]:
+def run_all(
+    cfg: ExperimentConfig,
+    arms: Sequence[ArmConfig],
+    seeds: Sequence[int],
+    jobs: int = 1,
+    show_progress: bool = False,
+    say: Optional[Callable[[str], None]] = None,
+) -> List[Record]:
     """Every arm on every seed; records in (seed, arm) order whatever ``jobs`` is.
 
     ``jobs == 1`` runs in this process (with progress bars when asked); more runs in that many
@@ -83,4 +89,3 @@ def run_all(cfg: ExperimentConfig, arms: Sequence[ArmConfig], seeds: Sequence[in
             if say is not None:
                 say(f"  done {done}/{len(runs)}: seed {seed} {name}")
     return [r for seed, arm in runs for r in results[(seed, arm.name)]]
-

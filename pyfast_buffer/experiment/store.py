@@ -26,8 +26,15 @@ class TrajectoryStore:
         self.advantage = torch.zeros(size, dtype=torch.float32)
         self.size = size
 
-    def write(self, ids: torch.Tensor, prompts: torch.Tensor, responses: torch.Tensor, behaviour_logp: torch.Tensor,
-              reward: torch.Tensor, advantage: torch.Tensor) -> None:
+    def write(
+        self,
+        ids: torch.Tensor,
+        prompts: torch.Tensor,
+        responses: torch.Tensor,
+        behaviour_logp: torch.Tensor,
+        reward: torch.Tensor,
+        advantage: torch.Tensor,
+    ) -> None:
         if int(ids.max()) >= self.size:
             raise ValueError(f"trajectory id {int(ids.max())} is outside the store (size {self.size})")
         self.prompts[ids] = prompts
@@ -38,6 +45,10 @@ class TrajectoryStore:
 
     def gather(self, ids: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Returns copies of the rows at ``ids`` (an int64 tensor, e.g. ``batch.traj_ids``)."""
-        return {"prompts": self.prompts[ids], "responses": self.responses[ids],
-                "behaviour_logp": self.behaviour_logp[ids], "reward": self.reward[ids],
-                "advantage": self.advantage[ids]}
+        return {
+            "prompts": self.prompts[ids],
+            "responses": self.responses[ids],
+            "behaviour_logp": self.behaviour_logp[ids],
+            "reward": self.reward[ids],
+            "advantage": self.advantage[ids],
+        }

@@ -51,7 +51,7 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int, seed: Optional[in
     steps = [r for r in mine if r["kind"] == "step"]
     tick_rows = [r for r in mine if r["kind"] == "tick"]
     evals = [r for r in mine if r["kind"] == "eval"]
-    ledger = {k[len("ledger/"):]: v for k, v in tick_rows[-1].items() if k.startswith("ledger/")}
+    ledger = {k[len("ledger/") :]: v for k, v in tick_rows[-1].items() if k.startswith("ledger/")}
     uses = {int(k.split("/")[1]): 0 for k in steps[0] if k.startswith("uses/")} if steps else {}
     for r in steps:
         for k in uses:
@@ -63,9 +63,14 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int, seed: Optional[in
     half_step = next((r["step"] + 1 for r in steps if r["tick"] == half_tick), None)
     bounds = [r["max_age"] for r in steps if "max_age" in r]
     return {
-        "arm": arm.name, "seed": seed if seed is not None else (mine[0].get("seed") if mine else None),
-        "reuse": arm.reuse, "strategy": arm.strategy, "max_age": arm.max_age, "lag": arm.lag,
-        "adaptive": arm.adaptive, "max_age_spec": arm.max_age_spec,
+        "arm": arm.name,
+        "seed": seed if seed is not None else (mine[0].get("seed") if mine else None),
+        "reuse": arm.reuse,
+        "strategy": arm.strategy,
+        "max_age": arm.max_age,
+        "lag": arm.lag,
+        "adaptive": arm.adaptive,
+        "max_age_spec": arm.max_age_spec,
         "max_age_mean": _mean(bounds),  # the bound in force at each take (moves on adaptive arms)
         "age_over_bound": any(r["age_max"] > r["max_age"] for r in steps if "max_age" in r),
         "max_age_changes": sum(1 for a, b in zip(bounds, bounds[1:]) if a != b),
@@ -99,6 +104,7 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int, seed: Optional[in
 
 def reconciles(ledger: Dict[str, int]) -> bool:
     """Both ledger identities of DESIGN.md hold (the first via audit.ledger_gap, where it is written once)."""
-    gap = ledger_gap(ledger["sampled_total"], ledger["retired"], ledger["dropped_stale"], ledger["evicted"],
-                     ledger["buffer_left"])
+    gap = ledger_gap(
+        ledger["sampled_total"], ledger["retired"], ledger["dropped_stale"], ledger["evicted"], ledger["buffer_left"]
+    )
     return gap == 0 and ledger["dispatched"] == ledger["completed"] + ledger["failed"] + ledger["in_flight"]

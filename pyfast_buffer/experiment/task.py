@@ -42,4 +42,3 @@ class DigitSumTask:
         """Returns 1.0 where the response digits sum to ``a + b``, else 0.0 (float32, one per row)."""
         target = prompts[:, 0] + prompts[:, 2]
         return (responses.sum(dim=1) == target).to(torch.float32)
-

@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-import transfer_queue as tq  # type: ignore[import-untyped]
+import transfer_queue as tq
 
 from pyfast_buffer import StalenessBuffer, sample_step_from_tag
 
@@ -36,9 +36,23 @@ IN_FLIGHT = ("pending", "running")
 TERMINAL = ("finished", "failure")
 NO_AGE_CUT = 1 << 62  # the core never cuts by age here: staleness is decided with verl's formula, in steps
 
-LEDGER_KEYS = ("seen", "taken", "evicted", "evicted_stale", "evicted_filtered", "evicted_failure",
-               "discarded_surplus", "vanished", "reissued", "refill_calls", "refill_requested",
-               "refill_delivered", "refill_short", "refill_failed", "unrefilled")
+LEDGER_KEYS = (
+    "seen",
+    "taken",
+    "evicted",
+    "evicted_stale",
+    "evicted_filtered",
+    "evicted_failure",
+    "discarded_surplus",
+    "vanished",
+    "reissued",
+    "refill_calls",
+    "refill_requested",
+    "refill_delivered",
+    "refill_short",
+    "refill_failed",
+    "unrefilled",
+)
 
 
 def uid_of(key: str) -> str:
@@ -58,8 +72,7 @@ class PartitionBook:
         self.core_id: dict[str, int] = {}  # uid -> id in the core, while the prompt is held
         self.next_id = 0
         self.clock = 0  # the core's clock: it refuses a step below one it has seen
-        self.core = StalenessBuffer(capacity, max_age=NO_AGE_CUT, strategy="drop", on_full="error",
-                                    pin_memory=False)
+        self.core = StalenessBuffer(capacity, max_age=NO_AGE_CUT, strategy="drop", on_full="error", pin_memory=False)
         self.ledger: Counter = Counter({k: 0 for k in LEDGER_KEYS})
         self.last_list_s = 0.0  # how long the last kv_list took: polling pauses at least that long
 
@@ -67,8 +80,10 @@ class PartitionBook:
 def _parse_prompt(partition_id: str, key: str, tag: Any) -> tuple[str, int]:
     status = tag.get("status")
     if status not in IN_FLIGHT + TERMINAL:
-        raise ValueError(f"Unknown status {status!r} of prompt {key!r} in partition {partition_id!r}; the rollout "
-                         f"side must write one of {list(IN_FLIGHT + TERMINAL)}")
+        raise ValueError(
+            f"Unknown status {status!r} of prompt {key!r} in partition {partition_id!r}; the rollout "
+            f"side must write one of {list(IN_FLIGHT + TERMINAL)}"
+        )
     try:
         return status, sample_step_from_tag(tag)
     except (TypeError, ValueError) as exc:
@@ -97,8 +112,12 @@ class VerlState:
         return book
 
     def _status_sets(self, partition_id: str) -> dict[str, set[str]]:
-        return {"pending": self.pending_keys[partition_id], "running": self.running_keys[partition_id],
-                "finished": self.finished_keys[partition_id], "failure": self.failure_keys[partition_id]}
+        return {
+            "pending": self.pending_keys[partition_id],
+            "running": self.running_keys[partition_id],
+            "finished": self.finished_keys[partition_id],
+            "failure": self.failure_keys[partition_id],
+        }
 
     # ---- listing -------------------------------------------------------------------------------
     def _sync_metadata_from_transfer_queue(self, partition_id: str | None = None) -> dict[str, dict]:
@@ -143,9 +162,9 @@ class VerlState:
                 new_trajectories.append(key)
         for status in IN_FLIGHT:  # an in-flight prompt's tag changes when it runs, ends or is re-issued
             for uid in sets[status]:
-                listed = items.get(uid)
-                if listed and uid not in updates:
-                    status_now, step_now = _parse_prompt(partition_id, uid, listed)
+                tag_now = items.get(uid)
+                if tag_now and uid not in updates:
+                    status_now, step_now = _parse_prompt(partition_id, uid, tag_now)
                     if status_now != status or step_now != steps.get(uid):
                         updates[uid] = (status_now, step_now)
         # Apply.
@@ -160,8 +179,9 @@ class VerlState:
         if vanished:  # cleared by someone else while we held it: nobody will train on it
             self._forget_groups(partition_id, vanished)
             book.ledger["vanished"] += len(vanished)
-            logger.warning("%d held prompts vanished from partition %s (cleared outside this sampler)",
-                           len(vanished), partition_id)
+            logger.warning(
+                "%d held prompts vanished from partition %s (cleared outside this sampler)", len(vanished), partition_id
+            )
         book.known -= gone
         book.known |= applied
         part = self.partitions[partition_id]
@@ -315,8 +335,9 @@ class VerlState:
                     return chosen
         if len(chosen) < min(count, len(sampleable)):  # the status sets were edited outside: sort them afresh
             steps = self.prompt_global_steps[partition_id]
-            book.order = sorted((steps.get(u, 0), u) for u in self.finished_keys[partition_id]
-                                | self.failure_keys[partition_id])
+            book.order = sorted(
+                (steps.get(u, 0), u) for u in self.finished_keys[partition_id] | self.failure_keys[partition_id]
+            )
             return sorted(sampleable, key=lambda u: (steps.get(u, 0), u))[:count]
         return chosen
 
@@ -350,8 +371,13 @@ def clear(partition_id: str, keys: list[str], what: str) -> None:
         try:
             tq.kv_clear(keys=keys, partition_id=partition_id)
             return
-        except Exception as exc:  # noqa: BLE001 - the groups already left this sampler; report, do not raise
+        except Exception as exc:
             if attempt == 2:
-                logger.error("kv_clear of %d %s keys in partition %s failed twice (%r); they stay in "
-                             "TransferQueue (this sampler ignores them) until cleared", len(keys), what,
-                             partition_id, exc)
+                logger.error(
+                    "kv_clear of %d %s keys in partition %s failed twice (%r); they stay in "
+                    "TransferQueue (this sampler ignores them) until cleared",
+                    len(keys),
+                    what,
+                    partition_id,
+                    exc,
+                )

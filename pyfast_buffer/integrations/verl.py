@@ -23,8 +23,8 @@ from collections import Counter
 from typing import Any, Callable
 
 try:
-    import transfer_queue as tq  # type: ignore[import-untyped]
-    from transfer_queue import KVBatchMeta  # type: ignore[import-untyped]
+    import transfer_queue as tq
+    from transfer_queue import KVBatchMeta
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "pyfast_buffer.integrations.verl needs TransferQueue; install it with: pip install 'pyfast_buffer[verl]'"

@@ -53,16 +53,23 @@ class BufferActor:
         self._settle()
         return n
 
-    def complete(self, traj_ids: np.ndarray, prompt_ids: np.ndarray, timeout: Optional[float],
-                 payloads: Optional[Sequence[Any]]) -> None:
+    def complete(
+        self, traj_ids: np.ndarray, prompt_ids: np.ndarray, timeout: Optional[float], payloads: Optional[Sequence[Any]]
+    ) -> None:
         self._with_payloads(traj_ids, payloads, lambda: self._buf.complete(traj_ids, prompt_ids, timeout))
 
     def fail(self, prompt_ids: np.ndarray) -> None:
         self._buf.fail(prompt_ids)
         self._settle()
 
-    def put(self, traj_ids: np.ndarray, sample_step: Any, group_ids: Optional[np.ndarray], timeout: Optional[float],
-            payloads: Optional[Sequence[Any]]) -> None:
+    def put(
+        self,
+        traj_ids: np.ndarray,
+        sample_step: Any,
+        group_ids: Optional[np.ndarray],
+        timeout: Optional[float],
+        payloads: Optional[Sequence[Any]],
+    ) -> None:
         self._with_payloads(traj_ids, payloads, lambda: self._buf.put(traj_ids, sample_step, group_ids, timeout))
 
     def _with_payloads(self, traj_ids: np.ndarray, payloads: Optional[Sequence[Any]], call: Any) -> None:
@@ -70,8 +77,10 @@ class BufferActor:
             call()
         else:
             if len(payloads) != len(traj_ids):
-                raise ValueError(f"payloads has {len(payloads)} entries but traj_ids has {len(traj_ids)}; "
-                                 "pass one payload per trajectory")
+                raise ValueError(
+                    f"payloads has {len(payloads)} entries but traj_ids has {len(traj_ids)}; "
+                    "pass one payload per trajectory"
+                )
             self._payloads.hold(traj_ids, own(payloads))  # before the call: a take may see the ids at once
             try:
                 call()
@@ -81,8 +90,12 @@ class BufferActor:
         self._settle()
 
     # -- taking ------------------------------------------------------------------------------------------------------
-    def take(self, batch_size: int, current_step: int, timeout: Optional[float],
-             ) -> Tuple[np.ndarray, Dict[str, Any], Optional[List[Optional["ray.ObjectRef"]]]]:
+    def take(
+        self,
+        batch_size: int,
+        current_step: int,
+        timeout: Optional[float],
+    ) -> Tuple[np.ndarray, Dict[str, Any], Optional[List[Optional[ray.ObjectRef]]]]:
         batch = self._buf.take(batch_size, current_step, timeout)
         columns = batch.columns.numpy()
         refs = None
@@ -116,8 +129,7 @@ class BufferActor:
 
     def released(self) -> Released:
         if not self._user_config.track_released:
-            raise ValueError("released() needs track_released=True; create the RemoteBuffer with "
-                             "track_released=True")
+            raise ValueError("released() needs track_released=True; create the RemoteBuffer with track_released=True")
         self._settle()
         return self._report.drain()
 

@@ -11,7 +11,7 @@ from ray.exceptions import RayTaskError
 from ..checkpoint import CheckpointError
 
 
-def get(refs: Union["ray.ObjectRef", List["ray.ObjectRef"]]) -> Any:
+def get(refs: Union[ray.ObjectRef, List[ray.ObjectRef]]) -> Any:
     """``ray.get``, re-raising the actor's own exception (ValueError, TimeoutError, BufferClosedError, ...).
 
     Ray wraps an exception raised in an actor method in a RayTaskError; the original, with its type and
@@ -26,7 +26,7 @@ def get(refs: Union["ray.ObjectRef", List["ray.ObjectRef"]]) -> Any:
         raise
 
 
-def _rebuild(cls: "type[BaseException]", args: Tuple[Any, ...], state: Dict[str, Any]) -> BaseException:
+def _rebuild(cls: type[BaseException], args: Tuple[Any, ...], state: Dict[str, Any]) -> BaseException:
     exc = cls.__new__(cls)
     exc.args = args
     exc.__dict__.update(state)

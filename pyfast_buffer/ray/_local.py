@@ -12,14 +12,15 @@ def init_local_cluster(**kwargs: Any) -> None:
 
     Ray puts the driver's working directory first on every worker's ``sys.path``. Run from a source
     checkout, that directory holds the uncompiled ``pyfast_buffer`` package, which would shadow the
-    installed one in every worker; starting Ray from a temporary directory keeps workers on the install.
+    installed one in every worker; starting Ray from the temporary directory keeps workers on the install.
     """
     import ray
 
+    # Workers keep the driver's directory as their own working directory, so it must outlive the cluster:
+    # the system's temporary directory, not one made (and removed) here.
     here = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="pyfast-buffer-ray-") as neutral:
-        os.chdir(neutral)
-        try:
-            ray.init(address="local", **kwargs)
-        finally:
-            os.chdir(here)
+    os.chdir(tempfile.gettempdir())
+    try:
+        ray.init(address="local", **kwargs)
+    finally:
+        os.chdir(here)

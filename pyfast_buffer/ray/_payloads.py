@@ -12,7 +12,7 @@ import ray
 from ..released import Released
 
 
-def own(values: Sequence[Any]) -> List["ray.ObjectRef"]:
+def own(values: Sequence[Any]) -> List[ray.ObjectRef]:
     """Returns one ref per value; values that are not refs yet are ``ray.put`` here, so this process owns them.
 
     Called inside the actor, this makes the actor the owner of a producer's trajectory: the object then
@@ -26,10 +26,10 @@ class PayloadStore:
     """Refs by trajectory id; dropping a ref here lets Ray's object store free it once nobody else holds it."""
 
     def __init__(self) -> None:
-        self._refs: Dict[int, "ray.ObjectRef"] = {}
+        self._refs: Dict[int, ray.ObjectRef] = {}
         self._lock = threading.Lock()
 
-    def hold(self, traj_ids: np.ndarray, refs: List["ray.ObjectRef"]) -> None:
+    def hold(self, traj_ids: np.ndarray, refs: List[ray.ObjectRef]) -> None:
         """Holds ``refs[i]`` for ``traj_ids[i]``, or raises ValueError (holding nothing) if an id holds one already."""
         keys = traj_ids.tolist()
         if len(set(keys)) != len(keys):
@@ -37,11 +37,13 @@ class PayloadStore:
         with self._lock:
             clash = [k for k in keys if k in self._refs]
             if clash:
-                raise ValueError(f"traj_ids {clash[:5]} still hold payloads in the buffer; ids with payloads must be "
-                                 "unique until they leave the buffer (use fresh ids)")
+                raise ValueError(
+                    f"traj_ids {clash[:5]} still hold payloads in the buffer; ids with payloads must be "
+                    "unique until they leave the buffer (use fresh ids)"
+                )
             self._refs.update(zip(keys, refs))
 
-    def lookup(self, traj_ids: np.ndarray) -> List[Optional["ray.ObjectRef"]]:
+    def lookup(self, traj_ids: np.ndarray) -> List[Optional[ray.ObjectRef]]:
         """Returns the ref of each id (None for an id put without one)."""
         with self._lock:
             return [self._refs.get(k) for k in traj_ids.tolist()]

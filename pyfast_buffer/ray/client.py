@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union, cast
 import numpy as np
 import ray
 import torch
+from ray.actor import ActorHandle
 
 from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from ..batch import Batch
@@ -29,12 +30,13 @@ class RemoteBatch(Batch):
 
     __slots__ = ("payloads",)
 
-    def __init__(self, columns: torch.Tensor, metrics: Dict[str, Any],
-                 payloads: Optional[List[Optional["ray.ObjectRef"]]] = None) -> None:
+    def __init__(
+        self, columns: torch.Tensor, metrics: Dict[str, Any], payloads: Optional[List[Optional[ray.ObjectRef]]] = None
+    ) -> None:
         super().__init__(columns, metrics)
         self.payloads = payloads
 
-    def to(self, *args: Any, **kwargs: Any) -> "RemoteBatch":
+    def to(self, *args: Any, **kwargs: Any) -> RemoteBatch:
         return RemoteBatch(self.columns.to(*args, **kwargs), self.metrics, self.payloads)
 
 
@@ -53,18 +55,31 @@ class RemoteBuffer:
     store frees the object once the trainer drops its copy too.
     """
 
-    def __init__(self, actor: "ray.actor.ActorHandle") -> None:
+    def __init__(self, actor: ActorHandle) -> None:
         self.actor = actor
 
     # -- making and finding buffers ------------------------------------------------------------------------------
     @classmethod
-    def create(cls, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
-               on_full: str = "evict_oldest", parameter_sync_step: Optional[int] = None,
-               track_released: bool = False, release_bound: Optional[int] = None, unique_ids: bool = False, *,
-               name: Optional[str] = None, namespace: Optional[str] = None, lifetime: Optional[str] = None,
-               num_cpus: float = 1, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-               blocking_calls: int = DEFAULT_BLOCKING_CALLS,
-               actor_options: Optional[Dict[str, Any]] = None) -> "RemoteBuffer":
+    def create(
+        cls,
+        capacity: int,
+        max_age: int = 7,
+        strategy: str = "drop",
+        max_uses: int = 1,
+        on_full: str = "evict_oldest",
+        parameter_sync_step: Optional[int] = None,
+        track_released: bool = False,
+        release_bound: Optional[int] = None,
+        unique_ids: bool = False,
+        *,
+        name: Optional[str] = None,
+        namespace: Optional[str] = None,
+        lifetime: Optional[str] = None,
+        num_cpus: float = 1,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        blocking_calls: int = DEFAULT_BLOCKING_CALLS,
+        actor_options: Optional[Dict[str, Any]] = None,
+    ) -> RemoteBuffer:
         """Starts the actor and returns its client.
 
         The buffer arguments are StalenessBuffer's (checked here, before anything starts; ``pin_memory`` is
@@ -73,12 +88,22 @@ class RemoteBuffer:
         this driver exits. ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve
         calls with a timeout; ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
         """
-        config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step,
-                              track_released, release_bound, unique_ids)
+        config = BufferConfig(
+            capacity,
+            max_age,
+            strategy,
+            max_uses,
+            on_full,
+            parameter_sync_step,
+            track_released,
+            release_bound,
+            unique_ids,
+        )
         as_count(max_concurrency, "max_concurrency", 1)
         as_count(blocking_calls, "blocking_calls", 1)
-        threads: Dict[str, Any] = dict(max_concurrency=max_concurrency,
-                                       concurrency_groups={BLOCKING_GROUP: blocking_calls})
+        threads: Dict[str, Any] = dict(
+            max_concurrency=max_concurrency, concurrency_groups={BLOCKING_GROUP: blocking_calls}
+        )
         remote_cls = ray.remote(**threads)(BufferActor)
         options: Dict[str, Any] = dict(num_cpus=num_cpus, **(actor_options or {}))
         if name is not None:
@@ -86,17 +111,17 @@ class RemoteBuffer:
         if lifetime is not None:
             options["lifetime"] = lifetime
         handle = remote_cls.options(**options).remote(dataclasses.asdict(config))
-        client = cls(cast("ray.actor.ActorHandle", handle))
+        client = cls(cast(ActorHandle, handle))
         client.ping()  # surfaces a failed start here, not at the first call
         return client
 
     @classmethod
-    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> "RemoteBuffer":
+    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> RemoteBuffer:
         """Creates a buffer from verl's sampler and trainer config (see config_from_verl); overrides go to create."""
         return cls.create(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
     @classmethod
-    def get(cls, name: str, namespace: Optional[str] = None) -> "RemoteBuffer":
+    def get(cls, name: str, namespace: Optional[str] = None) -> RemoteBuffer:
         """Returns the client of the buffer created with ``name`` (ValueError if there is none)."""
         return cls(ray.get_actor(name, namespace=namespace))
 
@@ -118,8 +143,9 @@ class RemoteBuffer:
         """Fails, as expired, every in-flight prompt dispatched at least ``older_than_s`` seconds ago."""
         return self._call("expire_in_flight", as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0"))
 
-    def complete(self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None,
-                 payloads: Optional[Sequence[Any]] = None) -> None:
+    def complete(
+        self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None, payloads: Optional[Sequence[Any]] = None
+    ) -> None:
         """Moves finished trajectories into the ring, with optional payloads (one per trajectory)."""
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
@@ -130,8 +156,14 @@ class RemoteBuffer:
         """Marks in-flight prompts as failed."""
         self._call("fail", as_ids(prompt_ids, "prompt_ids"))
 
-    def put(self, traj_ids: Ids, sample_step: Union[int, Ids], group_ids: Optional[Ids] = None,
-            timeout: Optional[float] = None, payloads: Optional[Sequence[Any]] = None) -> None:
+    def put(
+        self,
+        traj_ids: Ids,
+        sample_step: Union[int, Ids],
+        group_ids: Optional[Ids] = None,
+        timeout: Optional[float] = None,
+        payloads: Optional[Sequence[Any]] = None,
+    ) -> None:
         """Dispatch + complete in one call, with optional payloads (one per trajectory)."""
         trajs = as_ids(traj_ids, "traj_ids")
         steps = as_steps(sample_step, "sample_step", len(trajs))
@@ -199,16 +231,16 @@ class RemoteBuffer:
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self._call("load_state_dict", state_dict)
 
-    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+    def save(self, path: Union[str, os.PathLike[str]]) -> None:
         """Writes the buffer atomically to ``path`` on the actor's node (see StalenessBuffer.save)."""
         self._call("save", os.fspath(path))
 
-    def load(self, path: Union[str, "os.PathLike[str]"], in_flight: str = "fail") -> torch.Tensor:
+    def load(self, path: Union[str, os.PathLike[str]], in_flight: str = "fail") -> torch.Tensor:
         """Replaces the state with a file on the actor's node; returns the prompt ids it failed (see
         StalenessBuffer.load). Payload refs of ids that are not in the restored buffer are released."""
         return self._call("load", os.fspath(path), in_flight)
 
-    def __enter__(self) -> "RemoteBuffer":
+    def __enter__(self) -> RemoteBuffer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -45,7 +45,7 @@ class SkipManager:
         return None
 '''
 
-CONFTEST = '''import ray
+CONFTEST = """import ray
 import pytest
 
 
@@ -57,7 +57,7 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if ray.is_initialized():
         ray.shutdown()
-'''
+"""
 
 INI = "[pytest]\naddopts = -p no:cacheprovider\n"
 
@@ -83,8 +83,12 @@ def build(root: Path, verl_src: Path, against: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verl-src", required=True, type=Path, help="a checkout of github.com/verl-project/verl")
-    parser.add_argument("--against", choices=("ours", "verl"), default="ours",
-                        help="ours: pyfast_buffer's module (default); verl: verl's own, as a control")
+    parser.add_argument(
+        "--against",
+        choices=("ours", "verl"),
+        default="ours",
+        help="ours: pyfast_buffer's module (default); verl: verl's own, as a control",
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
     args = parser.parse_args(argv)
     if not (args.verl_src / TEST_FILE).is_file():
@@ -93,8 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         test = build(root, args.verl_src, args.against)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-        command = [sys.executable, "-m", "pytest", str(test), "--rootdir", str(root), "-c", str(root / "pytest.ini"),
-                   *args.pytest_args]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(test),
+            "--rootdir",
+            str(root),
+            "-c",
+            str(root / "pytest.ini"),
+            *args.pytest_args,
+        ]
         return subprocess.call(command, cwd=root, env=env)
 
 
