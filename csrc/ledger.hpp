@@ -33,7 +33,7 @@ struct Ledger {
     return true;
   }
 
-  /// Returns true iff both invariants of DESIGN.md hold (call it on counters that are in_range()).
+  /// Returns true iff both invariants of docs/design.md ("The ledger") hold (call it on counters that are in_range()).
   bool balanced() const {
     return put_total == retired + dropped_stale + evicted + buffer_left &&
            dispatched == completed + failed + in_flight && 0 <= expired && expired <= failed;

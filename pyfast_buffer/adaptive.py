@@ -26,7 +26,7 @@ Why this shape:
   controller waits ``cooldown`` steps before it may change again.
 - A non-finite metric (NaN/inf KL usually means the update blew up) counts as above the target.
 
-What a change does to entries already in the buffer is the buffer's contract (DESIGN.md): the next
+What a change does to entries already in the buffer is the buffer's contract (docs/design.md): the next
 take or ``evict_stale`` applies the new cutoff to every ready entry. Lowering the bound therefore drops
 the entries now older than it at the next take (counted as ``dropped_stale``); raising it never revives
 an entry that was already dropped.

@@ -143,7 +143,7 @@ class StalenessBuffer:
         return Released(ids, reasons)
 
     def ledger(self) -> Dict[str, int]:
-        """Returns the cumulative counters; see DESIGN.md for the two invariants they satisfy."""
+        """Returns the cumulative counters; see docs/design.md, "The ledger", for the two invariants they satisfy."""
         return self._ring.ledger()
 
     def __len__(self) -> int:

@@ -7,7 +7,7 @@ def rows(batch, n_fields=6):
 
 
 def assert_balanced(buf, quiescent=True):
-    """Asserts both ledger invariants of DESIGN.md on one ledger snapshot.
+    """Asserts both ledger invariants of docs/design.md ("The ledger") on one ledger snapshot.
 
     With ``quiescent`` (no other thread is calling the buffer) it also checks the snapshot against
     ``len(buf)`` and ``buf.in_flight``, which are separate reads another thread's call could fall between.

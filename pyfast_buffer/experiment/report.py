@@ -1,5 +1,5 @@
 """The text report: what each arm did in this configuration and step range, and which signs of the
-procedure (seeds/000) appear, each decided by an explicit threshold on the recorded data.
+procedure (docs/workflow.md) appear, each decided by an explicit threshold on the recorded data.
 
 A reuse > 1 arm is compared with its baseline: the reuse-1 arm with the same strategy,
 max_age and lag. Without such a baseline the comparisons are skipped and the report says so.
