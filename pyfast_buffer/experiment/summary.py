@@ -103,7 +103,7 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int, seed: Optional[in
 
 
 def reconciles(ledger: Dict[str, int]) -> bool:
-    """Both ledger identities (docs/design.md, "The ledger") hold (the first via audit.ledger_gap, where it is written once)."""
+    """Both ledger identities hold (docs/design.md, "The ledger"); the first via audit.ledger_gap, written once."""
     gap = ledger_gap(
         ledger["sampled_total"], ledger["retired"], ledger["dropped_stale"], ledger["evicted"], ledger["buffer_left"]
     )
