@@ -15,6 +15,7 @@ from typing import Any, Dict, List
 import torch
 
 from pyfast_buffer import StalenessBuffer
+from pyfast_buffer.batch import metrics_prefix
 
 from . import progress
 from .config import ArmConfig, ExperimentConfig
@@ -67,7 +68,7 @@ class ArmRun:
         self.rollout.on_step(self.trainer.step, self.policy)
         uses = torch.bincount(batch.uses, minlength=self.arm.reuse + 1)[1:].tolist()
         first = batch.age[batch.uses == 1]
-        m = batch.metrics
+        m = {k[len(metrics_prefix()):]: v for k, v in batch.metrics.items()}  # bare names
         row = {**self._base("step", tick), "step": step, "batch_size": len(batch), **stats, "value_loss": None,
                "age_mean": m["age_mean"], "age_max": m["age_max"],
                "age_min_first_use": int(first.min()) if len(first) else None, "dropped_stale": m["dropped_stale"],
@@ -89,7 +90,7 @@ class ArmRun:
         while len(self.buf) >= self.cfg.batch_size:
             batch = self.buf.take(self.cfg.batch_size, self.trainer.step)
             if len(batch) == 0:  # wait: an in-flight prompt sits at max_age; drop: all were stale
-                blocked_by = batch.metrics["blocked_by"]
+                blocked_by = batch.blocked_by
                 break
             self.train_once(tick, batch)
             steps += 1

@@ -28,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from pyfast_buffer import config_from_verl
+from pyfast_buffer.batch import metric_key
 from pyfast_buffer._args import MAX_TIMEOUT
 from pyfast_buffer.integrations._verl_mirror import PartitionMirror, Taken
 
@@ -330,7 +331,7 @@ class FastReplayBuffer:
         prefix = f"{metrics_prefix(partition_id)}/{LEDGER_PREFIX}"
         out = {f"{prefix}/{k}": v for k, v in mirror.buf.ledger().items()}
         for k in ("age_mean", "age_max"):
-            out[f"{prefix}/{k}"] = take_metrics[k]
+            out[f"{prefix}/{k}"] = take_metrics[metric_key(k)]
         out[f"{prefix}/sample_wait_s"] = wait_s
         out[f"{prefix}/polls"] = polls
         out[f"{prefix}/ready"] = mirror.ready_count()  # finished groups still held (in flight for the core until taken)
