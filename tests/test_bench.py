@@ -30,6 +30,13 @@ def test_every_case_measures_real_work(case):
         assert ours[0]["bytes_per_entry"] > 0
     if case == "throughput_2p1c":
         assert all(r["entries_per_s"] > 0 for r in rows)
+    if case == "bulk":
+        assert any(r["contender"] == "copy (floor)" for r in rows)  # the physical floor is in the table
+        report.add_ratios(rows)
+        assert all(r["x_floor"] > 0 for r in ours if r["order"].startswith(("put u", "put g", "take")))
+    if case == "overhead":
+        assert {r["order"] for r in ours} == {"put", "take"}
+        assert all(set(r["split_s"]) >= {"argument checks", "binding call", "core"} for r in ours)
 
 
 def test_ratios_and_targets_are_computed_from_the_rows():
@@ -42,7 +49,8 @@ def test_ratios_and_targets_are_computed_from_the_rows():
     assert rows[0]["x_reference"] == pytest.approx(100)
     goals = {g["target"]: g for g in report.targets(rows)}
     assert goals["put(512) vs reference"]["met"] is True
-    assert goals["put(512) vs cpprb add"]["met"] is False and goals["put(512) vs cpprb add"]["measured"] == 2
+    key = "put(512) vs cpprb add (eight fields)"
+    assert goals[key]["met"] is False and goals[key]["measured"] == 2
     assert goals["take(512) drop, 0% stale vs reference"]["met"] is None  # not run: says so
 
 

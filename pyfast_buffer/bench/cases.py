@@ -75,7 +75,7 @@ def _contenders(names: List[str], capacity: int, plan: Plan, skipped: Dict[str, 
 def put_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     """put(B ids, one step stamp) into a full ring that overwrites its oldest entries."""
     rows = []
-    names = ["pyfast_buffer", "reference", "numpy mask", "cpprb", "torchrl"]
+    names = ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "cpprb", "cpprb 2 fields", "torchrl"]
     for capacity in plan.capacities:
         for batch in plan.batches:
             ids = np.arange(batch, dtype=np.int64)
@@ -94,7 +94,8 @@ def put_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
 def take_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     """take(B) under drop from a full ring where a fraction of entries, shuffled, is stale."""
     rows = []
-    names = ["pyfast_buffer", "reference", "numpy mask", "numba loop", "cpprb", "cpprb to full", "torchrl"]
+    names = ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "numba loop", "cpprb", "cpprb 2 fields",
+             "cpprb to full", "torchrl"]
     rng = np.random.default_rng(0)
     plan = dataclasses.replace(plan, reference_limit=min(plan.reference_limit, 100_000))  # refills take minutes
     for capacity in plan.capacities[:2]:  # the walk, not the ring size, sets the cost
@@ -303,6 +304,110 @@ def memory_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     return rows
 
 
+BULK = 65536  # entries per call in the bulk case
+
+
+def bulk_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """put/take of B = 65536 entries per call, ungrouped and in GRPO groups of 8, against a copy of the
+    same 64 bytes per entry (the physical floor); plus a new ring's first lap and its construction.
+
+    Every ratio is ``x_floor`` = this time / the copy's time, measured in the same run.
+    """
+    from ..buffer import StalenessBuffer
+
+    rows = []
+    capacity = 1 << 20
+    floor_fn = peers.Copy(BULK)
+    floor = sample(lambda: floor_fn.take(BULK, 0), plan.repeat)
+    rows.append(row("bulk", "copy (floor)", floor, batch=BULK, order="64 B/entry"))
+    ids = np.arange(BULK, dtype=np.int64)
+    for grouped in (False, True):
+        groups = ids // 8 if grouped else None
+        label = "grouped(8)" if grouped else "ungrouped"
+        buf = StalenessBuffer(capacity, max_age=MAX_AGE)
+        for start in range(0, capacity, BULK):  # one lap first: the ring is full and evicts from here on
+            buf.put(ids + start, CURRENT_STEP, group_ids=None if groups is None else groups + start)
+        put_times = sample(lambda b=buf, g=groups: b.put(ids, CURRENT_STEP, group_ids=g), plan.repeat)
+        rows.append(row("bulk", "pyfast_buffer", put_times, batch=BULK, order=f"put {label}"))
+
+        def refill(b=buf, g=groups):
+            if len(b) < BULK:
+                b.put(ids, CURRENT_STEP, group_ids=g)
+
+        take_times = sample(lambda b=buf: b.take(BULK, CURRENT_STEP), plan.repeat, setup=refill)
+        rows.append(row("bulk", "pyfast_buffer", take_times, batch=BULK, order=f"take {label}"))
+        del buf
+    # A new ring: the first lap (every page touched for the first time unless construction did it).
+    laps = 4
+    first, later, built = [], [], []
+    for _ in range(max(3, plan.repeat // 3)):
+        t0 = time.perf_counter()
+        buf = StalenessBuffer(capacity, max_age=MAX_AGE)
+        built.append(time.perf_counter() - t0)
+        for lap in range(laps):
+            t0 = time.perf_counter()
+            for start in range(0, capacity, BULK):
+                buf.put(ids, CURRENT_STEP)
+            (first if lap == 0 else later).append((time.perf_counter() - t0) / (capacity // BULK))
+        del buf
+    rows.append(row("bulk", "pyfast_buffer", first, batch=BULK, order="put first lap"))
+    rows.append(row("bulk", "pyfast_buffer", later, batch=BULK, order="put later laps"))
+    r = row("bulk", "pyfast_buffer", built, capacity=capacity, order="construct")
+    r["ns_per_entry"] = median(built) / capacity * 1e9
+    rows.append(r)
+    return rows
+
+
+def overhead_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """Where the time of a one-entry put or take goes: argument checks, the binding call, the core, and
+    the Batch with its metrics. Each part is timed alone in a loop; ``python overhead`` = total - core.
+    """
+    from .. import _args
+    from ..batch import Batch, log_record, metrics_from_stats
+    from ..buffer import StalenessBuffer
+
+    buf = StalenessBuffer(1 << 16, max_age=MAX_AGE)
+    ring = buf._ring
+    one = np.zeros(1, np.int64)
+    stamp = np.array([CURRENT_STEP], np.int64)
+    out = np.empty(8, np.int64)
+    buf.put(np.arange(1 << 15, dtype=np.int64), CURRENT_STEP)  # half full: take never runs dry in a loop
+
+    def loop(fn: Callable[[], object]) -> float:
+        return median(sample(fn, plan.repeat, number=calibrate(fn, limit=50_000)))
+
+    binding = loop(lambda: len(ring))  # a bound method that does nothing but lock and return
+    parts = {
+        "put": {
+            "total": loop(lambda: buf.put(one, CURRENT_STEP)),
+            "argument checks": loop(lambda: (_args.as_ids(one, "traj_ids"), np.array((CURRENT_STEP,), np.int64))),
+            "binding + core": loop(lambda: ring.put(one, None, stamp, None)),
+        },
+        "take": {
+            "total": loop(lambda: (buf.take(1, CURRENT_STEP), ring.put(one, None, stamp, None))),
+            "argument checks": loop(lambda: (_args.as_count(1, "batch_size", 1), _args.as_step(CURRENT_STEP, "s"),
+                                             np.empty(8, np.int64))),
+            "binding + core": loop(lambda: (ring.take(out, 1, CURRENT_STEP, None), ring.put(one, None, stamp, None))),
+        },
+    }
+    put_core = parts["put"]["binding + core"]
+    parts["take"]["total"] -= put_core  # the loop refills with one bare put, timed above
+    parts["take"]["binding + core"] -= put_core
+    stats = ring.take(out, 1, CURRENT_STEP, None)
+    parts["take"]["Batch/metrics"] = loop(lambda: (log_record(stats), Batch(out.reshape(8, 1), stats=stats)))
+    parts["take"]["metrics on access"] = loop(lambda: metrics_from_stats(stats))
+    parts["take"]["tensor on access"] = loop(lambda: Batch(out.reshape(8, 1), stats=stats).columns)
+    rows = []
+    for op, p in parts.items():
+        core = max(p["binding + core"] - binding, 0.0)
+        split = {"argument checks": p["argument checks"], "binding call": binding, "core": core}
+        split.update({k: v for k, v in p.items() if k not in ("total", "argument checks", "binding + core")})
+        r = {"case": "overhead", "contender": "pyfast_buffer", "batch": 1, "order": op, "median_s": p["total"],
+             "runs": plan.repeat, "python_overhead_s": p["total"] - core, "split_s": split}
+        rows.append(r)
+    return rows
+
+
 CASES: Dict[str, Callable[[Plan, Dict[str, str]], List[Dict]]] = {
     "put": put_case,
     "take": take_case,
@@ -310,4 +415,6 @@ CASES: Dict[str, Callable[[Plan, Dict[str, str]], List[Dict]]] = {
     "wake_latency": wake_case,
     "throughput_2p1c": throughput_case,
     "memory": memory_case,
+    "bulk": bulk_case,
+    "overhead": overhead_case,
 }
