@@ -16,12 +16,13 @@ FIELDS = ("traj_ids", "group_ids", "sample_step", "age", "uses", "policy_version
 #: Labels of the fixed age-histogram buckets (ages in trainer steps).
 AGE_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
 #: The log record of every take and evict_stale: dropped_stale and taken per call, buffer_left and sampled_total
-#: running, retired and evicted per call, then the max_age in force. New fields are only ever appended.
-LOG_FORMAT = "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d"
+#: running, retired and evicted per call, then the max_age in force and the running count of expired prompts.
+#: New fields are only ever appended.
+LOG_FORMAT = "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d"
 
 # (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight, sampled_total,
-#  max_age)
-Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int]
+#  max_age, expired)
+Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int]
 #: Names of the ``blocked_by`` codes: ``metrics[prefix + "blocked_by"]`` is an index into this tuple.
 BLOCKED_BY = ("none", "too_few_ready", "in_flight_at_max_age")
 _BLOCKED_CODE = {name: code for code, name in enumerate(BLOCKED_BY)}
@@ -64,13 +65,13 @@ def age_bucket(age: int) -> int:
 def log_record(stats: Stats) -> None:
     """Writes the one-line log record of one take or evict_stale (LOG_FORMAT), if INFO is enabled."""
     if logger.isEnabledFor(logging.INFO):
-        taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age = stats
-        logger.info(LOG_FORMAT, dropped, taken, left, sampled, retired, evicted, max_age)
+        taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age, expired = stats
+        logger.info(LOG_FORMAT, dropped, taken, left, sampled, retired, evicted, max_age, expired)
 
 
 def metrics_from_stats(stats: Stats) -> Dict[str, float]:
     """Returns the metrics dict of one take or evict_stale: numeric values under the current prefix."""
-    taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled, _ = stats
+    taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled = stats[:11]
     values = (taken, dropped, retired, evicted, left, sampled, in_flight, age_sum / taken if taken else 0.0, age_max,
               _BLOCKED_CODE[blocked_by], *hist)
     return dict(zip(_keys, values))
