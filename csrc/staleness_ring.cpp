@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -241,17 +242,20 @@ namespace {
 bool group_stably(const int64_t* keys, int64_t n, std::vector<int64_t>& order, std::vector<int64_t>& bounds) {
   // GRPO groups arrive contiguous with increasing (or decreasing) ids: then runs of equal keys are
   // the groups, and no hash map is needed. A key seen in two runs breaks the monotony: the map decides.
+  bounds.reserve(static_cast<size_t>(n) + 1);  // no regrowth: at most one group per entry
   bounds.assign(1, 0);
-  int64_t ups = 0, downs = 0;
+  int64_t ups = 0, downs = 0, prev = keys[0];
   for (int64_t i = 1; i < n; ++i) {
-    if (keys[i] == keys[i - 1]) continue;
-    ups += keys[i] > keys[i - 1], downs += keys[i] < keys[i - 1];
+    const int64_t key = keys[i];
+    if (key == prev) continue;
+    ups += key > prev, downs += key < prev;
     bounds.push_back(i);
+    prev = key;
   }
   if (ups == 0 || downs == 0) {
     bounds.push_back(n);
     order.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) order[i] = i;
+    std::iota(order.begin(), order.end(), int64_t{0});
     return true;
   }
   std::unordered_map<int64_t, int64_t> group_of_key;
@@ -302,6 +306,19 @@ inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int
                         int64_t step, int64_t version, int64_t dispatch_ns, int64_t complete_ns, int32_t group_len) {
   int64_t* __restrict traj = c.traj_id + p;
   int64_t* __restrict group = c.group_id + p;
+  if (n < 16) {  // a GRPO-sized group: one fused pass beats eight short column loops
+    int64_t *__restrict step_col = c.sample_step + p, *__restrict version_col = c.policy_version + p;
+    int64_t *__restrict dispatch_col = c.dispatch_ns + p, *__restrict complete_col = c.complete_ns + p;
+    int32_t *__restrict uses_col = c.uses + p, *__restrict len_col = c.group_len + p;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t src = order ? order[j] : j;
+      traj[j] = traj_ids[src];
+      group[j] = group_ids ? group_ids[src] : group_id;
+      step_col[j] = step, version_col[j] = version, dispatch_col[j] = dispatch_ns, complete_col[j] = complete_ns;
+      uses_col[j] = 0, len_col[j] = group_len;
+    }
+    return;
+  }
   if (order) {
     for (int64_t j = 0; j < n; ++j) traj[j] = traj_ids[order[j]];
     if (group_ids)
@@ -389,10 +406,12 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
     int32_t* group_len = c.group_len;
     for (int64_t g = 0, p = start; g < n_groups; ++g) {
       const int32_t len = static_cast<int32_t>(bounds[g + 1] - bounds[g]);
-      const int64_t first = std::min<int64_t>(len, cap - p);
-      std::fill_n(group_len + p, first, len);
-      std::fill_n(group_len, len - first, len);  // the part past the wrap point, if any
-      p = p + len >= cap ? p + len - cap : p + len;
+      if (p + len <= cap) {  // GRPO-sized groups: a plain loop, no call per group
+        for (int32_t j = 0; j < len; ++j) group_len[p + j] = len;
+        p = p + len == cap ? 0 : p + len;
+      } else {
+        for (int32_t j = 0; j < len; ++j, p = p + 1 == cap ? 0 : p + 1) group_len[p] = len;
+      }
     }
   }
   size_ += n;
@@ -410,6 +429,16 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
   const int64_t cap = config_.capacity, excess = size_ + need - cap;
   int64_t evicted = 0, head = head_;
   while (evicted < excess) {
+    if (group_len[head] == 1 && excess - evicted >= 8 && cap - head >= 8) {  // eight singletons at once
+      uint32_t not_one = 0;
+      for (int j = 0; j < 8; ++j) not_one |= static_cast<uint32_t>(group_len[head + j] ^ 1);
+      if (not_one == 0) {
+        evicted += 8;
+        head += 8;
+        head -= head == cap ? cap : 0;
+        continue;
+      }
+    }
     const int64_t len = group_len[head];
     evicted += len;
     head += len;
@@ -564,6 +593,22 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
     if (group_len[p] == 1) {
       const int64_t limit = std::min({batch_size - taken, cap - p, size - i});
       int64_t k = 1;
+      // Scalar first: a short run (fresh entries among stale ones) ends here at little cost.
+      const int64_t warm = std::min<int64_t>(limit, 8);
+      while (k < warm && group_len[p + k] == 1 && steps[p + k] >= cutoff) ++k;
+      // A long run goes on eight at a time, branch-free: the OR of (stamp - cutoff) is negative iff one
+      // stamp is stale. With cutoff <= 0 every stamp (>= 0) is fresh; above it no difference overflows.
+      const int64_t floor = cutoff > 0 ? cutoff : 0;
+      while (k >= 8 && limit - k >= 8) {
+        uint64_t below = 0;
+        uint32_t not_one = 0;
+        for (int j = 0; j < 8; ++j) {
+          below |= static_cast<uint64_t>(steps[p + k + j]) - static_cast<uint64_t>(floor);
+          not_one |= static_cast<uint32_t>(group_len[p + k + j] ^ 1);
+        }
+        if ((below >> 63) != 0 || not_one != 0) break;
+        k += 8;
+      }
       while (k < limit && group_len[p + k] == 1 && steps[p + k] >= cutoff) ++k;
       taken += k, i += k, p += k;
       p -= p == cap ? cap : 0;
@@ -646,13 +691,14 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       std::copy_n(c.complete_ns + p0, run, o_complete + k);
       const int64_t* __restrict step = c.sample_step + p0;
       int64_t* __restrict age_out = o_age + k;
-      int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
-      for (int64_t j = 0; j < run; ++j) {  // vectorisable: ages and the run's stamp range
+      const uint64_t first = static_cast<uint64_t>(step[0]);
+      uint64_t differs = 0;
+      for (int64_t j = 0; j < run; ++j) {  // vectorisable: ages, and whether any stamp differs from the first
         age_out[j] = current_step - step[j];
-        lo = std::min(lo, step[j]), hi = std::max(hi, step[j]);
+        differs |= static_cast<uint64_t>(step[j]) ^ first;
       }
-      if (lo == hi) {  // one stamp for the whole run, the usual case: one histogram update
-        const int64_t age = current_step - lo;
+      if (differs == 0) {  // one stamp for the whole run, the usual case: one histogram update
+        const int64_t age = current_step - step[0];
         if (age != run_age) flush(), run_age = age, run_count = 0;
         run_count += run;
       } else {
