@@ -62,3 +62,15 @@ def test_cli_writes_table_json_and_says_what_it_skipped(tmp_path, capsys, monkey
     data = json.loads((tmp_path / "bench-results.json").read_text())
     assert data["mode"] == "quick" and data["rows"] and data["environment"]["pyfast_buffer"]
     assert bench_main(["--cases", "nope"]) == 2
+
+
+def test_perf_guard_names_the_operation_over_budget_and_by_how_much():
+    import perf_guard  # bench/perf_guard.py (bench/ is on pytest's pythonpath)
+
+    measured = {"put": {"per_entry": 21.0}, "take": {"per_entry": 10.0}, "new_op": {"per_entry": 1.0}}
+    failures = perf_guard.check(measured, {"put": 20.0, "take": 12.0})
+    assert len(failures) == 2
+    assert failures[0].startswith("put: 21.00 instructions/entry exceeds its budget 20.00 by 1.00 (+5.0%)")
+    assert failures[1].startswith("new_op: no budget")
+    budgets = __import__("json").loads(perf_guard.BUDGETS.read_text())["instructions_per_entry"]
+    assert {"put", "put_grouped8", "take", "take_grouped8", "evict_stale_shuffled", "dispatch_complete"} <= set(budgets)
