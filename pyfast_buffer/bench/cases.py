@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -58,7 +58,7 @@ def _stamps(n: int, stale: float, rng: np.random.Generator, ordered: bool = Fals
     return steps
 
 
-def _contenders(names: List[str], capacity: int, plan: Plan, skipped: Dict[str, str]) -> List[type]:
+def _contenders(names: List[str], capacity: int, plan: Plan, skipped: Dict[str, str]) -> List[Any]:
     found, missing = peers.available(names)
     skipped.update(missing)
     keep = []
@@ -112,8 +112,10 @@ def take_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
 
                     c.fill(ids, steps)
                     returned: List[int] = []
-                    times = sample(lambda c=c, b=batch: returned.append(c.take(b, CURRENT_STEP)), plan.repeat,
-                                   setup=refill)
+                    def take(c: Any = c, b: int = batch) -> None:
+                        returned.append(c.take(b, CURRENT_STEP))
+
+                    times = sample(take, plan.repeat, setup=refill)
                     r = row("take", cls.name, times, capacity=capacity, batch=batch, stale=stale)
                     r["returned_mean"] = float(np.mean(returned))  # what one call hands back
                     rows.append(r)
@@ -145,12 +147,20 @@ def evict_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
                 # The stream case: stamps 0..S-1, max_age S-1; each call at step S-1+k drops stamp k-1.
                 c = cls(capacity, MAX_AGE if order == "shuffled" else stream_steps - 1)
                 if order == "shuffled":
-                    setup = None if cls is peers.Memcpy else (lambda c=c: c.fill(ids, shuffled))
-                    times = sample(lambda c=c: c.evict(CURRENT_STEP), repeat, setup=setup)
+                    def refill(c: Any = c) -> None:
+                        c.fill(ids, shuffled)
+
+                    def evict(c: Any = c) -> None:
+                        c.evict(CURRENT_STEP)
+
+                    times = sample(evict, repeat, setup=None if cls is peers.Memcpy else refill)
                 else:
                     c.fill(ids, stream)
                     clock = iter(range(stream_steps, 2 * stream_steps))
-                    times = sample(lambda c=c, clock=clock: c.evict(next(clock)), repeat)
+                    def evict_next(c: Any = c, clock: Iterator[int] = clock) -> None:
+                        c.evict(next(clock))
+
+                    times = sample(evict_next, repeat)
                 rows.append(row("evict_stale", cls.name, times, capacity=capacity, order=order))
                 del c
     return rows
@@ -333,19 +343,27 @@ def bulk_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         buf = StalenessBuffer(capacity, max_age=MAX_AGE)
         for start in range(0, capacity, BULK):  # one lap first: the ring is full and evicts from here on
             buf.put(ids + start, CURRENT_STEP, group_ids=None if groups is None else groups + start)
-        put_times = sample(lambda b=buf, g=groups: b.put(ids, CURRENT_STEP, group_ids=g), plan.repeat)
-        rows.append(row("bulk", "pyfast_buffer", put_times, batch=BULK, order=f"put {label}"))
 
-        def refill(b=buf, g=groups):
+        def put(b: StalenessBuffer = buf, g: Optional[np.ndarray] = groups) -> None:
+            b.put(ids, CURRENT_STEP, group_ids=g)
+
+        def refill(b: StalenessBuffer = buf, g: Optional[np.ndarray] = groups) -> None:
             if len(b) < BULK:
                 b.put(ids, CURRENT_STEP, group_ids=g)
 
-        take_times = sample(lambda b=buf: b.take(BULK, CURRENT_STEP), plan.repeat, setup=refill)
+        def take(b: StalenessBuffer = buf) -> int:
+            return len(b.take(BULK, CURRENT_STEP))
+
+        put_times = sample(put, plan.repeat)
+        rows.append(row("bulk", "pyfast_buffer", put_times, batch=BULK, order=f"put {label}"))
+        take_times = sample(take, plan.repeat, setup=refill)
         rows.append(row("bulk", "pyfast_buffer", take_times, batch=BULK, order=f"take {label}"))
         del buf
     # A new ring: the first lap (every page touched for the first time unless construction did it).
     laps = 4
-    first, later, built = [], [], []
+    first: List[float] = []
+    later: List[float] = []
+    built: List[float] = []
     for _ in range(max(3, plan.repeat // 3)):
         t0 = time.perf_counter()
         buf = StalenessBuffer(capacity, max_age=MAX_AGE)
@@ -382,25 +400,44 @@ def overhead_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     def loop(fn: Callable[[], object]) -> float:
         return median(sample(fn, plan.repeat, number=calibrate(fn, limit=50_000)))
 
+    def put_py() -> None:
+        buf.put(one, CURRENT_STEP)
+
+    def put_args() -> None:
+        _args.as_ids(one, "traj_ids")
+        np.array((CURRENT_STEP,), np.int64)
+
+    def put_core() -> None:
+        ring.put(one, None, stamp, None)
+
+    def take_py() -> None:  # refilled with one bare put (put_core), subtracted below
+        buf.take(1, CURRENT_STEP)
+        ring.put(one, None, stamp, None)
+
+    def take_args() -> None:
+        _args.as_count(1, "batch_size", 1)
+        _args.as_step(CURRENT_STEP, "current_step")
+        np.empty(8, np.int64)
+
+    def take_core() -> None:
+        ring.take(out, 1, CURRENT_STEP, None)
+        ring.put(one, None, stamp, None)
+
     binding = loop(lambda: len(ring))  # a bound method that does nothing but lock and return
     parts = {
-        "put": {
-            "total": loop(lambda: buf.put(one, CURRENT_STEP)),
-            "argument checks": loop(lambda: (_args.as_ids(one, "traj_ids"), np.array((CURRENT_STEP,), np.int64))),
-            "binding + core": loop(lambda: ring.put(one, None, stamp, None)),
-        },
-        "take": {
-            "total": loop(lambda: (buf.take(1, CURRENT_STEP), ring.put(one, None, stamp, None))),
-            "argument checks": loop(lambda: (_args.as_count(1, "batch_size", 1), _args.as_step(CURRENT_STEP, "s"),
-                                             np.empty(8, np.int64))),
-            "binding + core": loop(lambda: (ring.take(out, 1, CURRENT_STEP, None), ring.put(one, None, stamp, None))),
-        },
+        "put": {"total": loop(put_py), "argument checks": loop(put_args), "binding + core": loop(put_core)},
+        "take": {"total": loop(take_py), "argument checks": loop(take_args), "binding + core": loop(take_core)},
     }
-    put_core = parts["put"]["binding + core"]
-    parts["take"]["total"] -= put_core  # the loop refills with one bare put, timed above
-    parts["take"]["binding + core"] -= put_core
+    refill = parts["put"]["binding + core"]
+    parts["take"]["total"] -= refill
+    parts["take"]["binding + core"] -= refill
     stats = ring.take(out, 1, CURRENT_STEP, None)
-    parts["take"]["Batch/metrics"] = loop(lambda: (log_record(stats), Batch(out.reshape(8, 1), stats=stats)))
+
+    def batch_and_log() -> Batch:
+        log_record(stats)
+        return Batch(out.reshape(8, 1), stats=stats)
+
+    parts["take"]["Batch/metrics"] = loop(batch_and_log)
     parts["take"]["metrics on access"] = loop(lambda: metrics_from_stats(stats))
     parts["take"]["tensor on access"] = loop(lambda: Batch(out.reshape(8, 1), stats=stats).columns)
     rows = []

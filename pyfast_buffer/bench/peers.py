@@ -9,7 +9,7 @@ unavailable instead of failing the run.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -200,7 +200,7 @@ class Cpprb:
     def __init__(self, capacity: int, max_age: int) -> None:
         import cpprb
 
-        env = {k: {"dtype": np.int64} for k in WIDE}
+        env: Dict[str, Dict[str, type]] = {k: {"dtype": np.int64} for k in WIDE}
         env.update({k: {"dtype": np.int32} for k in NARROW})
         self.rb = cpprb.ReplayBuffer(capacity, env)
         self.max_age = max_age
@@ -380,9 +380,10 @@ PEERS: Dict[str, Tuple[type, Optional[str]]] = {
 }
 
 
-def available(names: List[str]) -> Tuple[List[type], Dict[str, str]]:
+def available(names: List[str]) -> Tuple[List[Any], Dict[str, str]]:
     """Returns the importable contenders among ``names`` and, for the others, why they are skipped."""
-    found, skipped = [], {}
+    found: List[Any] = []
+    skipped: Dict[str, str] = {}
     for name in names:
         cls, module = PEERS[name]
         reason = unavailable(module) if module else None
