@@ -3,7 +3,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 
 #if defined(__linux__)
@@ -50,7 +49,10 @@ class RingColumns {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (align == kHugePage) madvise(block, static_cast<size_t>(bytes), MADV_HUGEPAGE);
 #endif
-    std::memset(block, 0, static_cast<size_t>(bytes));  // the pre-touch: page faults here, not on first put
+    // The pre-touch: one write per 4 KiB page faults the memory in here, not on the first lap; the
+    // kernel hands out zeroed pages, so writing every byte again would only double the cost.
+    volatile char* page = static_cast<char*>(block);
+    for (int64_t at = 0; at < bytes; at += kPage) page[at] = 0;
     char* at = owned_.get();
     int64_t** wide_cols[] = {&cols_.traj_id,        &cols_.group_id,    &cols_.sample_step,
                              &cols_.policy_version, &cols_.dispatch_ns, &cols_.complete_ns};
@@ -71,6 +73,7 @@ class RingColumns {
  private:
   static constexpr int64_t kAlign = 64;
   static constexpr int64_t kHugePage = int64_t{2} << 20;
+  static constexpr int64_t kPage = 4096;
   static int64_t round_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
   struct FreeDeleter {
     void operator()(char* p) const { std::free(p); }
