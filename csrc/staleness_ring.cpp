@@ -69,12 +69,39 @@ void check_timeout(std::optional<double> timeout) {
   if (timeout) checked_seconds_ns(*timeout, "timeout", true);
 }
 
-// Returns the first id that occurs twice in ids[0..n), if any.
+// Returns the first id (in call order) that occurs twice in ids[0..n), if any. An open-addressing table
+// of one flat array: no allocation per id, so the check costs a few ns per id on every put and dispatch.
 std::optional<int64_t> first_duplicate(const int64_t* ids, int64_t n) {
-  std::unordered_set<int64_t> seen;
-  seen.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    if (!seen.insert(ids[i]).second) return ids[i];
+  if (n < 2) return std::nullopt;
+  if (n <= 16) {  // small calls: a quadratic scan beats building a table
+    for (int64_t i = 1; i < n; ++i)
+      for (int64_t j = 0; j < i; ++j)
+        if (ids[j] == ids[i]) return ids[i];
+    return std::nullopt;
+  }
+  constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();  // the id kEmpty itself is tracked apart
+  size_t slots = 32;
+  while (slots < 2 * static_cast<size_t>(n)) slots <<= 1;  // load factor <= 1/2
+  std::vector<int64_t> table(slots, kEmpty);
+  const size_t mask = slots - 1;
+  const int shift = 64 - __builtin_ctzll(slots);
+  bool seen_empty_id = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    if (id == kEmpty) {
+      if (seen_empty_id) return id;
+      seen_empty_id = true;
+      continue;
+    }
+    size_t at = static_cast<size_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> shift);
+    for (;; at = (at + 1) & mask) {
+      if (table[at] == kEmpty) {
+        table[at] = id;
+        break;
+      }
+      if (table[at] == id) return id;
+    }
+  }
   return std::nullopt;
 }
 
@@ -91,14 +118,72 @@ const RingConfig& validated(const RingConfig& config, const ColumnPointers* borr
   if (config.parameter_sync_step < 0)
     throw InvalidArgument(concat("parameter_sync_step=", config.parameter_sync_step, " must be > 0"));
   if (borrowed && !borrowed->complete()) throw InvalidArgument("borrowed columns: every column must be set");
+  if (config.release_bound < 0)
+    throw InvalidArgument(concat("release_bound=", config.release_bound, " must be > 0 (or 0 for the default)"));
   return config;
+}
+
+// Returns the ring's columns: the borrowed ones, or freshly allocated; throws OutOfMemory naming the bytes.
+RingColumns make_columns(int64_t capacity, const ColumnPointers* borrowed) {
+  if (borrowed) return RingColumns(*borrowed);
+  try {
+    return RingColumns(capacity);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory(concat("capacity=", capacity, " needs ", capacity * kBytesPerEntry,
+                             " bytes of ring memory, which could not be allocated; lower capacity"));
+  }
 }
 }  // namespace
 
 StalenessRing::StalenessRing(const RingConfig& config, const ColumnPointers* borrowed)
     : config_(validated(config, borrowed)),
-      columns_(borrowed ? RingColumns(*borrowed) : RingColumns(config.capacity)),
-      max_age_(config.max_age) {}
+      columns_(make_columns(config.capacity, borrowed)),
+      max_age_(config.max_age) {
+  if (config_.track_released)
+    release_log_ = std::make_unique<ReleaseLog>(config_.release_bound > 0 ? config_.release_bound
+                                                                          : default_release_bound(config_.capacity));
+}
+
+void StalenessRing::note_left(int64_t id, ReleaseReason reason) {
+  if (release_log_ && release_log_->push(id, reason)) ++ledger_.released_overflow;
+  if (config_.unique_ids && reason <= ReleaseReason::kEvicted) live_ids_.erase(id);  // trajectories only
+}
+
+void StalenessRing::note_prefix_left(int64_t count, ReleaseReason reason) {
+  const int64_t* traj_id = columns_.get().traj_id;
+  for (int64_t i = 0; i < count; ++i) note_left(traj_id[phys(i)], reason);
+}
+
+void StalenessRing::note_walked(int64_t walked, int64_t current_step) {
+  // The walked prefix after a take's writes: stale entries were dropped, the rest taken; those at max_uses retire.
+  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
+                                                              : std::numeric_limits<int64_t>::min();
+  const ColumnPointers& c = columns_.get();
+  for (int64_t i = 0; i < walked; ++i) {
+    const int64_t p = phys(i);
+    if (c.sample_step[p] < cutoff)
+      note_left(c.traj_id[p], ReleaseReason::kDroppedStale);
+    else if (c.uses[p] >= config_.max_uses)
+      note_left(c.traj_id[p], ReleaseReason::kRetired);
+  }
+}
+
+void StalenessRing::check_not_live(const int64_t* traj_ids, int64_t n) const {
+  if (!config_.unique_ids) return;
+  for (int64_t i = 0; i < n; ++i)
+    if (live_ids_.count(traj_ids[i]))
+      throw InvalidArgument(concat("traj_ids: trajectory ", traj_ids[i], " is already in the buffer and unique_ids=True",
+                                   "; give every trajectory a fresh id (or pass unique_ids=False)"));
+}
+
+Released StalenessRing::take_released() {
+  Lock lock(mutex_);
+  if (!release_log_)
+    throw InvalidArgument("released(): this buffer does not track released ids; construct it with track_released=True");
+  Released out;
+  release_log_->drain(out.ids, out.reasons);
+  return out;
+}
 
 void StalenessRing::check_open() const {
   if (closed_) throw Closed("the buffer is closed; create a new buffer (or load its state_dict) to continue");
@@ -124,7 +209,10 @@ int64_t StalenessRing::expire_due() {
 }
 
 void StalenessRing::expire_prompts(const std::vector<int64_t>& prompts) {
-  for (const int64_t prompt : prompts) in_flight_.erase(prompt);
+  for (const int64_t prompt : prompts) {
+    in_flight_.erase(prompt);
+    if (release_log_) note_left(prompt, ReleaseReason::kExpired);
+  }
   const auto n = static_cast<int64_t>(prompts.size());
   ledger_.failed += n;
   ledger_.expired += n;
@@ -196,6 +284,8 @@ void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
       throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
                                    " is not in flight; dispatch it first (it may already be completed, failed or expired)"));
   for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]);
+  if (release_log_)
+    for (int64_t i = 0; i < n; ++i) note_left(prompt_ids[i], ReleaseReason::kFailed);
   ledger_.failed += n;
   lock.unlock();
   if (n > 0) ready_cv_.notify_all();
@@ -367,6 +457,8 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
                 static_cast<int32_t>(len));
   }
   size_ += len;
+  if (config_.unique_ids)
+    for (int64_t j = 0; j < len; ++j) live_ids_.insert(traj_ids[order ? order[j] : j]);
 }
 
 void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds,
@@ -415,6 +507,8 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
     }
   }
   size_ += n;
+  if (config_.unique_ids)
+    for (int64_t j = 0; j < n; ++j) live_ids_.insert(traj_ids[j]);
 }
 
 void StalenessRing::remove_prefix(int64_t n) {
@@ -444,6 +538,7 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
     head += len;
     head -= head >= cap ? cap : 0;
   }
+  if (leave_hooks()) note_prefix_left(evicted, ReleaseReason::kEvicted);
   remove_prefix(evicted);
   ledger_.evicted += evicted;
   evicted_unreported_ += evicted;
@@ -459,6 +554,8 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
   if (n > config_.capacity)
     throw InvalidArgument(concat("traj_ids: ", n, " trajectories exceed capacity=", config_.capacity,
                                  "; raise capacity or complete fewer prompts per call"));
+  if (auto dup = first_duplicate(traj_ids, n))
+    throw InvalidArgument(concat("traj_ids: trajectory ", *dup, " appears twice; complete each trajectory once"));
   Groups groups;
   group_stably(prompt_ids, n, groups.order, groups.bounds);
   const size_t n_groups = groups.bounds.size() - 1;
@@ -471,6 +568,7 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
         throw InvalidArgument(concat("prompt_ids: prompt ", prompt,
                                      " is not in flight; dispatch it first (it may already be completed, failed or expired)"));
     }
+    check_not_live(traj_ids, n);
     if (wait_for_room(lock, n, timeout, "complete", deadline)) break;
   }
   if (size_ + n > config_.capacity) evict_oldest_groups(n);
@@ -501,6 +599,8 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   if (n > config_.capacity)
     throw InvalidArgument(concat("traj_ids: ", n, " trajectories exceed capacity=", config_.capacity,
                                  "; raise capacity or put fewer per call"));
+  if (auto dup = first_duplicate(traj_ids, n))
+    throw InvalidArgument(concat("traj_ids: trajectory ", *dup, " appears twice; put each trajectory once"));
   int64_t max_step = -1;
   for (int64_t i = 0; i < n_steps; ++i) {
     if (sample_steps[i] < 0)
@@ -521,8 +621,9 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
     }
   }
   std::optional<SteadyTime> deadline;
-  while (!wait_for_room(lock, n, timeout, "put", deadline)) {
-  }
+  do {  // after a wait, validate again: another thread may have put one of these ids
+    check_not_live(traj_ids, n);
+  } while (!wait_for_room(lock, n, timeout, "put", deadline));
   if (size_ + n > config_.capacity) evict_oldest_groups(n);
   const int64_t stamp = now_ns();
   int64_t n_groups = n;
@@ -654,13 +755,17 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   int64_t* const o_complete = base + 7 * k_all;
   const int32_t max_uses = static_cast<int32_t>(config_.max_uses);
   const ColumnPointers c = columns_.get();  // a local copy: the output writes cannot alias it
-  int64_t k = 0, survivors = 0, age_sum = 0, age_max = 0;
+  int64_t k = 0, survivors = 0, age_max = 0;
+  Int128 age_sum = 0;  // 2**40 ages near 2**63 overflow int64
+  // With max_uses == 1 every taken entry retires and leaves with the walked prefix, so its ring `uses`
+  // need not be written, unless the released-id hooks read it (note_walked) before it leaves.
+  const bool uses_unread = max_uses == 1 && !leave_hooks();
   // Ages come in runs (a group shares one stamp, producers stamp many entries alike): the histogram
   // and the sums are updated once per run of equal ages, not once per entry.
   int64_t run_age = 0, run_count = 0;
   auto flush = [&] {
     if (run_count == 0) return;
-    age_sum += run_age * run_count;
+    age_sum += static_cast<Int128>(run_age) * run_count;
     age_max = std::max(age_max, run_age);
     stats.age_hist[age_bucket(run_age)] += run_count;
   };
@@ -672,7 +777,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       if (run < 16) {  // a short run (fresh entries scattered among stale ones): entry by entry
         for (int64_t p = p0; p < p0 + run; ++p, ++k) {
           const int64_t age = current_step - c.sample_step[p];
-          const int32_t uses = max_uses == 1 ? 1 : ++c.uses[p];
+          const int32_t uses = uses_unread ? 1 : ++c.uses[p];
           o_traj[k] = c.traj_id[p], o_group[k] = c.group_id[p], o_step[k] = c.sample_step[p];
           o_age[k] = age, o_uses[k] = uses, o_version[k] = c.policy_version[p];
           o_dispatch[k] = c.dispatch_ns[p], o_complete[k] = c.complete_ns[p];
@@ -710,9 +815,8 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       }
       int64_t* __restrict uses_out = o_uses + k;
       int32_t* __restrict uses = c.uses + p0;
-      if (max_uses == 1) {
-        // Every taken entry retires (uses 0 -> 1) and leaves with the walked prefix: nothing to keep.
-        std::fill_n(uses_out, run, 1);
+      if (uses_unread) {
+        std::fill_n(uses_out, run, 1);  // uses 0 -> 1 for every entry
       } else {
         for (int64_t j = 0; j < run; ++j) {
           const int32_t u = ++uses[j];
@@ -725,6 +829,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     }
   }
   flush();
+  if (leave_hooks()) note_walked(plan.walked, current_step);  // before survivors move: ring order intact
   stats.age_sum = age_sum;
   stats.age_max = age_max;
   if (survivors > 0) {
@@ -822,12 +927,16 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
       if (steps[phys(mid)] < cutoff) lo = mid + 1; else hi = mid;
     }
     removed = lo;
+    if (leave_hooks()) note_prefix_left(removed, ReleaseReason::kDroppedStale);
     remove_prefix(removed);
   } else {
     // One branch-free pass: every row is copied to the write cursor, which advances only for fresh
     // rows; where neither cursor is near the wrap point, eight rows at a time with AVX-512 if present.
     const ColumnPointers c = columns_.get();  // local copies: column stores cannot alias them
     const int64_t cap = config_.capacity, total = size_;
+    if (leave_hooks())  // report the stale ids before the compaction (scalar or SIMD) overwrites them
+      for (int64_t i = 0; i < total; ++i)
+        if (c.sample_step[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);
     const bool simd = simd_compaction_available();
     int64_t read = head_, write = head_, kept = 0;
     for (int64_t done = 0; done < total;) {
@@ -1002,6 +1111,15 @@ void StalenessRing::import_state(const RingState& s) {
     if (s.in_flight_step[i] < 0 || s.in_flight_step[i] > s.clock)
       throw InvalidArgument(concat("state_dict: in-flight prompt ", s.in_flight_prompt[i], " has step ",
                                    s.in_flight_step[i], " outside [0, clock=", s.clock, "]"));
+  std::unordered_set<int64_t> live;
+  if (config_.unique_ids) {
+    live.reserve(un);
+    for (int64_t i = 0; i < n; ++i)
+      if (!live.insert(s.traj_id[i]).second)
+        throw InvalidArgument(concat("state_dict: trajectory ", s.traj_id[i],
+                                     " is ready twice, which unique_ids=True forbids; load it into a buffer without "
+                                     "unique_ids"));
+  }
   Ledger ledger = s.ledger;
   ledger.in_flight = static_cast<int64_t>(m);
   ledger.buffer_left = n;
@@ -1030,7 +1148,9 @@ void StalenessRing::import_state(const RingState& s) {
     in_flight_.insert(s.in_flight_prompt[i], {s.in_flight_step[i], s.in_flight_dispatch_ns[i], now - held,
                                               left < 0 ? kNoLease : add_saturating(now, left)});
   }
+  ledger.released_overflow = ledger_.released_overflow;  // about this object's release log, not the state
   ledger_ = ledger;
+  live_ids_.swap(live);
   clock_ = s.clock;
   evicted_unreported_ = s.evicted_unreported;
   ready_cv_.notify_all();

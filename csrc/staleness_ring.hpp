@@ -6,14 +6,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "errors.hpp"
 #include "in_flight.hpp"
 #include "ledger.hpp"
+#include "release_log.hpp"
 #include "ring_columns.hpp"
 
 namespace pyfast_buffer {
@@ -39,7 +42,19 @@ struct RingConfig {
   int64_t max_uses = 1;             // uses before an entry retires (>= 1)
   OnFull on_full = OnFull::kEvictOldest;
   int64_t parameter_sync_step = 0;  // > 0 stamps policy_version = step / it; 0 stamps -1
+  bool track_released = false;      // keep a ReleaseLog of every id that leaves (see take_released)
+  int64_t release_bound = 0;        // records that log holds (> 0), or 0 for default_release_bound(capacity)
+  bool unique_ids = false;          // refuse a trajectory id that is already ready in the ring
 };
+
+/// Ids that left the buffer since the previous take_released(), oldest first, with ReleaseReason codes.
+struct Released {
+  std::vector<int64_t> ids;
+  std::vector<int8_t> reasons;
+};
+
+/// Signed 128-bit integer: sums of ages, which can pass 2**63 (GCC and Clang extension).
+__extension__ typedef __int128 Int128;
 
 /// Number of fixed age-histogram buckets: 0, 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+.
 constexpr int kAgeBuckets = 8;
@@ -74,7 +89,7 @@ struct TakeStats {
   int64_t retired = 0;        // entries this call retired (reached max_uses)
   int64_t evicted = 0;        // entries on_full evicted since the previous take or evict_stale
   BlockedBy blocked_by = BlockedBy::kNone;
-  int64_t age_sum = 0;
+  Int128 age_sum = 0;  // exact: ages are < 2**63 and a batch holds < 2**40 entries
   int64_t age_max = 0;
   std::array<int64_t, kAgeBuckets> age_hist{};
   int64_t buffer_left = 0;
@@ -100,6 +115,7 @@ struct RingState {
 class StalenessRing {
  public:
   /// Builds an empty ring; `borrowed` (may be null) supplies caller-owned columns of capacity entries.
+  /// Throws InvalidArgument for an out-of-range config and OutOfMemory if the columns cannot be allocated.
   StalenessRing(const RingConfig& config, const ColumnPointers* borrowed);
   StalenessRing(const StalenessRing&) = delete;
   StalenessRing& operator=(const StalenessRing&) = delete;
@@ -124,7 +140,9 @@ class StalenessRing {
   /// may throw to abort that call, which then changes nothing. Set it before the ring is shared.
   void set_interrupt_check(std::function<void()> check) { interrupt_check_ = std::move(check); }
 
-  /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step.
+  /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step; throws
+  /// InvalidArgument, changing nothing, if a trajectory id repeats, a prompt is not in flight, or (unique_ids) an
+  /// id is already ready; with on_full=block and a timeout, waits for room (interruptible, see set_interrupt_check).
   void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
                 std::optional<double> timeout);
 
@@ -132,13 +150,15 @@ class StalenessRing {
   void fail(const int64_t* prompt_ids, int64_t n);
 
   /// Dispatch + complete in one call; null `group_ids` makes each trajectory its own group, and
-  /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory.
+  /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory; refuses repeated ids (and,
+  /// with unique_ids, ready ones) with InvalidArgument, changing nothing; waits for room as complete does.
   void put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
            int64_t n_steps, int64_t n, std::optional<double> timeout);
 
   /// Takes up to `batch_size` entries under the strategy into `out` (room for kBatchColumns *
   /// batch_size int64), column f of a k-entry batch at out[f*k, f*k+k) so it is contiguous; without
-  /// a timeout it never blocks, with one it waits for a full batch or throws Timeout naming the cause.
+  /// a timeout it never blocks, with one it waits for a full batch or throws Timeout naming the cause, waking
+  /// at least every kInterruptCheckMs (when an interrupt check is set) and at the earliest lease deadline.
   TakeStats take(int64_t batch_size, int64_t current_step, std::optional<double> timeout, int64_t* out);
 
   /// Drops every ready entry with age > max_age: a binary search when stamps are non-decreasing in
@@ -147,6 +167,10 @@ class StalenessRing {
 
   /// Returns a consistent copy of the ledger (after failing prompts whose lease passed).
   Ledger ledger();
+
+  /// Moves out every released-id record kept since the previous call; throws InvalidArgument unless the ring
+  /// was built with track_released.
+  Released take_released();
 
   /// Returns the max_age in force now.
   int64_t max_age() const;
@@ -224,6 +248,11 @@ class StalenessRing {
   void append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds, int64_t n_groups,
                    const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp);
   void remove_prefix(int64_t n);
+  bool leave_hooks() const { return release_log_ != nullptr || config_.unique_ids; }
+  void note_left(int64_t id, ReleaseReason reason);
+  void note_prefix_left(int64_t count, ReleaseReason reason);
+  void note_walked(int64_t walked, int64_t current_step);
+  void check_not_live(const int64_t* traj_ids, int64_t n) const;
   void evict_oldest_groups(int64_t need);
 
   const RingConfig config_;  // as constructed; max_age_ below is the one in force
@@ -241,6 +270,8 @@ class StalenessRing {
   InFlightTable in_flight_;
   Ledger ledger_;
   std::optional<int64_t> manual_lease_clock_;  // set_lease_clock's frozen time, if any
+  std::unique_ptr<ReleaseLog> release_log_;    // null unless config_.track_released
+  std::unordered_set<int64_t> live_ids_;       // ids ready in the ring, kept only with config_.unique_ids
   std::function<void()> interrupt_check_;
 };
 

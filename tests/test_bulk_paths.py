@@ -33,7 +33,7 @@ def _group_ids(rng: random.Random, trajs, kind: str):
 def test_bulk_put_and_take_match_the_twin(seed):
     rng = random.Random(seed)
     kwargs = dict(capacity=rng.choice([97, 128, 300]), max_age=rng.choice([2, 5]), max_uses=rng.choice([1, 1, 2]),
-                  parameter_sync_step=rng.choice([None, 3]))
+                  parameter_sync_step=rng.choice([None, 3]), track_released=rng.random() < 0.5)
     native, ref = pfb.StalenessBuffer(**kwargs), pfb.ReferenceBuffer(**kwargs)
     next_traj, clock = 0, 0
     for _ in range(60):
@@ -56,6 +56,9 @@ def test_bulk_put_and_take_match_the_twin(seed):
         if rng.random() < 0.2:
             assert native.evict_stale(clock) == ref.evict_stale(clock)
         assert len(native) == len(ref)
+        if kwargs["track_released"]:  # the released-id hooks see what the bulk paths moved
+            a_ids, b_ids = native.released(), ref.released()
+            assert a_ids.ids.tolist() == b_ids.ids.tolist() and a_ids.reasons.tolist() == b_ids.reasons.tolist()
     assert native.ledger() == ref.ledger()
     assert_balanced(native)
 
