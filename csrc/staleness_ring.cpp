@@ -79,6 +79,11 @@ std::optional<int64_t> first_duplicate(const int64_t* ids, int64_t n) {
         if (ids[j] == ids[i]) return ids[i];
     return std::nullopt;
   }
+  // Ids in strictly increasing order (how producers usually number trajectories) cannot repeat: one
+  // branch-free pass decides, and the table below is built only for other orders.
+  bool increasing = true;
+  for (int64_t i = 1; i < n; ++i) increasing &= ids[i] > ids[i - 1];
+  if (increasing) return std::nullopt;
   constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();  // the id kEmpty itself is tracked apart
   size_t slots = 32;
   while (slots < 2 * static_cast<size_t>(n)) slots <<= 1;  // load factor <= 1/2
