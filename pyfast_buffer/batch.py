@@ -20,8 +20,8 @@ AGE_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
 #: New fields are only ever appended.
 LOG_FORMAT = "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d"
 
-# (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight, sampled_total,
-#  max_age, expired)
+# (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight,
+#  sampled_total, max_age, expired)
 Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int]
 #: Names of the ``blocked_by`` codes: ``metrics[prefix + "blocked_by"]`` is an index into this tuple.
 BLOCKED_BY = ("none", "too_few_ready", "in_flight_at_max_age")

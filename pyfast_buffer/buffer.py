@@ -128,7 +128,10 @@ class StalenessBuffer:
         Without a timeout it never blocks and may return fewer (``batch.blocked_by`` says
         why); with one it waits for a full batch or raises TimeoutError naming the cause.
         """
-        n = batch_size if type(batch_size) is int and 0 < batch_size <= _INT64_MAX else as_count(batch_size, "batch_size", 1)
+        if type(batch_size) is int and 0 < batch_size <= _INT64_MAX:  # plain ints skip the general checks
+            n = batch_size
+        else:
+            n = as_count(batch_size, "batch_size", 1)
         step = current_step if type(current_step) is int and 0 <= current_step <= _INT64_MAX else as_step(
             current_step, "current_step")
         wait = None if timeout is None else as_timeout(timeout)
@@ -138,7 +141,8 @@ class StalenessBuffer:
             stats = self._ring.take(out.numpy(), n, step, wait)
             taken = stats[0]
             if 2 * taken < rows:  # much smaller than requested: copy, so the batch owns only the rows it returned
-                out = torch.empty(_N_COLUMNS * taken, dtype=torch.int64, pin_memory=True).copy_(out[: _N_COLUMNS * taken])
+                owned = torch.empty(_N_COLUMNS * taken, dtype=torch.int64, pin_memory=True)
+                out = owned.copy_(out[: _N_COLUMNS * taken])
             columns = out[: _N_COLUMNS * taken].view(_N_COLUMNS, taken)
         else:  # numpy allocates and reshapes for less than torch; one from_numpy shares the memory
             flat = np.empty(_N_COLUMNS * rows, _INT64)
@@ -237,7 +241,8 @@ class StalenessBuffer:
         flat["group_len"] = flat["group_len"].astype(np.int32)
         flat.update(in_flight_prompt=s["in_flight"]["prompt_id"], in_flight_step=s["in_flight"]["sample_step"],
                     in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"],
-                    in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"], in_flight_held_ns=s["in_flight"]["held_ns"],
+                    in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"],
+                    in_flight_held_ns=s["in_flight"]["held_ns"],
                     ledger=s["ledger"], clock=s["clock"],
                     evicted_unreported=s["evicted_unreported"])
         self._ring.import_state(flat)

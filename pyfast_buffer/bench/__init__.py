@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     if why_not:
         print(why_not)
     if args.update_readme:
-        command = "pyfast-buffer bench" + (" --quick" if args.quick else "") + (f" --cases {args.cases}" if args.cases else "")
+        command = ("pyfast-buffer bench" + (" --quick" if args.quick else "")
+                   + (f" --cases {args.cases}" if args.cases else ""))
         report.update_readme(args.update_readme, report.markdown(rows, goals, skipped, command))
         print(f"updated {args.update_readme}")
     print(f"total {time.perf_counter() - started:.1f} s")

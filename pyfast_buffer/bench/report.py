@@ -99,7 +99,8 @@ def targets(rows: List[Dict]) -> List[Dict]:
     event = _find(rows, case="wake_latency", contender="threading.Event floor")
     if wake and event:
         add("wait wake-up p50 vs threading.Event floor", wake[0]["p50_s"] / event[0]["p50_s"], "<= 1.5x",
-            lambda v: v <= 1.5, "x", f"p50 {wake[0]['p50_s'] * 1e6:.0f} us vs {event[0]['p50_s'] * 1e6:.0f} us, same run")
+            lambda v: v <= 1.5, "x",
+            f"p50 {wake[0]['p50_s'] * 1e6:.0f} us vs {event[0]['p50_s'] * 1e6:.0f} us, same run")
     if wake:
         add("wait wake-up p99", wake[0]["p99_s"] * 1e3, "< 2 ms", lambda v: v < 2, "ms")
     tp = _find(rows, case="throughput_2p1c", contender="pyfast_buffer")
@@ -163,7 +164,8 @@ def table(rows: List[Dict], goals: List[Dict], skipped: Dict[str, str]) -> str:
     lines += ["", "targets:"]
     for g in goals:
         verdict, value = _verdict(g)
-        lines.append(f"  [{verdict:>7}] {g['target']}: {value} (goal {g['goal']}){'  ' + g['note'] if g['note'] else ''}")
+        note = "  " + g["note"] if g["note"] else ""
+        lines.append(f"  [{verdict:>7}] {g['target']}: {value} (goal {g['goal']}){note}")
     lines += [f"  skipped {name}: {reason}" for name, reason in skipped.items()]
     return "\n".join(lines)
 
