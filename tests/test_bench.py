@@ -74,3 +74,15 @@ def test_perf_guard_names_the_operation_over_budget_and_by_how_much():
     assert failures[1].startswith("new_op: no budget")
     budgets = __import__("json").loads(perf_guard.BUDGETS.read_text())["instructions_per_entry"]
     assert {"put", "put_grouped8", "take", "take_grouped8", "evict_stale_shuffled", "dispatch_complete"} <= set(budgets)
+
+
+def test_cli_writes_the_targets_table_into_the_docs_page(tmp_path, monkeypatch):
+    monkeypatch.setattr("pyfast_buffer.bench.cases.Plan.quick", classmethod(lambda cls: dataclasses.replace(TINY)))
+    page = tmp_path / "performance.md"
+    page.write_text(f"# Performance\n\n{report.DOCS_START}\nold\n{report.DOCS_END}\n\nafter\n")
+    assert bench_main(["--quick", "--cases", "bulk", "--out", str(tmp_path), "--no-chart",
+                       "--update-docs", str(page)]) == 0
+    text = page.read_text()
+    assert "old" not in text and text.endswith("after\n")
+    assert "| put ungrouped B=65536 vs a copy of 64 B/entry | <= 4x |" in text
+    assert "`pyfast-buffer bench --quick --cases bulk`" in text

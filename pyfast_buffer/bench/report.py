@@ -249,13 +249,26 @@ def markdown(rows: List[Dict], goals: List[Dict], skipped: Dict[str, str], comma
     return "\n".join(out)
 
 
-def update_readme(path: str, text: str) -> None:
-    """Replaces the part of ``path`` between the latest-run markers with ``text``."""
+DOCS_START, DOCS_END = "<!-- performance-table:start -->", "<!-- performance-table:end -->"
+
+
+def targets_markdown(goals: List[Dict], command: str, when: str) -> str:
+    """Returns the targets of a run as a Markdown table, headed by when and how it was measured."""
+    out = [f"Measured {when} with `{command}`.", "", "| target | goal | measured | verdict | note |",
+           "| --- | --- | --- | --- | --- |"]
+    for g in goals:
+        verdict, value = _verdict(g)
+        out.append(f"| {g['target']} | {g['goal']} | {value} | {verdict} | {g['note']} |")
+    return "\n".join(out)
+
+
+def update_readme(path: str, text: str, start: str = README_START, end: str = README_END) -> None:
+    """Replaces the part of ``path`` between the ``start`` and ``end`` markers with ``text``."""
     with open(path) as f:
         doc = f.read()
-    if README_START not in doc or README_END not in doc:
-        raise ValueError(f"{path} lacks the markers {README_START} and {README_END}; add them where the results go")
-    head, rest = doc.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
+    if start not in doc or end not in doc:
+        raise ValueError(f"{path} lacks the markers {start} and {end}; add them where the results go")
+    head, rest = doc.split(start, 1)
+    _, tail = rest.split(end, 1)
     with open(path, "w") as f:
-        f.write(f"{head}{README_START}\n{text}\n{README_END}{tail}")
+        f.write(f"{head}{start}\n{text}\n{end}{tail}")
