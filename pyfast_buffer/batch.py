@@ -126,14 +126,52 @@ class Batch:
             return self._stats[4]
         return BLOCKED_BY[int(self.metrics[_prefix + "blocked_by"])]
 
-    traj_ids = property(lambda self: self.columns[0], doc="Trajectory ids (handles into your payload store).")
-    group_ids = property(lambda self: self.columns[1], doc="Group (prompt) id of each trajectory.")
-    sample_step = property(lambda self: self.columns[2], doc="Step whose weights produced each trajectory.")
-    age = property(lambda self: self.columns[3], doc="current_step - sample_step, in trainer steps.")
-    uses = property(lambda self: self.columns[4], doc="Times each entry has been taken, this take included.")
-    policy_version = property(lambda self: self.columns[5], doc="sample_step // parameter_sync_step, or -1.")
-    dispatch_ns = property(lambda self: self.columns[6], doc="Wall clock (ns since the epoch) at dispatch.")
-    complete_ns = property(lambda self: self.columns[7], doc="Wall clock (ns since the epoch) at completion.")
+    def _row(self, field: int) -> torch.Tensor:
+        # Before `columns` exists, one from_numpy of the numpy row is cheaper than building the block
+        # and indexing it; the tensor shares the batch's memory either way.
+        if self._columns is None and self._array is not None:
+            return torch.from_numpy(self._array[field])
+        return self.columns[field]
+
+    @property
+    def traj_ids(self) -> torch.Tensor:
+        """Trajectory ids (handles into your payload store)."""
+        return self._row(0)
+
+    @property
+    def group_ids(self) -> torch.Tensor:
+        """Group (prompt) id of each trajectory."""
+        return self._row(1)
+
+    @property
+    def sample_step(self) -> torch.Tensor:
+        """Step whose weights produced each trajectory."""
+        return self._row(2)
+
+    @property
+    def age(self) -> torch.Tensor:
+        """current_step - sample_step, in trainer steps."""
+        return self._row(3)
+
+    @property
+    def uses(self) -> torch.Tensor:
+        """Times each entry has been taken, this take included."""
+        return self._row(4)
+
+    @property
+    def policy_version(self) -> torch.Tensor:
+        """sample_step // parameter_sync_step, or -1."""
+        return self._row(5)
+
+    @property
+    def dispatch_ns(self) -> torch.Tensor:
+        """Wall clock (ns since the epoch) at dispatch."""
+        return self._row(6)
+
+    @property
+    def complete_ns(self) -> torch.Tensor:
+        """Wall clock (ns since the epoch) at completion."""
+        return self._row(7)
 
     def __len__(self) -> int:
         if self._stats is not None:

@@ -148,8 +148,10 @@ class StalenessBuffer:
             flat = np.empty(_N_COLUMNS * rows, _INT64)
             stats = self._ring.take(flat, n, step, wait)
             taken = stats[0]
-            # Much smaller than requested: copy, so the batch owns only the rows it returned.
-            kept = flat[: _N_COLUMNS * taken].copy() if 2 * taken < rows else flat[: _N_COLUMNS * taken]
+            if taken == rows:
+                kept = flat
+            else:  # much smaller than requested: copy, so the batch owns only the rows it returned
+                kept = flat[: _N_COLUMNS * taken].copy() if 2 * taken < rows else flat[: _N_COLUMNS * taken]
             columns = kept.reshape(_N_COLUMNS, taken)  # Batch wraps it in a tensor on first access
         # The core wrote the batch field by field at stride `taken`: rows of an (8, taken) contiguous block.
         log_record(stats)  # the log record is written per take; the metrics dict is built on first access

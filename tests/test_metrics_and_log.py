@@ -4,10 +4,11 @@ import logging
 import re
 
 import pytest
+import torch
 
-import pyfast_buffer as pfb
 from _helpers import assert_balanced
 
+import pyfast_buffer as pfb
 from pyfast_buffer.batch import BLOCKED_BY, DEFAULT_METRICS_PREFIX, metric_key, set_metrics_prefix
 
 NAMES = {"taken", "dropped_stale", "retired", "evicted", "buffer_left", "sampled_total", "in_flight",
@@ -106,3 +107,15 @@ def test_log_line_format(impl, caplog):
     assert caplog.records[-1].getMessage() == (
         "dropped_stale=0 taken=1 buffer_left=0 sampled_total=1 retired=1 evicted=0 max_age=7 expired=0")
     assert caplog.records[-1].getMessage().startswith(pfb.LOG_FORMAT.split(" retired")[0] % (0, 1, 0, 1))
+
+
+def test_batch_fields_are_typed_tensors_over_the_same_memory():
+    buf = pfb.StalenessBuffer(16, max_age=3)
+    buf.put([5, 6, 7], 2)
+    batch = buf.take(3, 2)
+    ids = batch.traj_ids  # before batch.columns exists: a tensor over the numpy row
+    assert ids.tolist() == [5, 6, 7] and ids.dtype == torch.int64
+    batch.columns[0, 0] = 50  # the block and the row share memory
+    assert ids.tolist() == [50, 6, 7] and batch.traj_ids.tolist() == [50, 6, 7]
+    assert [getattr(batch, f).tolist() for f in pfb.FIELDS] == batch.columns.tolist()
+    assert len(batch) == 3 and batch.age.tolist() == [0, 0, 0]

@@ -48,7 +48,7 @@ class Ours:
         self.buf.put(ids, steps)
 
     def take(self, batch_size: int, step: int) -> int:
-        return len(self.buf.take(batch_size, step))
+        return len(self.buf.take(batch_size, step).traj_ids)  # the ids, as a tensor: what a trainer reads
 
     def evict(self, step: int) -> int:
         return self.buf.evict_stale(step)
