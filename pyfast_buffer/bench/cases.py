@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 
 from . import peers
-from .timing import calibrate, median, percentile, sample
+from .timing import Timed, calibrate, median, percentile, sample, sample_interleaved
 
 CURRENT_STEP = 1000  # every case trains at this step
 MAX_AGE = 10         # stamps below CURRENT_STEP - MAX_AGE are stale
@@ -79,15 +79,20 @@ def put_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     for capacity in plan.capacities:
         for batch in plan.batches:
             ids = np.arange(batch, dtype=np.int64)
+            timed: Dict[str, Timed] = {}
+            fill = np.arange(capacity, dtype=np.int64)
             for cls in _contenders(names, capacity, plan, skipped):
                 c = cls(capacity, MAX_AGE)
-                fill = np.arange(capacity, dtype=np.int64)
                 for start in range(0, capacity, 1 << 20):
                     c.fill(fill[start : start + (1 << 20)], 0)
-                fn = lambda c=c: c.put(ids, 1)  # noqa: E731
-                times = sample(fn, plan.repeat, number=calibrate(fn))
-                rows.append(row("put", cls.name, times, capacity=capacity, batch=batch))
-                del c
+
+                def put(c: Any = c) -> None:
+                    c.put(ids, 1)
+
+                timed[cls.name] = (put, None, calibrate(put))
+            for name, times in sample_interleaved(timed, plan.repeat).items():
+                rows.append(row("put", name, times, capacity=capacity, batch=batch))
+            del timed
     return rows
 
 
@@ -103,27 +108,30 @@ def take_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
             steps = _stamps(capacity, stale, rng)
             ids = np.arange(capacity, dtype=np.int64)
             for batch in plan.batches:
+                timed: Dict[str, Timed] = {}
+                returned: Dict[str, List[int]] = {}
                 for cls in _contenders(names, capacity, plan, skipped):
                     c = cls(capacity, MAX_AGE)
 
-                    def refill(c=c):
+                    def refill(c: Any = c) -> None:
                         if len(c) < 0.6 * capacity:  # keep the ring about full of the same mix
                             c.fill(ids, steps)
 
                     c.fill(ids, steps)
-                    returned: List[int] = []
+                    got = returned[cls.name] = []
 
-                    def take(c: Any = c, b: int = batch) -> None:
-                        returned.append(c.take(b, CURRENT_STEP))
+                    def take(c: Any = c, b: int = batch, got: List[int] = got) -> None:
+                        got.append(c.take(b, CURRENT_STEP))
 
                     # Fast calls are timed in loops, as in put; a loop walks at most half of the ring refilled
                     # to >= 60% before it, so every call of the loop still finds a full batch.
                     most = max(1, int(0.5 * capacity * (1 - stale)) // batch)
-                    times = sample(take, plan.repeat, setup=refill, number=min(calibrate(take), most))
-                    r = row("take", cls.name, times, capacity=capacity, batch=batch, stale=stale)
-                    r["returned_mean"] = float(np.mean(returned))  # what one call hands back
+                    timed[cls.name] = (take, refill, min(calibrate(take), most))
+                for name, times in sample_interleaved(timed, plan.repeat).items():
+                    r = row("take", name, times, capacity=capacity, batch=batch, stale=stale)
+                    r["returned_mean"] = float(np.mean(returned[name]))  # what one call hands back
                     rows.append(r)
-                    del c
+                del timed
     return rows
 
 

@@ -331,7 +331,8 @@ class Copy:
     name = "copy (floor)"
 
     def __init__(self, capacity: int, max_age: int = 0) -> None:
-        self.src = np.ones(capacity * FLOOR_BYTES, np.uint8)
+        self.rows = min(capacity, 1 << 16)  # the largest batch any case copies
+        self.src = np.ones(self.rows * FLOOR_BYTES, np.uint8)
         self.dst = np.empty_like(self.src)
         self.capacity = capacity
 
@@ -346,7 +347,7 @@ class Copy:
         pass
 
     def take(self, batch_size: int, step: int) -> int:
-        return self._copy(min(batch_size, self.capacity))
+        return self._copy(min(batch_size, self.rows))
 
     def __len__(self) -> int:
         return self.capacity
