@@ -124,7 +124,13 @@ class Batch:
         """Why the batch is short: ``"none"``, ``"too_few_ready"`` or ``"in_flight_at_max_age"``."""
         if self._stats is not None:
             return self._stats[4]
-        return BLOCKED_BY[int(self.metrics[_prefix + "blocked_by"])]
+        return BLOCKED_BY[int(self._metric("blocked_by"))]
+
+    def _metric(self, name: str) -> float:
+        # A dict built earlier carries the prefix in force then, which set_metrics_prefix may have changed.
+        m = self.metrics
+        key = _prefix + name
+        return m[key] if key in m else next(v for k, v in m.items() if k.endswith(name))
 
     def _row(self, field: int) -> torch.Tensor:
         # Before `columns` exists, one from_numpy of the numpy row is cheaper than building the block
@@ -188,8 +194,7 @@ class Batch:
         return Batch(self.columns.to(*args, **kwargs), self.metrics, stats=self._stats)  # one shared dict
 
     def __repr__(self) -> str:
-        m = self.metrics
         return (
-            f"Batch(taken={len(self)}, dropped_stale={m[_prefix + 'dropped_stale']}, "
-            f"age_mean={m[_prefix + 'age_mean']:.2f}, blocked_by={self.blocked_by!r}, device={self.columns.device})"
+            f"Batch(taken={len(self)}, dropped_stale={self._metric('dropped_stale')}, "
+            f"age_mean={self._metric('age_mean'):.2f}, blocked_by={self.blocked_by!r}, device={self.columns.device})"
         )

@@ -119,3 +119,14 @@ def test_batch_fields_are_typed_tensors_over_the_same_memory():
     assert ids.tolist() == [50, 6, 7] and batch.traj_ids.tolist() == [50, 6, 7]
     assert [getattr(batch, f).tolist() for f in pfb.FIELDS] == batch.columns.tolist()
     assert len(batch) == 3 and batch.age.tolist() == [0, 0, 0]
+
+
+def test_blocked_by_and_repr_survive_a_prefix_change(impl):
+    batch = impl(4).take(2, 0)
+    batch.metrics  # built under the default prefix
+    try:
+        set_metrics_prefix("other/")
+        assert batch.blocked_by == "too_few_ready"
+        assert "blocked_by='too_few_ready'" in repr(batch)
+    finally:
+        set_metrics_prefix(DEFAULT_METRICS_PREFIX)
