@@ -9,7 +9,8 @@ CAPACITY = 100_000
 
 
 @pytest.mark.parametrize("batch", [64, 512, 4096])
-@pytest.mark.parametrize("name", ["pyfast_buffer", "reference", "numpy mask", "cpprb", "torchrl"])
+@pytest.mark.parametrize("name", ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "cpprb", "cpprb 2 fields",
+                                  "torchrl"])
 def test_put(benchmark, name, batch):
     benchmark.group = f"put B={batch} C={CAPACITY:.0e}"
     c = make(name, CAPACITY, 10)

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -78,6 +79,11 @@ std::optional<int64_t> first_duplicate(const int64_t* ids, int64_t n) {
         if (ids[j] == ids[i]) return ids[i];
     return std::nullopt;
   }
+  // Ids in strictly increasing order (how producers usually number trajectories) cannot repeat: one
+  // branch-free pass decides, and the table below is built only for other orders.
+  bool increasing = true;
+  for (int64_t i = 1; i < n; ++i) increasing &= ids[i] > ids[i - 1];
+  if (increasing) return std::nullopt;
   constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();  // the id kEmpty itself is tracked apart
   size_t slots = 32;
   while (slots < 2 * static_cast<size_t>(n)) slots <<= 1;  // load factor <= 1/2
@@ -329,8 +335,27 @@ void StalenessRing::set_lease_clock(std::optional<int64_t> now_ns) {
 }
 
 namespace {
-// Groups indices 0..n) by key, groups in order of first appearance, members in call order.
-void group_stably(const int64_t* keys, int64_t n, std::vector<int64_t>& order, std::vector<int64_t>& bounds) {
+// Groups indices 0..n) by key, groups in order of first appearance, members in call order; returns
+// true iff every group is a contiguous run of the call (then `order` is 0..n).
+bool group_stably(const int64_t* keys, int64_t n, std::vector<int64_t>& order, std::vector<int64_t>& bounds) {
+  // GRPO groups arrive contiguous with increasing (or decreasing) ids: then runs of equal keys are
+  // the groups, and no hash map is needed. A key seen in two runs breaks the monotony: the map decides.
+  bounds.reserve(static_cast<size_t>(n) + 1);  // no regrowth: at most one group per entry
+  bounds.assign(1, 0);
+  int64_t ups = 0, downs = 0, prev = keys[0];
+  for (int64_t i = 1; i < n; ++i) {
+    const int64_t key = keys[i];
+    if (key == prev) continue;
+    ups += key > prev, downs += key < prev;
+    bounds.push_back(i);
+    prev = key;
+  }
+  if (ups == 0 || downs == 0) {
+    bounds.push_back(n);
+    order.resize(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), int64_t{0});
+    return true;
+  }
   std::unordered_map<int64_t, int64_t> group_of_key;
   group_of_key.reserve(static_cast<size_t>(n));
   std::vector<int64_t> group(static_cast<size_t>(n)), counts;
@@ -345,6 +370,7 @@ void group_stably(const int64_t* keys, int64_t n, std::vector<int64_t>& order, s
   std::vector<int64_t> next(bounds.begin(), bounds.end() - 1);
   order.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[next[group[i]]++] = i;
+  return false;
 }
 }  // namespace
 
@@ -369,26 +395,128 @@ bool StalenessRing::wait_for_room(Lock& lock, int64_t n, std::optional<double> t
                        " are ready; take more often, raise capacity or use on_full='evict_oldest'"));
 }
 
+namespace {
+// Writes the `n` entries of one group at physical rows [p, p + n) (no wrap). Member j is the call's
+// entry order[j], or j when `order` is null (then the ids are copied as blocks); restrict pointers
+// tell the compiler the column stores cannot change the inputs, so nothing is reloaded per entry.
+inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int64_t* __restrict traj_ids,
+                        const int64_t* __restrict group_ids, const int64_t* __restrict order, int64_t group_id,
+                        int64_t step, int64_t version, int64_t dispatch_ns, int64_t complete_ns, int32_t group_len) {
+  int64_t* __restrict traj = c.traj_id + p;
+  int64_t* __restrict group = c.group_id + p;
+  if (n < 16) {  // a GRPO-sized group: one fused pass beats eight short column loops
+    int64_t *__restrict step_col = c.sample_step + p, *__restrict version_col = c.policy_version + p;
+    int64_t *__restrict dispatch_col = c.dispatch_ns + p, *__restrict complete_col = c.complete_ns + p;
+    int32_t *__restrict uses_col = c.uses + p, *__restrict len_col = c.group_len + p;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t src = order ? order[j] : j;
+      traj[j] = traj_ids[src];
+      group[j] = group_ids ? group_ids[src] : group_id;
+      step_col[j] = step, version_col[j] = version, dispatch_col[j] = dispatch_ns, complete_col[j] = complete_ns;
+      uses_col[j] = 0, len_col[j] = group_len;
+    }
+    return;
+  }
+  if (order) {
+    for (int64_t j = 0; j < n; ++j) traj[j] = traj_ids[order[j]];
+    if (group_ids)
+      for (int64_t j = 0; j < n; ++j) group[j] = group_ids[order[j]];
+    else
+      std::fill_n(group, n, group_id);
+  } else {
+    std::copy_n(traj_ids, n, traj);
+    if (group_ids)
+      std::copy_n(group_ids, n, group);
+    else
+      std::fill_n(group, n, group_id);
+  }
+  std::fill_n(c.sample_step + p, n, step);
+  std::fill_n(c.policy_version + p, n, version);
+  std::fill_n(c.dispatch_ns + p, n, dispatch_ns);
+  std::fill_n(c.complete_ns + p, n, complete_ns);
+  std::fill_n(c.uses + p, n, 0);
+  std::fill_n(c.group_len + p, n, group_len);
+}
+}  // namespace
+
 void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
                                  int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
                                  int64_t complete_ns) {
-  const ColumnPointers& c = columns_.get();
-  if (size_ > 0 && sample_step < c.sample_step[phys(size_ - 1)]) sorted_ = false;
+  const ColumnPointers c = columns_.get();  // local copies: the column stores cannot alias them
+  const int64_t cap = config_.capacity;
+  int64_t p = head_ + size_;
+  p -= p >= cap ? cap : 0;
+  if (size_ > 0 && sample_step < c.sample_step[p == 0 ? cap - 1 : p - 1]) sorted_ = false;
   const int64_t version = config_.parameter_sync_step > 0 ? sample_step / config_.parameter_sync_step : -1;
-  for (int64_t j = 0; j < len; ++j) {
-    const int64_t src = order ? order[j] : j;
-    const int64_t p = phys(size_++);
-    c.traj_id[p] = traj_ids[src];
-    c.group_id[p] = group_ids ? group_ids[src] : group_id;
-    c.sample_step[p] = sample_step;
-    c.policy_version[p] = version;
-    c.dispatch_ns[p] = dispatch_ns;
-    c.complete_ns[p] = complete_ns;
-    c.uses[p] = 0;
-    c.group_len[p] = static_cast<int32_t>(len);
+  // Members are in increasing call order; if the last is len - 1 past the first they are consecutive.
+  if (order && order[len - 1] - order[0] == len - 1) {
+    traj_ids += order[0];
+    group_ids = group_ids ? group_ids + order[0] : nullptr;
+    order = nullptr;
   }
+  // At most two contiguous runs: up to the end of the columns, then from row 0.
+  const int64_t first = std::min(len, cap - p);
+  write_group(c, p, first, traj_ids, group_ids, order, group_id, sample_step, version, dispatch_ns, complete_ns,
+              static_cast<int32_t>(len));
+  if (first < len) {
+    const int64_t rest = len - first;
+    write_group(c, 0, rest, order ? traj_ids : traj_ids + first, group_ids && !order ? group_ids + first : group_ids,
+                order ? order + first : nullptr, group_id, sample_step, version, dispatch_ns, complete_ns,
+                static_cast<int32_t>(len));
+  }
+  size_ += len;
   if (config_.unique_ids)
     for (int64_t j = 0; j < len; ++j) live_ids_.insert(traj_ids[order ? order[j] : j]);
+}
+
+void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds,
+                                int64_t n_groups, const int64_t* sample_steps, int64_t n_steps, int64_t n,
+                                int64_t stamp) {
+  const ColumnPointers c = columns_.get();  // local copies: the column stores cannot alias them
+  const int64_t cap = config_.capacity, sync = config_.parameter_sync_step;
+  const int64_t start = head_ + size_ >= cap ? head_ + size_ - cap : head_ + size_;
+  // Sorted stays true iff the stamps continue the ring's last one without a descent.
+  int64_t prev = size_ > 0 ? c.sample_step[start == 0 ? cap - 1 : start - 1] : std::numeric_limits<int64_t>::min();
+  bool descends = false;
+  for (int64_t i = 0; i < n_steps; ++i) descends |= sample_steps[i] < prev, prev = sample_steps[i];
+  if (descends) sorted_ = false;
+  for (int64_t done = 0, p = start; done < n; p = 0) {  // at most two contiguous runs
+    const int64_t run = std::min(n - done, cap - p);
+    std::copy_n(traj_ids + done, run, c.traj_id + p);
+    std::copy_n((group_ids ? group_ids : traj_ids) + done, run, c.group_id + p);  // ungrouped: its own group
+    if (n_steps == 1) {
+      std::fill_n(c.sample_step + p, run, sample_steps[0]);
+      std::fill_n(c.policy_version + p, run, sync > 0 ? sample_steps[0] / sync : -1);
+    } else {
+      const int64_t* __restrict steps = sample_steps + done;
+      int64_t* __restrict version = c.policy_version + p;
+      std::copy_n(steps, run, c.sample_step + p);
+      if (sync > 0)
+        for (int64_t j = 0; j < run; ++j) version[j] = steps[j] / sync;
+      else
+        std::fill_n(version, run, -1);
+    }
+    std::fill_n(c.dispatch_ns + p, run, stamp);
+    std::fill_n(c.complete_ns + p, run, stamp);
+    std::fill_n(c.uses + p, run, 0);
+    if (!bounds) std::fill_n(c.group_len + p, run, 1);
+    done += run;
+  }
+  if (bounds) {
+    int32_t* group_len = c.group_len;
+    for (int64_t g = 0, p = start; g < n_groups; ++g) {
+      const int32_t len = static_cast<int32_t>(bounds[g + 1] - bounds[g]);
+      if (p + len <= cap) {  // GRPO-sized groups: a plain loop, no call per group
+        for (int32_t j = 0; j < len; ++j) group_len[p + j] = len;
+        p = p + len == cap ? 0 : p + len;
+      } else {
+        for (int32_t j = 0; j < len; ++j, p = p + 1 == cap ? 0 : p + 1) group_len[p] = len;
+      }
+    }
+  }
+  size_ += n;
+  if (config_.unique_ids)
+    for (int64_t j = 0; j < n; ++j) live_ids_.insert(traj_ids[j]);
 }
 
 void StalenessRing::remove_prefix(int64_t n) {
@@ -398,13 +526,28 @@ void StalenessRing::remove_prefix(int64_t n) {
 }
 
 void StalenessRing::evict_oldest_groups(int64_t need) {
-  int64_t evicted = 0;
-  while (size_ + need > config_.capacity) {
-    const int64_t len = columns_.get().group_len[head_];
+  // Walks whole groups from the head with local cursors (the loads cannot alias them).
+  const int32_t* group_len = columns_.get().group_len;
+  const int64_t cap = config_.capacity, excess = size_ + need - cap;
+  int64_t evicted = 0, head = head_;
+  while (evicted < excess) {
+    if (group_len[head] == 1 && excess - evicted >= 8 && cap - head >= 8) {  // eight singletons at once
+      uint32_t not_one = 0;
+      for (int j = 0; j < 8; ++j) not_one |= static_cast<uint32_t>(group_len[head + j] ^ 1);
+      if (not_one == 0) {
+        evicted += 8;
+        head += 8;
+        head -= head == cap ? cap : 0;
+        continue;
+      }
+    }
+    const int64_t len = group_len[head];
     evicted += len;
-    if (leave_hooks()) note_prefix_left(len, ReleaseReason::kEvicted);
-    remove_prefix(len);
+    head += len;
+    head -= head >= cap ? cap : 0;
   }
+  if (leave_hooks()) note_prefix_left(evicted, ReleaseReason::kEvicted);
+  remove_prefix(evicted);
   ledger_.evicted += evicted;
   evicted_unreported_ += evicted;
 }
@@ -474,8 +617,9 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
     max_step = std::max(max_step, sample_steps[i]);
   }
   Groups groups;
+  bool contiguous = true;
   if (group_ids) {
-    group_stably(group_ids, n, groups.order, groups.bounds);
+    contiguous = group_stably(group_ids, n, groups.order, groups.bounds);
     for (size_t g = 0; g + 1 < groups.bounds.size() && n_steps > 1; ++g) {
       const int64_t first = groups.order[groups.bounds[g]];
       for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
@@ -492,16 +636,16 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   if (size_ + n > config_.capacity) evict_oldest_groups(n);
   const int64_t stamp = now_ns();
   int64_t n_groups = n;
-  if (group_ids) {
-    n_groups = static_cast<int64_t>(groups.bounds.size()) - 1;
+  if (group_ids) n_groups = static_cast<int64_t>(groups.bounds.size()) - 1;
+  if (contiguous) {  // ungrouped, or GRPO groups as they usually arrive: whole columns at once
+    append_runs(traj_ids, group_ids, group_ids ? groups.bounds.data() : nullptr, n_groups, sample_steps, n_steps, n,
+                stamp);
+  } else {
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t* members = groups.order.data() + groups.bounds[g];
       const int64_t step = sample_steps[n_steps > 1 ? members[0] : 0];
       append_group(traj_ids, group_ids, members, groups.bounds[g + 1] - groups.bounds[g], 0, step, stamp, stamp);
     }
-  } else {
-    for (int64_t i = 0; i < n; ++i)
-      append_group(traj_ids + i, nullptr, nullptr, 1, traj_ids[i], sample_steps[n_steps > 1 ? i : 0], stamp, stamp);
   }
   ledger_.dispatched += n_groups;
   ledger_.completed += n_groups;
@@ -540,33 +684,70 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
                                                               : std::numeric_limits<int64_t>::min();
   const int32_t* group_len = columns_.get().group_len;
   const int64_t* group_id = columns_.get().group_id;
-  int64_t i = 0;
-  while (i < size_) {
-    const int64_t fresh = skip_stale(i, cutoff);
-    plan.dropped += fresh - i;
-    i = fresh;
-    if (i == size_) break;
-    const int64_t p = phys(i);
+  const int64_t* steps = columns_.get().sample_step;
+  const int64_t size = size_, cap = config_.capacity;
+  int64_t i = 0, taken = 0;
+  int64_t p = head_;          // phys(i), advanced with i
+  int64_t span_start = -1;    // start of the open span of fresh entries, -1 if none
+  while (i < size) {
+    if (steps[p] < cutoff) {  // a stale run: close the span, skip the run in contiguous scans
+      if (span_start >= 0) plan.spans.push_back({span_start, i - span_start}), span_start = -1;
+      const int64_t fresh = skip_stale(i, cutoff);
+      plan.dropped += fresh - i;
+      i = fresh;
+      if (i == size) break;
+      p = phys(i);
+    }
+    if (span_start < 0) span_start = i;
+    // A run of fresh singletons (ungrouped puts) in one tight scan, up to the wrap point or the batch.
+    if (group_len[p] == 1) {
+      const int64_t limit = std::min({batch_size - taken, cap - p, size - i});
+      int64_t k = 1;
+      // Scalar first: a short run (fresh entries among stale ones) ends here at little cost.
+      const int64_t warm = std::min<int64_t>(limit, 8);
+      while (k < warm && group_len[p + k] == 1 && steps[p + k] >= cutoff) ++k;
+      // A long run goes on eight at a time, branch-free: the OR of (stamp - cutoff) is negative iff one
+      // stamp is stale. With cutoff <= 0 every stamp (>= 0) is fresh; above it no difference overflows.
+      const int64_t floor = cutoff > 0 ? cutoff : 0;
+      while (k >= 8 && limit - k >= 8) {
+        uint64_t below = 0;
+        uint32_t not_one = 0;
+        for (int j = 0; j < 8; ++j) {
+          below |= static_cast<uint64_t>(steps[p + k + j]) - static_cast<uint64_t>(floor);
+          not_one |= static_cast<uint32_t>(group_len[p + k + j] ^ 1);
+        }
+        if ((below >> 63) != 0 || not_one != 0) break;
+        k += 8;
+      }
+      while (k < limit && group_len[p + k] == 1 && steps[p + k] >= cutoff) ++k;
+      taken += k, i += k, p += k;
+      p -= p == cap ? cap : 0;
+    }
+    if (i == size || taken == batch_size) {
+      plan.full = taken == batch_size;
+      break;
+    }
+    if (steps[p] < cutoff) continue;
     const int64_t len = group_len[p];
     if (len > batch_size)
       throw InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", group_id[p], " of ", len,
                                    " trajectories; raise batch_size to at least ", len,
                                    " (a batch never splits a group)"));
-    if (plan.taken + len > batch_size) {
+    if (taken + len > batch_size) {
       plan.full = true;
       break;
     }
-    if (!plan.spans.empty() && plan.spans.back().start + plan.spans.back().count == i)
-      plan.spans.back().count += len;
-    else
-      plan.spans.push_back({i, len});
-    plan.taken += len;
+    taken += len;
     i += len;
-    if (plan.taken == batch_size) {
+    p += len;
+    p -= p >= cap ? cap : 0;
+    if (taken == batch_size) {
       plan.full = true;
       break;
     }
   }
+  if (span_start >= 0 && i > span_start) plan.spans.push_back({span_start, i - span_start});
+  plan.taken = taken;
   plan.walked = i;
   plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
 }
@@ -585,29 +766,78 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   const ColumnPointers c = columns_.get();  // a local copy: the output writes cannot alias it
   int64_t k = 0, survivors = 0, age_max = 0;
   Int128 age_sum = 0;  // 2**40 ages near 2**63 overflow int64
+  // With max_uses == 1 every taken entry retires and leaves with the walked prefix, so its ring `uses`
+  // need not be written, unless the released-id hooks read it (note_walked) before it leaves.
+  const bool uses_unread = max_uses == 1 && !leave_hooks();
+  // Ages come in runs (a group shares one stamp, producers stamp many entries alike): the histogram
+  // and the sums are updated once per run of equal ages, not once per entry.
+  int64_t run_age = 0, run_count = 0;
+  auto flush = [&] {
+    if (run_count == 0) return;
+    age_sum += static_cast<Int128>(run_age) * run_count;
+    age_max = std::max(age_max, run_age);
+    stats.age_hist[age_bucket(run_age)] += run_count;
+  };
   for (const Span& span : plan.spans) {
     for (int64_t i = span.start, end = span.start + span.count; i < end;) {
+      // One contiguous physical run: six column copies, then one pass for age and uses.
       const int64_t p0 = phys(i);
       const int64_t run = std::min(end - i, config_.capacity - p0);
-      for (int64_t p = p0; p < p0 + run; ++p, ++k) {
-        const int64_t age = current_step - c.sample_step[p];
-        const int32_t uses = ++c.uses[p];
-        o_traj[k] = c.traj_id[p];
-        o_group[k] = c.group_id[p];
-        o_step[k] = c.sample_step[p];
-        o_age[k] = age;
-        o_uses[k] = uses;
-        o_version[k] = c.policy_version[p];
-        o_dispatch[k] = c.dispatch_ns[p];
-        o_complete[k] = c.complete_ns[p];
-        age_sum += age;
-        age_max = std::max(age_max, age);
-        ++stats.age_hist[age_bucket(age)];
-        survivors += uses < max_uses;
+      if (run < 16) {  // a short run (fresh entries scattered among stale ones): entry by entry
+        for (int64_t p = p0; p < p0 + run; ++p, ++k) {
+          const int64_t age = current_step - c.sample_step[p];
+          const int32_t uses = uses_unread ? 1 : ++c.uses[p];
+          o_traj[k] = c.traj_id[p], o_group[k] = c.group_id[p], o_step[k] = c.sample_step[p];
+          o_age[k] = age, o_uses[k] = uses, o_version[k] = c.policy_version[p];
+          o_dispatch[k] = c.dispatch_ns[p], o_complete[k] = c.complete_ns[p];
+          if (age != run_age) flush(), run_age = age, run_count = 0;
+          ++run_count;
+          survivors += uses < max_uses;
+        }
+        i += run;
+        continue;
       }
+      std::copy_n(c.traj_id + p0, run, o_traj + k);
+      std::copy_n(c.group_id + p0, run, o_group + k);
+      std::copy_n(c.sample_step + p0, run, o_step + k);
+      std::copy_n(c.policy_version + p0, run, o_version + k);
+      std::copy_n(c.dispatch_ns + p0, run, o_dispatch + k);
+      std::copy_n(c.complete_ns + p0, run, o_complete + k);
+      const int64_t* __restrict step = c.sample_step + p0;
+      int64_t* __restrict age_out = o_age + k;
+      const uint64_t first = static_cast<uint64_t>(step[0]);
+      uint64_t differs = 0;
+      for (int64_t j = 0; j < run; ++j) {  // vectorisable: ages, and whether any stamp differs from the first
+        age_out[j] = current_step - step[j];
+        differs |= static_cast<uint64_t>(step[j]) ^ first;
+      }
+      if (differs == 0) {  // one stamp for the whole run, the usual case: one histogram update
+        const int64_t age = current_step - step[0];
+        if (age != run_age) flush(), run_age = age, run_count = 0;
+        run_count += run;
+      } else {
+        for (int64_t j = 0; j < run; ++j) {
+          const int64_t age = age_out[j];
+          if (age != run_age) flush(), run_age = age, run_count = 0;
+          ++run_count;
+        }
+      }
+      int64_t* __restrict uses_out = o_uses + k;
+      int32_t* __restrict uses = c.uses + p0;
+      if (uses_unread) {
+        std::fill_n(uses_out, run, 1);  // uses 0 -> 1 for every entry
+      } else {
+        for (int64_t j = 0; j < run; ++j) {
+          const int32_t u = ++uses[j];
+          uses_out[j] = u;
+          survivors += u < max_uses;
+        }
+      }
+      k += run;
       i += run;
     }
   }
+  flush();
   if (leave_hooks()) note_walked(plan.walked, current_step);  // before survivors move: ring order intact
   stats.age_sum = age_sum;
   stats.age_max = age_max;

@@ -246,6 +246,8 @@ class StalenessRing {
   void append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
                     int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
                     int64_t complete_ns);
+  void append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds, int64_t n_groups,
+                   const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp);
   void remove_prefix(int64_t n);
   bool leave_hooks() const { return release_log_ != nullptr || config_.unique_ids; }
   void note_left(int64_t id, ReleaseReason reason);

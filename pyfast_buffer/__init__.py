@@ -2,7 +2,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .batch import AGE_BUCKETS, FIELDS, LOG_FORMAT, Batch
+from .batch import AGE_BUCKETS, BLOCKED_BY, FIELDS, LOG_FORMAT, Batch, set_metrics_prefix
 from .buffer import StalenessBuffer
 from .checkpoint import CheckpointError as CheckpointError
 from .config import BufferConfig, config_from_verl, max_age_from_threshold, sample_step_from_tag
@@ -17,6 +17,7 @@ except PackageNotFoundError:  # running from a source tree without installing
 
 __all__ = [
     "AGE_BUCKETS",
+    "BLOCKED_BY",
     "FIELDS",
     "LOG_FORMAT",
     "RELEASE_REASONS",
@@ -31,4 +32,5 @@ __all__ = [
     "config_from_verl",
     "max_age_from_threshold",
     "sample_step_from_tag",
+    "set_metrics_prefix",
 ]

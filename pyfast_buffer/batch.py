@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
+import numpy as np
 import torch
 
 logger = logging.getLogger("pyfast_buffer")
@@ -22,7 +23,38 @@ LOG_FORMAT = "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=
 # (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight,
 #  sampled_total, max_age, expired)
 Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int]
-_HIST_KEYS = tuple(f"age_hist/{b}" for b in AGE_BUCKETS)
+#: Names of the ``blocked_by`` codes: ``metrics[prefix + "blocked_by"]`` is an index into this tuple.
+BLOCKED_BY = ("none", "too_few_ready", "in_flight_at_max_age")
+_BLOCKED_CODE = {name: code for code, name in enumerate(BLOCKED_BY)}
+#: The prefix of every metrics key unless set_metrics_prefix() changes it.
+DEFAULT_METRICS_PREFIX = "buffer/"
+_NAMES = ("taken", "dropped_stale", "retired", "evicted", "buffer_left", "sampled_total", "in_flight", "age_mean",
+          "age_max", "blocked_by") + tuple(f"age_hist/{b}" for b in AGE_BUCKETS)
+_prefix = DEFAULT_METRICS_PREFIX
+_keys = tuple(_prefix + n for n in _NAMES)
+
+
+def set_metrics_prefix(prefix: str) -> None:
+    """Puts every metrics key under ``prefix`` (default ``"buffer/"``; ``""`` for bare names), process-wide.
+
+    Batches whose metrics were not read yet use the new prefix too: metrics are built on first access.
+    """
+    global _prefix, _keys
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix={prefix!r} is not a str; pass e.g. 'buffer/' or 'train/buffer/'")
+    _prefix, _keys = prefix, tuple(prefix + n for n in _NAMES)
+
+
+def metrics_prefix() -> str:
+    """Returns the prefix every metrics key starts with (see set_metrics_prefix)."""
+    return _prefix
+
+
+def metric_key(name: str) -> str:
+    """Returns the metrics key of ``name`` (e.g. ``"taken"`` -> ``"buffer/taken"``) under the current prefix."""
+    if name not in _NAMES:
+        raise KeyError(f"{name!r} is not a metric; the metrics are {', '.join(_NAMES)}")
+    return _prefix + name
 
 
 def age_bucket(age: int) -> int:
@@ -30,26 +62,25 @@ def age_bucket(age: int) -> int:
     return min(int(age).bit_length(), len(AGE_BUCKETS) - 1)
 
 
-def make_metrics(stats: Stats) -> Dict[str, Any]:
-    """Returns the stable metrics dict of one take or evict_stale, and logs its record."""
-    taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled, max_age, expired = (
-        stats)
-    metrics: Dict[str, Any] = {
-        "taken": taken,
-        "dropped_stale": dropped,
-        "retired": retired,
-        "evicted": evicted,
-        "buffer_left": left,
-        "sampled_total": sampled,
-        "in_flight": in_flight,
-        "age_mean": age_sum / taken if taken else 0.0,
-        "age_max": age_max,
-        "blocked_by": blocked_by,
-    }
-    metrics.update(zip(_HIST_KEYS, hist))
+def log_record(stats: Stats) -> None:
+    """Writes the one-line log record of one take or evict_stale (LOG_FORMAT), if INFO is enabled."""
     if logger.isEnabledFor(logging.INFO):
+        taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age, expired = stats
         logger.info(LOG_FORMAT, dropped, taken, left, sampled, retired, evicted, max_age, expired)
-    return metrics
+
+
+def metrics_from_stats(stats: Stats) -> Dict[str, float]:
+    """Returns the metrics dict of one take or evict_stale: numeric values under the current prefix."""
+    taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled = stats[:11]
+    values = (taken, dropped, retired, evicted, left, sampled, in_flight, age_sum / taken if taken else 0.0, age_max,
+              _BLOCKED_CODE[blocked_by], *hist)
+    return dict(zip(_keys, values))
+
+
+def make_metrics(stats: Stats) -> Dict[str, float]:
+    """Returns the metrics dict of one take or evict_stale, and logs its record."""
+    log_record(stats)
+    return metrics_from_stats(stats)
 
 
 class Batch:
@@ -60,22 +91,97 @@ class Batch:
     The tensors belong to the caller: no later call overwrites them.
     """
 
-    __slots__ = ("columns", "metrics")
+    __slots__ = ("_columns", "_array", "_metrics", "_stats")
 
-    def __init__(self, columns: torch.Tensor, metrics: Dict[str, Any]) -> None:
-        self.columns = columns
-        self.metrics = metrics
+    def __init__(self, columns: Union[torch.Tensor, np.ndarray], metrics: Optional[Dict[str, float]] = None, *,
+                 stats: Optional[Stats] = None) -> None:
+        # An (8, k) int64 numpy block (what take fills) becomes a tensor sharing its memory on first access.
+        self._columns: Optional[torch.Tensor] = None if isinstance(columns, np.ndarray) else columns
+        self._array: Optional[np.ndarray] = columns if isinstance(columns, np.ndarray) else None
+        self._metrics = metrics
+        self._stats = stats  # what the core returned; the metrics dict is built from it on first access
 
-    traj_ids = property(lambda self: self.columns[0], doc="Trajectory ids (handles into your payload store).")
-    group_ids = property(lambda self: self.columns[1], doc="Group (prompt) id of each trajectory.")
-    sample_step = property(lambda self: self.columns[2], doc="Step whose weights produced each trajectory.")
-    age = property(lambda self: self.columns[3], doc="current_step - sample_step, in trainer steps.")
-    uses = property(lambda self: self.columns[4], doc="Times each entry has been taken, this take included.")
-    policy_version = property(lambda self: self.columns[5], doc="sample_step // parameter_sync_step, or -1.")
-    dispatch_ns = property(lambda self: self.columns[6], doc="Wall clock (ns since the epoch) at dispatch.")
-    complete_ns = property(lambda self: self.columns[7], doc="Wall clock (ns since the epoch) at completion.")
+    @property
+    def columns(self) -> torch.Tensor:
+        """One contiguous (8, k) int64 tensor whose rows are FIELDS."""
+        if self._columns is None:
+            self._columns = torch.from_numpy(self._array)
+        return self._columns
+
+    @property
+    def metrics(self) -> Dict[str, float]:
+        """The take's numbers under one prefix (default ``buffer/``), every value numeric.
+
+        ``blocked_by`` is a code: ``BLOCKED_BY[code]`` (or ``batch.blocked_by``) is its name. Built on first
+        access, so a loop that never reads them does not pay for them.
+        """
+        if self._metrics is None:
+            self._metrics = metrics_from_stats(self._stats) if self._stats is not None else {}
+        return self._metrics
+
+    @property
+    def blocked_by(self) -> str:
+        """Why the batch is short: ``"none"``, ``"too_few_ready"`` or ``"in_flight_at_max_age"``."""
+        if self._stats is not None:
+            return self._stats[4]
+        return BLOCKED_BY[int(self._metric("blocked_by"))]
+
+    def _metric(self, name: str) -> float:
+        # A dict built earlier carries the prefix in force then, which set_metrics_prefix may have changed.
+        m = self.metrics
+        key = _prefix + name
+        return m[key] if key in m else next(v for k, v in m.items() if k.endswith(name))
+
+    def _row(self, field: int) -> torch.Tensor:
+        # Before `columns` exists, one from_numpy of the numpy row is cheaper than building the block
+        # and indexing it; the tensor shares the batch's memory either way.
+        if self._columns is None and self._array is not None:
+            return torch.from_numpy(self._array[field])
+        return self.columns[field]
+
+    @property
+    def traj_ids(self) -> torch.Tensor:
+        """Trajectory ids (handles into your payload store)."""
+        return self._row(0)
+
+    @property
+    def group_ids(self) -> torch.Tensor:
+        """Group (prompt) id of each trajectory."""
+        return self._row(1)
+
+    @property
+    def sample_step(self) -> torch.Tensor:
+        """Step whose weights produced each trajectory."""
+        return self._row(2)
+
+    @property
+    def age(self) -> torch.Tensor:
+        """current_step - sample_step, in trainer steps."""
+        return self._row(3)
+
+    @property
+    def uses(self) -> torch.Tensor:
+        """Times each entry has been taken, this take included."""
+        return self._row(4)
+
+    @property
+    def policy_version(self) -> torch.Tensor:
+        """sample_step // parameter_sync_step, or -1."""
+        return self._row(5)
+
+    @property
+    def dispatch_ns(self) -> torch.Tensor:
+        """Wall clock (ns since the epoch) at dispatch."""
+        return self._row(6)
+
+    @property
+    def complete_ns(self) -> torch.Tensor:
+        """Wall clock (ns since the epoch) at completion."""
+        return self._row(7)
 
     def __len__(self) -> int:
+        if self._stats is not None:
+            return self._stats[0]
         return int(self.columns.shape[1])
 
     def age_seconds(self, now_ns: int | None = None) -> torch.Tensor:
@@ -85,11 +191,10 @@ class Batch:
 
     def to(self, *args: Any, **kwargs: Any) -> "Batch":
         """Returns a Batch with the columns moved by ``Tensor.to`` (e.g. ``"cuda", non_blocking=True``)."""
-        return Batch(self.columns.to(*args, **kwargs), self.metrics)
+        return Batch(self.columns.to(*args, **kwargs), self.metrics, stats=self._stats)  # one shared dict
 
     def __repr__(self) -> str:
-        m = self.metrics
         return (
-            f"Batch(taken={len(self)}, dropped_stale={m['dropped_stale']}, age_mean={m['age_mean']:.2f}, "
-            f"blocked_by={m['blocked_by']!r}, device={self.columns.device})"
+            f"Batch(taken={len(self)}, dropped_stale={self._metric('dropped_stale')}, "
+            f"age_mean={self._metric('age_mean'):.2f}, blocked_by={self.blocked_by!r}, device={self.columns.device})"
         )

@@ -11,13 +11,15 @@ import torch
 
 from . import _core, state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
-from .batch import Batch, make_metrics
+from .batch import Batch, log_record, make_metrics
 from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
 from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError
 from .released import Released
 
 Ids = Union[torch.Tensor, np.ndarray, Sequence[int]]
 _N_COLUMNS = _core.BATCH_COLUMNS
+_INT64 = np.dtype(np.int64)
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def _pinned_columns(capacity: int) -> tuple:
@@ -55,6 +57,7 @@ class StalenessBuffer:
         check_capacity_fits(capacity)
         self._config_lock = threading.Lock()  # keeps config.max_age in step with the core's under concurrent setters
         self.pin_memory = resolve_pin_memory(pin_memory)
+        self._capacity = self.config.capacity
         # Pinned columns are allocated once by torch and borrowed by the core; this object keeps them alive.
         self._columns = _pinned_columns(capacity) if self.pin_memory else None
         self._ring = _core.Ring(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step or 0,
@@ -103,32 +106,56 @@ class StalenessBuffer:
     def put(self, traj_ids: Ids, sample_step: Union[int, Ids], group_ids: Optional[Ids] = None,
             timeout: Optional[float] = None) -> None:
         """Dispatch + complete in one call; ``sample_step`` is one int or one per trajectory."""
-        trajs = as_ids(traj_ids, "traj_ids")
-        steps = as_steps(sample_step, "sample_step", len(trajs))
+        # The common call (int64 numpy ids, one int stamp, no groups) skips the general conversions.
+        if (type(traj_ids) is np.ndarray and traj_ids.dtype == _INT64 and traj_ids.ndim == 1
+                and traj_ids.flags.c_contiguous):
+            trajs = traj_ids
+        else:
+            trajs = as_ids(traj_ids, "traj_ids")
+        if type(sample_step) is int and 0 <= sample_step <= _INT64_MAX:
+            steps = np.array((sample_step,), _INT64)
+        else:
+            steps = as_steps(sample_step, "sample_step", len(trajs))
         groups = None
         if group_ids is not None:
             groups = as_ids(group_ids, "group_ids")
             same_length(trajs, "traj_ids", groups, "group_ids")
-        self._ring.put(trajs, groups, steps, as_timeout(timeout))
+        self._ring.put(trajs, groups, steps, None if timeout is None else as_timeout(timeout))
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
         """Takes up to ``batch_size`` trajectories, oldest first, in whole groups.
 
-        Without a timeout it never blocks and may return fewer (``metrics["blocked_by"]`` says
+        Without a timeout it never blocks and may return fewer (``batch.blocked_by`` says
         why); with one it waits for a full batch or raises TimeoutError naming the cause.
         """
-        n = as_count(batch_size, "batch_size", 1)
-        step = as_step(current_step, "current_step")
-        wait = as_timeout(timeout)
-        rows = min(n, self.config.capacity)  # a batch never holds more than the ring
-        out = torch.empty(_N_COLUMNS * rows, dtype=torch.int64, pin_memory=self.pin_memory)
-        stats = self._ring.take(out.numpy(), n, step, wait)
-        taken = stats[0]
-        if 2 * taken < rows:  # much smaller than requested: copy, so the batch owns only the rows it returned
-            owned = torch.empty(_N_COLUMNS * taken, dtype=torch.int64, pin_memory=self.pin_memory)
-            out = owned.copy_(out[: _N_COLUMNS * taken])
-        # The core wrote the batch field by field at stride `taken`: view it as (8, taken), contiguous.
-        return Batch(out.as_strided((_N_COLUMNS, taken), (taken, 1)), make_metrics(stats))
+        if type(batch_size) is int and 0 < batch_size <= _INT64_MAX:  # plain ints skip the general checks
+            n = batch_size
+        else:
+            n = as_count(batch_size, "batch_size", 1)
+        step = current_step if type(current_step) is int and 0 <= current_step <= _INT64_MAX else as_step(
+            current_step, "current_step")
+        wait = None if timeout is None else as_timeout(timeout)
+        rows = n if n < self._capacity else self._capacity  # a batch never holds more than the ring
+        if self.pin_memory:
+            out = torch.empty(_N_COLUMNS * rows, dtype=torch.int64, pin_memory=True)
+            stats = self._ring.take(out.numpy(), n, step, wait)
+            taken = stats[0]
+            if 2 * taken < rows:  # much smaller than requested: copy, so the batch owns only the rows it returned
+                owned = torch.empty(_N_COLUMNS * taken, dtype=torch.int64, pin_memory=True)
+                out = owned.copy_(out[: _N_COLUMNS * taken])
+            columns = out[: _N_COLUMNS * taken].view(_N_COLUMNS, taken)
+        else:  # numpy allocates and reshapes for less than torch; one from_numpy shares the memory
+            flat = np.empty(_N_COLUMNS * rows, _INT64)
+            stats = self._ring.take(flat, n, step, wait)
+            taken = stats[0]
+            if taken == rows:
+                kept = flat
+            else:  # much smaller than requested: copy, so the batch owns only the rows it returned
+                kept = flat[: _N_COLUMNS * taken].copy() if 2 * taken < rows else flat[: _N_COLUMNS * taken]
+            columns = kept.reshape(_N_COLUMNS, taken)  # Batch wraps it in a tensor on first access
+        # The core wrote the batch field by field at stride `taken`: rows of an (8, taken) contiguous block.
+        log_record(stats)  # the log record is written per take; the metrics dict is built on first access
+        return Batch(columns, stats=stats)
 
     def evict_stale(self, current_step: int) -> int:
         """Drops every ready entry with age > max_age (counted as dropped_stale); returns how many."""

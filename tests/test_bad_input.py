@@ -87,7 +87,7 @@ def test_a_huge_batch_size_returns_what_is_ready(impl):
     buf = impl(4, max_age=9)
     buf.put([1, 2], 0)
     batch = buf.take(10**12, 0)
-    assert batch.traj_ids.tolist() == [1, 2] and batch.metrics["blocked_by"] == "too_few_ready"
+    assert batch.traj_ids.tolist() == [1, 2] and batch.blocked_by == "too_few_ready"
 
 
 def test_state_dict_counters_outside_int64_are_rejected(impl):

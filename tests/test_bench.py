@@ -30,6 +30,13 @@ def test_every_case_measures_real_work(case):
         assert ours[0]["bytes_per_entry"] > 0
     if case == "throughput_2p1c":
         assert all(r["entries_per_s"] > 0 for r in rows)
+    if case == "bulk":
+        assert any(r["contender"] == "copy (floor)" for r in rows)  # the physical floor is in the table
+        report.add_ratios(rows)
+        assert all(r["x_floor"] > 0 for r in ours if r["order"].startswith(("put u", "put g", "take")))
+    if case == "overhead":
+        assert {r["order"] for r in ours} == {"put", "take"}
+        assert all(set(r["split_s"]) >= {"argument checks", "binding call", "core"} for r in ours)
 
 
 def test_ratios_and_targets_are_computed_from_the_rows():
@@ -42,7 +49,8 @@ def test_ratios_and_targets_are_computed_from_the_rows():
     assert rows[0]["x_reference"] == pytest.approx(100)
     goals = {g["target"]: g for g in report.targets(rows)}
     assert goals["put(512) vs reference"]["met"] is True
-    assert goals["put(512) vs cpprb add"]["met"] is False and goals["put(512) vs cpprb add"]["measured"] == 2
+    key = "put(512) vs cpprb add (eight fields)"
+    assert goals[key]["met"] is False and goals[key]["measured"] == 2
     assert goals["take(512) drop, 0% stale vs reference"]["met"] is None  # not run: says so
 
 
@@ -54,3 +62,27 @@ def test_cli_writes_table_json_and_says_what_it_skipped(tmp_path, capsys, monkey
     data = json.loads((tmp_path / "bench-results.json").read_text())
     assert data["mode"] == "quick" and data["rows"] and data["environment"]["pyfast_buffer"]
     assert bench_main(["--cases", "nope"]) == 2
+
+
+def test_perf_guard_names_the_operation_over_budget_and_by_how_much():
+    import perf_guard  # bench/perf_guard.py (bench/ is on pytest's pythonpath)
+
+    measured = {"put": {"per_entry": 21.0}, "take": {"per_entry": 10.0}, "new_op": {"per_entry": 1.0}}
+    failures = perf_guard.check(measured, {"put": 20.0, "take": 12.0})
+    assert len(failures) == 2
+    assert failures[0].startswith("put: 21.00 instructions/entry exceeds its budget 20.00 by 1.00 (+5.0%)")
+    assert failures[1].startswith("new_op: no budget")
+    budgets = __import__("json").loads(perf_guard.BUDGETS.read_text())["instructions_per_entry"]
+    assert {"put", "put_grouped8", "take", "take_grouped8", "evict_stale_shuffled", "dispatch_complete"} <= set(budgets)
+
+
+def test_cli_writes_the_targets_table_into_the_docs_page(tmp_path, monkeypatch):
+    monkeypatch.setattr("pyfast_buffer.bench.cases.Plan.quick", classmethod(lambda cls: dataclasses.replace(TINY)))
+    page = tmp_path / "performance.md"
+    page.write_text(f"# Performance\n\n{report.DOCS_START}\nold\n{report.DOCS_END}\n\nafter\n")
+    assert bench_main(["--quick", "--cases", "bulk", "--out", str(tmp_path), "--no-chart",
+                       "--update-docs", str(page)]) == 0
+    text = page.read_text()
+    assert "old" not in text and text.endswith("after\n")
+    assert "| put ungrouped B=65536 vs a copy of 64 B/entry | <= 4x |" in text
+    assert "`pyfast-buffer bench --quick --cases bulk`" in text

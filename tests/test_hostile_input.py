@@ -22,7 +22,7 @@ def test_age_sums_past_int64_are_exact(impl):
     buf.put([1, 2, 3], 0)
     batch = buf.take(3, TOP)
     assert batch.age.tolist() == [TOP] * 3
-    assert batch.metrics["age_mean"] == float(TOP) and batch.metrics["age_max"] == TOP
+    assert batch.metrics["buffer/age_mean"] == float(TOP) and batch.metrics["buffer/age_max"] == TOP
 
 
 def test_native_and_twin_agree_on_huge_ages():

@@ -27,7 +27,7 @@ def test_lowering_max_age_drops_at_the_next_take(impl):
     assert buf.max_age == 1 and buf.config.max_age == 1
     batch = buf.take(8, current_step=4)
     assert batch.traj_ids.tolist() == [3, 4]
-    assert batch.metrics["dropped_stale"] == 3
+    assert batch.metrics["buffer/dropped_stale"] == 3
     led = assert_balanced(buf)
     assert led["max_age_changes"] == 1 and led["dropped_stale"] == 3
 
@@ -75,7 +75,7 @@ def test_under_wait_a_lowered_bound_blocks_until_the_prompt_finishes(impl):
     buf.put([1], 2)
     buf.max_age = 2  # prompt 50 now has age 2 == max_age at step 2
     blocked = buf.take(1, current_step=2)
-    assert len(blocked) == 0 and blocked.metrics["blocked_by"] == "in_flight_at_max_age"
+    assert len(blocked) == 0 and blocked.blocked_by == "in_flight_at_max_age"
     buf.fail([50])
     assert buf.take(1, current_step=2).traj_ids.tolist() == [1]
 

@@ -3,11 +3,17 @@
 import logging
 import re
 
-import pyfast_buffer as pfb
+import pytest
+import torch
+
 from _helpers import assert_balanced
 
-STABLE_KEYS = {"taken", "dropped_stale", "retired", "evicted", "buffer_left", "sampled_total", "in_flight",
-               "age_mean", "age_max", "blocked_by"} | {f"age_hist/{b}" for b in pfb.AGE_BUCKETS}
+import pyfast_buffer as pfb
+from pyfast_buffer.batch import BLOCKED_BY, DEFAULT_METRICS_PREFIX, metric_key, set_metrics_prefix
+
+NAMES = {"taken", "dropped_stale", "retired", "evicted", "buffer_left", "sampled_total", "in_flight",
+         "age_mean", "age_max", "blocked_by"} | {f"age_hist/{b}" for b in pfb.AGE_BUCKETS}
+STABLE_KEYS = {"buffer/" + n for n in NAMES}
 
 
 def test_metrics_have_stable_names_and_exact_age_statistics(impl):
@@ -15,8 +21,8 @@ def test_metrics_have_stable_names_and_exact_age_statistics(impl):
     for step in (0, 1, 3, 5, 10, 40):
         buf.put([step], step)
     buf.dispatch([1], 40)
-    m = buf.take(6, current_step=70).metrics
-    assert set(m) == STABLE_KEYS
+    m = {k.removeprefix("buffer/"): v for k, v in buf.take(6, current_step=70).metrics.items()}
+    assert {"buffer/" + k for k in m} == STABLE_KEYS
     ages = [70, 69, 67, 65, 60, 30]
     assert m["age_mean"] == sum(ages) / 6 and m["age_max"] == 70
     assert m["age_hist/64+"] == 4 and m["age_hist/32-63"] == 1 and m["age_hist/16-31"] == 1
@@ -29,13 +35,42 @@ def test_age_buckets_are_powers_of_two(impl):
     ages = [0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64]
     for age in ages:
         buf.put([age], 64 - age)
-    m = buf.take(len(ages), 64).metrics
+    m = {k.removeprefix("buffer/"): v for k, v in buf.take(len(ages), 64).metrics.items()}
     assert [m[f"age_hist/{b}"] for b in pfb.AGE_BUCKETS] == [1, 1, 2, 2, 2, 2, 2, 1]
 
 
 def test_empty_take_metrics(impl):
-    m = impl(4).take(2, 0).metrics
-    assert m["taken"] == 0 and m["age_mean"] == 0.0 and m["blocked_by"] == "too_few_ready"
+    batch = impl(4).take(2, 0)
+    m = batch.metrics
+    assert m["buffer/taken"] == 0 and m["buffer/age_mean"] == 0.0
+    assert m["buffer/blocked_by"] == BLOCKED_BY.index("too_few_ready") and batch.blocked_by == "too_few_ready"
+
+
+def test_every_metric_is_a_number_a_scalar_logger_accepts(impl):
+    buf = impl(8, max_age=1, strategy="wait")
+    buf.put([1, 2], 0)
+    buf.dispatch([9], 0)
+    batch = buf.take(4, 1)
+    assert batch.blocked_by == "in_flight_at_max_age"
+    for key, value in batch.metrics.items():  # e.g. writer.add_scalar(key, value) / wandb.log(metrics)
+        assert key.startswith(DEFAULT_METRICS_PREFIX) and isinstance(value, (int, float)), (key, value)
+    assert BLOCKED_BY[int(batch.metrics["buffer/blocked_by"])] == batch.blocked_by
+
+
+def test_metrics_prefix_is_chosen_by_the_user(impl):
+    buf = impl(8)
+    buf.put([1], 0)
+    try:
+        set_metrics_prefix("train/pool/")
+        batch = buf.take(1, 0)
+        assert batch.metrics["train/pool/taken"] == 1 and metric_key("taken") == "train/pool/taken"
+        assert all(k.startswith("train/pool/") for k in batch.metrics)
+        set_metrics_prefix("")
+        assert "taken" in buf.take(1, 0).metrics
+    finally:
+        set_metrics_prefix(DEFAULT_METRICS_PREFIX)
+    with pytest.raises(TypeError, match="prefix"):
+        set_metrics_prefix(None)  # type: ignore[arg-type]
 
 
 def test_log_records_reconcile_with_grep_and_awk_arithmetic(impl, caplog):
@@ -72,3 +107,26 @@ def test_log_line_format(impl, caplog):
     assert caplog.records[-1].getMessage() == (
         "dropped_stale=0 taken=1 buffer_left=0 sampled_total=1 retired=1 evicted=0 max_age=7 expired=0")
     assert caplog.records[-1].getMessage().startswith(pfb.LOG_FORMAT.split(" retired")[0] % (0, 1, 0, 1))
+
+
+def test_batch_fields_are_typed_tensors_over_the_same_memory():
+    buf = pfb.StalenessBuffer(16, max_age=3)
+    buf.put([5, 6, 7], 2)
+    batch = buf.take(3, 2)
+    ids = batch.traj_ids  # before batch.columns exists: a tensor over the numpy row
+    assert ids.tolist() == [5, 6, 7] and ids.dtype == torch.int64
+    batch.columns[0, 0] = 50  # the block and the row share memory
+    assert ids.tolist() == [50, 6, 7] and batch.traj_ids.tolist() == [50, 6, 7]
+    assert [getattr(batch, f).tolist() for f in pfb.FIELDS] == batch.columns.tolist()
+    assert len(batch) == 3 and batch.age.tolist() == [0, 0, 0]
+
+
+def test_blocked_by_and_repr_survive_a_prefix_change(impl):
+    batch = impl(4).take(2, 0)
+    batch.metrics  # built under the default prefix
+    try:
+        set_metrics_prefix("other/")
+        assert batch.blocked_by == "too_few_ready"
+        assert "blocked_by='too_few_ready'" in repr(batch)
+    finally:
+        set_metrics_prefix(DEFAULT_METRICS_PREFIX)

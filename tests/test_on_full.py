@@ -18,8 +18,8 @@ def test_evict_oldest_pushes_out_whole_groups_and_counts_them(impl):
     assert led["evicted"] == 2 and len(buf) == 4
     batch = buf.take(4, 0)
     assert batch.traj_ids.tolist() == [3, 4, 5, 6]
-    assert batch.metrics["evicted"] == 2  # reported once, by the next take
-    assert buf.take(1, 0).metrics["evicted"] == 0
+    assert batch.metrics["buffer/evicted"] == 2  # reported once, by the next take
+    assert buf.take(1, 0).metrics["buffer/evicted"] == 0
 
 
 def test_error_raises_buffer_full_and_changes_nothing(impl):

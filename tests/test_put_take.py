@@ -14,7 +14,7 @@ def test_take_returns_oldest_first_with_age_and_uses(impl):
     assert batch.sample_step.tolist() == [0, 0, 0]
     assert batch.age.tolist() == [2, 2, 2]
     assert batch.uses.tolist() == [1, 1, 1]
-    assert batch.metrics["taken"] == 3 and batch.metrics["buffer_left"] == 1
+    assert batch.metrics["buffer/taken"] == 3 and batch.metrics["buffer/buffer_left"] == 1
     assert assert_balanced(buf)["retired"] == 3
 
 
@@ -24,8 +24,8 @@ def test_drop_discards_stale_and_keeps_walking_to_fill_the_batch(impl):
     buf.put([5, 6, 7], 4)     # age 1: fresh
     batch = buf.take(2, current_step=5)
     assert batch.traj_ids.tolist() == [5, 6]
-    assert batch.metrics["dropped_stale"] == 4
-    assert batch.metrics["blocked_by"] == "none"
+    assert batch.metrics["buffer/dropped_stale"] == 4
+    assert batch.blocked_by == "none"
     led = assert_balanced(buf)
     assert led["dropped_stale"] == 4 and led["buffer_left"] == 1
 
@@ -36,7 +36,7 @@ def test_drop_boundary_is_age_greater_than_max_age(impl):
     buf.put([2], 1)
     batch = buf.take(8, current_step=4)  # ages 4 and 3
     assert batch.traj_ids.tolist() == [2]
-    assert batch.metrics["dropped_stale"] == 1
+    assert batch.metrics["buffer/dropped_stale"] == 1
 
 
 def test_partial_batch_without_timeout_says_why(impl):
@@ -44,7 +44,7 @@ def test_partial_batch_without_timeout_says_why(impl):
     buf.put([1, 2], 0)
     batch = buf.take(5, current_step=0)
     assert len(batch) == 2
-    assert batch.metrics["blocked_by"] == "too_few_ready"
+    assert batch.blocked_by == "too_few_ready"
     empty = buf.take(5, current_step=0)
     assert len(empty) == 0 and empty.traj_ids.shape == (0,)
 
@@ -55,7 +55,7 @@ def test_stale_entries_beyond_a_full_batch_stay(impl):
     buf.put([3], 0)  # out of order stamp, stale at step 3
     batch = buf.take(2, current_step=3)
     assert batch.traj_ids.tolist() == [1, 2]
-    assert batch.metrics["dropped_stale"] == 0 and len(buf) == 1
+    assert batch.metrics["buffer/dropped_stale"] == 0 and len(buf) == 1
 
 
 def test_groups_are_taken_whole_and_never_split(impl):
@@ -65,7 +65,7 @@ def test_groups_are_taken_whole_and_never_split(impl):
     batch = buf.take(4, current_step=0)
     assert batch.traj_ids.tolist() == [1, 2, 3]
     assert batch.group_ids.tolist() == [7, 7, 7]
-    assert batch.metrics["blocked_by"] == "none"  # full: the next group does not fit
+    assert batch.blocked_by == "none"  # full: the next group does not fit
     assert buf.take(6, current_step=0).traj_ids.tolist() == [4, 5, 6]
 
 
@@ -81,7 +81,7 @@ def test_stale_group_is_dropped_whole(impl):
     buf.put([3, 4], 2, group_ids=[8, 8])
     batch = buf.take(4, current_step=2)
     assert batch.traj_ids.tolist() == [3, 4]
-    assert batch.metrics["dropped_stale"] == 2
+    assert batch.metrics["buffer/dropped_stale"] == 2
 
 
 def test_group_larger_than_batch_size_is_an_error_that_changes_nothing(impl):

@@ -28,6 +28,6 @@ def test_staleness_applies_to_reused_entries(impl):
     buf.put([1], 0)
     assert buf.take(1, 1).uses.tolist() == [1]
     batch = buf.take(1, 2)
-    assert len(batch) == 0 and batch.metrics["dropped_stale"] == 1
+    assert len(batch) == 0 and batch.metrics["buffer/dropped_stale"] == 1
     led = assert_balanced(buf)
     assert led["taken"] == 1 and led["retired"] == 0 and led["dropped_stale"] == 1

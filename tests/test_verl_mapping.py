@@ -40,7 +40,7 @@ def test_drop_and_wait_decisions_equal_verls_formulas(impl, threshold, sync):
                               {"parameter_sync_step": sync}, capacity=4)
         wait.dispatch([1], step=now - age)
         wait.put([7], now)
-        blocked = wait.take(1, now).metrics["blocked_by"] == "in_flight_at_max_age"
+        blocked = wait.take(1, now).blocked_by == "in_flight_at_max_age"
         assert blocked == verl_waits(age, threshold), (age, threshold, sync)
 
 

@@ -24,7 +24,7 @@ def test_wait_refuses_to_take_while_an_in_flight_prompt_is_at_max_age(impl):
     assert buf.take(2, current_step=2).traj_ids.tolist() == [1]  + [2]  # age 1 < 2: not blocking
     buf.put([3], 3)
     blocked = buf.take(1, current_step=3)  # prompt 50 has age 2 == max_age
-    assert len(blocked) == 0 and blocked.metrics["blocked_by"] == "in_flight_at_max_age"
+    assert len(blocked) == 0 and blocked.blocked_by == "in_flight_at_max_age"
     assert len(buf) == 1
     buf.fail([50])
     assert buf.take(1, current_step=3).traj_ids.tolist() == [3]

@@ -10,12 +10,12 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
 from . import peers
-from .timing import calibrate, median, percentile, sample
+from .timing import Timed, calibrate, median, percentile, sample, sample_interleaved
 
 CURRENT_STEP = 1000  # every case trains at this step
 MAX_AGE = 10         # stamps below CURRENT_STEP - MAX_AGE are stale
@@ -58,7 +58,7 @@ def _stamps(n: int, stale: float, rng: np.random.Generator, ordered: bool = Fals
     return steps
 
 
-def _contenders(names: List[str], capacity: int, plan: Plan, skipped: Dict[str, str]) -> List[type]:
+def _contenders(names: List[str], capacity: int, plan: Plan, skipped: Dict[str, str]) -> List[Any]:
     found, missing = peers.available(names)
     skipped.update(missing)
     keep = []
@@ -75,26 +75,32 @@ def _contenders(names: List[str], capacity: int, plan: Plan, skipped: Dict[str, 
 def put_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     """put(B ids, one step stamp) into a full ring that overwrites its oldest entries."""
     rows = []
-    names = ["pyfast_buffer", "reference", "numpy mask", "cpprb", "torchrl"]
+    names = ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "cpprb", "cpprb 2 fields", "torchrl"]
     for capacity in plan.capacities:
         for batch in plan.batches:
             ids = np.arange(batch, dtype=np.int64)
+            timed: Dict[str, Timed] = {}
+            fill = np.arange(capacity, dtype=np.int64)
             for cls in _contenders(names, capacity, plan, skipped):
                 c = cls(capacity, MAX_AGE)
-                fill = np.arange(capacity, dtype=np.int64)
                 for start in range(0, capacity, 1 << 20):
                     c.fill(fill[start : start + (1 << 20)], 0)
-                fn = lambda c=c: c.put(ids, 1)  # noqa: E731
-                times = sample(fn, plan.repeat, number=calibrate(fn))
-                rows.append(row("put", cls.name, times, capacity=capacity, batch=batch))
-                del c
+
+                def put(c: Any = c) -> None:
+                    c.put(ids, 1)
+
+                timed[cls.name] = (put, None, calibrate(put))
+            for name, times in sample_interleaved(timed, plan.repeat).items():
+                rows.append(row("put", name, times, capacity=capacity, batch=batch))
+            del timed
     return rows
 
 
 def take_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     """take(B) under drop from a full ring where a fraction of entries, shuffled, is stale."""
     rows = []
-    names = ["pyfast_buffer", "reference", "numpy mask", "numba loop", "cpprb", "cpprb to full", "torchrl"]
+    names = ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "numba loop", "cpprb", "cpprb 2 fields",
+             "cpprb to full", "torchrl"]
     rng = np.random.default_rng(0)
     plan = dataclasses.replace(plan, reference_limit=min(plan.reference_limit, 100_000))  # refills take minutes
     for capacity in plan.capacities[:2]:  # the walk, not the ring size, sets the cost
@@ -102,21 +108,30 @@ def take_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
             steps = _stamps(capacity, stale, rng)
             ids = np.arange(capacity, dtype=np.int64)
             for batch in plan.batches:
+                timed: Dict[str, Timed] = {}
+                returned: Dict[str, List[int]] = {}
                 for cls in _contenders(names, capacity, plan, skipped):
                     c = cls(capacity, MAX_AGE)
 
-                    def refill(c=c):
+                    def refill(c: Any = c) -> None:
                         if len(c) < 0.6 * capacity:  # keep the ring about full of the same mix
                             c.fill(ids, steps)
 
                     c.fill(ids, steps)
-                    returned: List[int] = []
-                    times = sample(lambda c=c, b=batch: returned.append(c.take(b, CURRENT_STEP)), plan.repeat,
-                                   setup=refill)
-                    r = row("take", cls.name, times, capacity=capacity, batch=batch, stale=stale)
-                    r["returned_mean"] = float(np.mean(returned))  # what one call hands back
+                    got = returned[cls.name] = []
+
+                    def take(c: Any = c, b: int = batch, got: List[int] = got) -> None:
+                        got.append(c.take(b, CURRENT_STEP))
+
+                    # Fast calls are timed in loops, as in put; a loop walks at most half of the ring refilled
+                    # to >= 60% before it, so every call of the loop still finds a full batch.
+                    most = max(1, int(0.5 * capacity * (1 - stale)) // batch)
+                    timed[cls.name] = (take, refill, min(calibrate(take), most))
+                for name, times in sample_interleaved(timed, plan.repeat).items():
+                    r = row("take", name, times, capacity=capacity, batch=batch, stale=stale)
+                    r["returned_mean"] = float(np.mean(returned[name]))  # what one call hands back
                     rows.append(r)
-                    del c
+                del timed
     return rows
 
 
@@ -144,12 +159,20 @@ def evict_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
                 # The stream case: stamps 0..S-1, max_age S-1; each call at step S-1+k drops stamp k-1.
                 c = cls(capacity, MAX_AGE if order == "shuffled" else stream_steps - 1)
                 if order == "shuffled":
-                    setup = None if cls is peers.Memcpy else (lambda c=c: c.fill(ids, shuffled))
-                    times = sample(lambda c=c: c.evict(CURRENT_STEP), repeat, setup=setup)
+                    def refill(c: Any = c) -> None:
+                        c.fill(ids, shuffled)
+
+                    def evict(c: Any = c) -> None:
+                        c.evict(CURRENT_STEP)
+
+                    times = sample(evict, repeat, setup=None if cls is peers.Memcpy else refill)
                 else:
                     c.fill(ids, stream)
                     clock = iter(range(stream_steps, 2 * stream_steps))
-                    times = sample(lambda c=c, clock=clock: c.evict(next(clock)), repeat)
+                    def evict_next(c: Any = c, clock: Iterator[int] = clock) -> None:
+                        c.evict(next(clock))
+
+                    times = sample(evict_next, repeat)
                 rows.append(row("evict_stale", cls.name, times, capacity=capacity, order=order))
                 del c
     return rows
@@ -214,14 +237,20 @@ def wake_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     from ..buffer import StalenessBuffer
     from ..reference import ReferenceBuffer
 
+    # The floor and each contender run in alternating chunks, so that a burst of load on this shared
+    # machine hits all of them alike and the ratio to the floor compares like with like.
+    chunks = 5
+    per_chunk = max(2, plan.wake_rounds // chunks)
+    contenders = (("pyfast_buffer", StalenessBuffer, None), ("reference", ReferenceBuffer, None),
+                  ("polling 1 ms", StalenessBuffer, 1e-3))
+    latencies: Dict[str, List[float]] = {peers.EventFloor.name: []}
+    latencies.update({name: [] for name, _, _ in contenders})
+    for _ in range(chunks):
+        latencies[peers.EventFloor.name] += _event_floor(per_chunk)
+        for name, make, poll in contenders:
+            latencies[name] += _wake_latencies(make(1024, max_age=MAX_AGE, strategy="wait"), per_chunk, poll)
     rows = []
-    floor = _event_floor(plan.wake_rounds)
-    r = row("wake_latency", peers.EventFloor.name, floor, capacity=1024, batch=1)
-    r["p50_s"] = percentile(floor, 50)
-    rows.append(r)
-    for name, make, poll in (("pyfast_buffer", StalenessBuffer, None), ("reference", ReferenceBuffer, None),
-                             ("polling 1 ms", StalenessBuffer, 1e-3)):
-        lat = _wake_latencies(make(1024, max_age=MAX_AGE, strategy="wait"), plan.wake_rounds, poll)
+    for name, lat in latencies.items():
         r = row("wake_latency", name, lat, capacity=1024, batch=1)
         r["p50_s"] = percentile(lat, 50)
         rows.append(r)
@@ -303,6 +332,139 @@ def memory_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     return rows
 
 
+BULK = 65536  # entries per call in the bulk case
+
+
+def bulk_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """put/take of B = 65536 entries per call, ungrouped and in GRPO groups of 8, against a copy of the
+    same 64 bytes per entry (the physical floor); plus a new ring's first lap and its construction.
+
+    Every ratio is ``x_floor`` = this time / the copy's time, measured in the same run.
+    """
+    from ..buffer import StalenessBuffer
+
+    rows = []
+    capacity = 1 << 20
+    floor_fn = peers.Copy(BULK)
+    floor = sample(lambda: floor_fn.take(BULK, 0), plan.repeat)
+    rows.append(row("bulk", "copy (floor)", floor, batch=BULK, order="64 B/entry"))
+    ids = np.arange(BULK, dtype=np.int64)
+    for grouped in (False, True):
+        groups = ids // 8 if grouped else None
+        label = "grouped(8)" if grouped else "ungrouped"
+        buf = StalenessBuffer(capacity, max_age=MAX_AGE)
+        for start in range(0, capacity, BULK):  # one lap first: the ring is full and evicts from here on
+            buf.put(ids + start, CURRENT_STEP, group_ids=None if groups is None else groups + start)
+
+        def put(b: StalenessBuffer = buf, g: Optional[np.ndarray] = groups) -> None:
+            b.put(ids, CURRENT_STEP, group_ids=g)
+
+        def refill(b: StalenessBuffer = buf, g: Optional[np.ndarray] = groups) -> None:
+            if len(b) < BULK:
+                b.put(ids, CURRENT_STEP, group_ids=g)
+
+        def take(b: StalenessBuffer = buf) -> int:
+            return len(b.take(BULK, CURRENT_STEP))
+
+        put_times = sample(put, plan.repeat)
+        rows.append(row("bulk", "pyfast_buffer", put_times, batch=BULK, order=f"put {label}"))
+        take_times = sample(take, plan.repeat, setup=refill)
+        rows.append(row("bulk", "pyfast_buffer", take_times, batch=BULK, order=f"take {label}"))
+        del buf
+    # A new ring: the first lap (every page touched for the first time unless construction did it).
+    laps = 4
+    first: List[float] = []
+    later: List[float] = []
+    built: List[float] = []
+    for _ in range(max(3, plan.repeat // 3)):
+        t0 = time.perf_counter()
+        buf = StalenessBuffer(capacity, max_age=MAX_AGE)
+        built.append(time.perf_counter() - t0)
+        for lap in range(laps):
+            per_put: List[float] = []
+            for _ in range(capacity // BULK):
+                t0 = time.perf_counter()
+                buf.put(ids, CURRENT_STEP)
+                per_put.append(time.perf_counter() - t0)
+            (first if lap == 0 else later).append(median(per_put))  # the median put of the lap
+        del buf
+    rows.append(row("bulk", "pyfast_buffer", first, batch=BULK, order="put first lap"))
+    rows.append(row("bulk", "pyfast_buffer", later, batch=BULK, order="put later laps"))
+    r = row("bulk", "pyfast_buffer", built, capacity=capacity, order="construct")
+    r["ns_per_entry"] = median(built) / capacity * 1e9
+    rows.append(r)
+    return rows
+
+
+def overhead_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """Where the time of a one-entry put or take goes: argument checks, the binding call, the core, and
+    the Batch with its metrics. Each part is timed alone in a loop; ``python overhead`` = total - core.
+    """
+    from .. import _args
+    from ..batch import Batch, log_record, metrics_from_stats
+    from ..buffer import StalenessBuffer
+
+    buf = StalenessBuffer(1 << 16, max_age=MAX_AGE)
+    ring = buf._ring
+    one = np.zeros(1, np.int64)
+    stamp = np.array([CURRENT_STEP], np.int64)
+    out = np.empty(8, np.int64)
+    buf.put(np.arange(1 << 15, dtype=np.int64), CURRENT_STEP)  # half full: take never runs dry in a loop
+
+    def loop(fn: Callable[[], object]) -> float:
+        return median(sample(fn, plan.repeat, number=calibrate(fn, limit=50_000)))
+
+    def put_py() -> None:
+        buf.put(one, CURRENT_STEP)
+
+    def put_args() -> None:
+        _args.as_ids(one, "traj_ids")
+        np.array((CURRENT_STEP,), np.int64)
+
+    def put_core() -> None:
+        ring.put(one, None, stamp, None)
+
+    def take_py() -> None:  # refilled with one bare put (put_core), subtracted below
+        buf.take(1, CURRENT_STEP)
+        ring.put(one, None, stamp, None)
+
+    def take_args() -> None:
+        _args.as_count(1, "batch_size", 1)
+        _args.as_step(CURRENT_STEP, "current_step")
+        np.empty(8, np.int64)
+
+    def take_core() -> None:
+        ring.take(out, 1, CURRENT_STEP, None)
+        ring.put(one, None, stamp, None)
+
+    binding = loop(lambda: len(ring))  # a bound method that does nothing but lock and return
+    parts = {
+        "put": {"total": loop(put_py), "argument checks": loop(put_args), "binding + core": loop(put_core)},
+        "take": {"total": loop(take_py), "argument checks": loop(take_args), "binding + core": loop(take_core)},
+    }
+    refill = parts["put"]["binding + core"]
+    parts["take"]["total"] -= refill
+    parts["take"]["binding + core"] -= refill
+    stats = ring.take(out, 1, CURRENT_STEP, None)
+
+    def batch_and_log() -> Batch:
+        log_record(stats)
+        return Batch(out.reshape(8, 1), stats=stats)
+
+    parts["take"]["Batch/metrics"] = loop(batch_and_log)
+    parts["take"]["metrics on access"] = loop(lambda: metrics_from_stats(stats))
+    parts["take"]["tensor on access"] = loop(lambda: Batch(out.reshape(8, 1), stats=stats).columns)
+    rows = []
+    for op, p in parts.items():
+        core = max(p["binding + core"] - binding, 0.0)
+        split = {"argument checks": p["argument checks"], "binding call": binding, "core": core}
+        split.update({k: v for k, v in p.items() if k not in ("total", "argument checks", "binding + core")})
+        r = {"case": "overhead", "contender": "pyfast_buffer", "batch": 1, "order": op, "median_s": p["total"],
+             "runs": plan.repeat, "python_overhead_s": p["total"] - core, "split_s": split}
+        rows.append(r)
+    return rows
+
+
 CASES: Dict[str, Callable[[Plan, Dict[str, str]], List[Dict]]] = {
     "put": put_case,
     "take": take_case,
@@ -310,6 +472,8 @@ CASES: Dict[str, Callable[[Plan, Dict[str, str]], List[Dict]]] = {
     "wake_latency": wake_case,
     "throughput_2p1c": throughput_case,
     "memory": memory_case,
+    "bulk": bulk_case,
+    "overhead": overhead_case,
 }
 
 from .ray_case import ray_case  # noqa: E402  (the buffer as a Ray actor; skips itself when ray is missing)

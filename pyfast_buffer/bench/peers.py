@@ -9,7 +9,7 @@ unavailable instead of failing the run.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -19,6 +19,8 @@ from ..reference import ReferenceBuffer
 WIDE = ("traj_id", "group_id", "sample_step", "policy_version", "dispatch_ns", "complete_ns")
 NARROW = ("uses", "group_len")
 BYTES_PER_ENTRY = 8 * len(WIDE) + 4 * len(NARROW)
+#: Bytes of one entry in a batch (eight int64 fields): the copy that is the floor of put and take.
+FLOOR_BYTES = 64
 
 
 def unavailable(module: str, extra: str = "bench") -> Optional[str]:
@@ -46,7 +48,7 @@ class Ours:
         self.buf.put(ids, steps)
 
     def take(self, batch_size: int, step: int) -> int:
-        return len(self.buf.take(batch_size, step))
+        return len(self.buf.take(batch_size, step).traj_ids)  # the ids, as a tensor: what a trainer reads
 
     def evict(self, step: int) -> int:
         return self.buf.evict_stale(step)
@@ -198,7 +200,7 @@ class Cpprb:
     def __init__(self, capacity: int, max_age: int) -> None:
         import cpprb
 
-        env = {k: {"dtype": np.int64} for k in WIDE}
+        env: Dict[str, Dict[str, type]] = {k: {"dtype": np.int64} for k in WIDE}
         env.update({k: {"dtype": np.int32} for k in NARROW})
         self.rb = cpprb.ReplayBuffer(capacity, env)
         self.max_age = max_age
@@ -224,6 +226,27 @@ class Cpprb:
 
     def __len__(self) -> int:
         return int(self.rb.get_stored_size())
+
+
+class Cpprb2(Cpprb):
+    """cpprb 11 set up as a user would for this job: two fields, ``idx`` and ``step``; take is sample + mask."""
+
+    name = "cpprb 2 fields"
+
+    def __init__(self, capacity: int, max_age: int) -> None:
+        import cpprb
+
+        self.rb = cpprb.ReplayBuffer(capacity, {"idx": {"dtype": np.int64}, "step": {"dtype": np.int64}})
+        self.max_age = max_age
+
+    def put(self, ids: np.ndarray, step) -> None:
+        self.rb.add(idx=ids, step=np.broadcast_to(np.asarray(step, np.int64), (len(ids),)))
+
+    fill = put
+
+    def take(self, batch_size: int, step: int) -> int:
+        sample = self.rb.sample(batch_size)
+        return int(np.count_nonzero(sample["step"][:, 0] >= step - self.max_age))
 
 
 class CpprbFull(Cpprb):
@@ -302,6 +325,34 @@ class EventFloor:
     name = "threading.Event floor"
 
 
+class Copy:
+    """The physical floor of put and take: numpy.copyto of 64 bytes (one batch row) per entry, B entries."""
+
+    name = "copy (floor)"
+
+    def __init__(self, capacity: int, max_age: int = 0) -> None:
+        self.rows = min(capacity, 1 << 16)  # the largest batch any case copies
+        self.src = np.ones(self.rows * FLOOR_BYTES, np.uint8)
+        self.dst = np.empty_like(self.src)
+        self.capacity = capacity
+
+    def _copy(self, n: int) -> int:
+        np.copyto(self.dst[: n * FLOOR_BYTES], self.src[: n * FLOOR_BYTES])
+        return n
+
+    def put(self, ids: np.ndarray, step) -> None:
+        self._copy(len(ids))
+
+    def fill(self, ids: np.ndarray, steps) -> None:
+        pass
+
+    def take(self, batch_size: int, step: int) -> int:
+        return self._copy(min(batch_size, self.rows))
+
+    def __len__(self) -> int:
+        return self.capacity
+
+
 class Memcpy:
     """numpy.copyto of the same bytes: the bandwidth limit of any one-pass compaction."""
 
@@ -322,15 +373,18 @@ PEERS: Dict[str, Tuple[type, Optional[str]]] = {
     "numpy mask": (NumpyRing, None),
     "numba loop": (NumbaRing, "numba"),
     "cpprb": (Cpprb, "cpprb"),
+    "cpprb 2 fields": (Cpprb2, "cpprb"),
     "cpprb to full": (CpprbFull, "cpprb"),
     "torchrl": (TorchRL, "torchrl"),
     "memcpy": (Memcpy, None),
+    "copy (floor)": (Copy, None),
 }
 
 
-def available(names: List[str]) -> Tuple[List[type], Dict[str, str]]:
+def available(names: List[str]) -> Tuple[List[Any], Dict[str, str]]:
     """Returns the importable contenders among ``names`` and, for the others, why they are skipped."""
-    found, skipped = [], {}
+    found: List[Any] = []
+    skipped: Dict[str, str] = {}
     for name in names:
         cls, module = PEERS[name]
         reason = unavailable(module) if module else None

@@ -27,6 +27,13 @@ def add_ratios(rows: List[Dict]) -> None:
             memcpy = by_key.get(_key({**r, "order": "shuffled"}), {}).get("memcpy")
             if memcpy:
                 r["x_memcpy"] = r["median_s"] / memcpy["median_s"]
+        # The physical floor: a copy of 64 bytes per entry, B entries, measured in the same run.
+        floor = group.get("copy (floor)")
+        if r["case"] == "bulk":
+            floor = next((f for f in rows if f["case"] == "bulk" and f["contender"] == "copy (floor)"), None)
+        if floor and r["case"] in ("put", "take", "bulk") and "lap" not in str(r.get("order")) \
+                and r.get("order") != "construct" and floor is not r:
+            r["x_floor"] = r["median_s"] / floor["median_s"]
 
 
 def _find(rows: List[Dict], **match) -> List[Dict]:
@@ -57,9 +64,27 @@ def targets(rows: List[Dict]) -> List[Dict]:
             lambda v: v >= 3, "x", "one sample call; it returns only the fresh part of 512 random draws")
         add(f"take(512) drop, {stale:.0%} stale vs cpprb sampling until 512 fresh",
             _speedup(rows, "cpprb to full", **m), ">= 3x", lambda v: v >= 3, "x", "the same work as take")
+    m = dict(case="take", batch=512, capacity=100_000, stale=0.0)
+    add("take(512) drop, 0% stale vs cpprb 2 fields (idx, step) sample+mask", _speedup(rows, "cpprb 2 fields", **m),
+        ">= 3x", lambda v: v >= 3, "x", "cpprb as a user would set it up for this job")
     m = dict(case="put", batch=512, capacity=100_000)
     add("put(512) vs reference", _speedup(rows, "reference", **m), ">= 30x", lambda v: v >= 30, "x")
-    add("put(512) vs cpprb add", _speedup(rows, "cpprb", **m), ">= 3x", lambda v: v >= 3, "x")
+    add("put(512) vs cpprb add (eight fields)", _speedup(rows, "cpprb", **m), ">= 3x", lambda v: v >= 3, "x")
+    add("put(512) vs cpprb 2 fields (idx, step) add", _speedup(rows, "cpprb 2 fields", **m), ">= 3x",
+        lambda v: v >= 3, "x", "cpprb as a user would set it up for this job")
+    for r in _find(rows, case="bulk", contender="pyfast_buffer"):
+        if r.get("order", "").startswith(("put u", "put g", "take")):
+            add(f"{r['order']} B={r['batch']} vs a copy of 64 B/entry", r.get("x_floor"), "<= 4x",
+                lambda v: v <= 4, "x", "the physical floor, same run")
+    laps = {r["order"]: r for r in _find(rows, case="bulk", contender="pyfast_buffer")}
+    if "put first lap" in laps and "put later laps" in laps:
+        ratio = laps["put first lap"]["median_s"] / laps["put later laps"]["median_s"]
+        add("new ring: first lap of put vs later laps", ratio, "<= 1.1x", lambda v: v <= 1.1, "x",
+            f"no slower, within 10% noise; construction {laps['construct']['ns_per_entry']:.2f} ns/entry (pre-touch)"
+            if "construct" in laps else "no slower, within 10% noise")
+    for r in _find(rows, case="overhead", contender="pyfast_buffer"):
+        add(f"Python overhead of a one-entry {r['order']}", r["python_overhead_s"] * 1e6, "<= 2 us",
+            lambda v: v <= 2, "us", "total - core; split in the table")
     evicts = _find(rows, case="evict_stale", contender="pyfast_buffer", order="shuffled")
     if evicts:
         top = max(evicts, key=lambda r: r["capacity"])
@@ -71,8 +96,12 @@ def targets(rows: List[Dict]) -> List[Dict]:
         add(f"evict_stale non-decreasing at {top['capacity']:.0e}", top["median_s"] * 1e6, "< 50 us",
             lambda v: v < 50, "us")
     wake = _find(rows, case="wake_latency", contender="pyfast_buffer")
+    event = _find(rows, case="wake_latency", contender="threading.Event floor")
+    if wake and event:
+        add("wait wake-up p50 vs threading.Event floor", wake[0]["p50_s"] / event[0]["p50_s"], "<= 1.5x",
+            lambda v: v <= 1.5, "x",
+            f"p50 {wake[0]['p50_s'] * 1e6:.0f} us vs {event[0]['p50_s'] * 1e6:.0f} us, same run")
     if wake:
-        add("wait wake-up p50", wake[0]["p50_s"] * 1e6, "< 100 us", lambda v: v < 100, "us")
         add("wait wake-up p99", wake[0]["p99_s"] * 1e3, "< 2 ms", lambda v: v < 2, "ms")
     tp = _find(rows, case="throughput_2p1c", contender="pyfast_buffer")
     if tp:
@@ -99,7 +128,15 @@ def _cells(r: Dict) -> Tuple[str, str, str, str]:
     """Returns the printable parameters, median, ratio and detail of one row."""
     params = " ".join(f"{k}={r[k]:.0e}" if k == "capacity" else f"{k}={r[k]}" for k in KEYS[1:] if r.get(k) is not None)
     extra = ""
-    if "x_memcpy" in r:
+    if "split_s" in r:
+        extra = "; ".join(f"{k} {_fmt_time(v)}" for k, v in r["split_s"].items())
+        extra += f"; python overhead {_fmt_time(r['python_overhead_s'])}"
+    elif "x_floor" in r:
+        extra = f"{r['x_floor']:.2f}x the copy floor" + (f", returns {r['returned_mean']:.0f}"
+                                                        if "returned_mean" in r else "")
+    elif "ns_per_entry" in r:
+        extra = f"{r['ns_per_entry']:.2f} ns/entry"
+    elif "x_memcpy" in r:
         extra = f"{r['x_memcpy']:.2f}x memcpy"
     elif "p50_s" in r:
         extra = f"p50 {_fmt_time(r['p50_s'])}  p99 {_fmt_time(r['p99_s'])}"
@@ -127,7 +164,8 @@ def table(rows: List[Dict], goals: List[Dict], skipped: Dict[str, str]) -> str:
     lines += ["", "targets:"]
     for g in goals:
         verdict, value = _verdict(g)
-        lines.append(f"  [{verdict:>7}] {g['target']}: {value} (goal {g['goal']}){'  ' + g['note'] if g['note'] else ''}")
+        note = "  " + g["note"] if g["note"] else ""
+        lines.append(f"  [{verdict:>7}] {g['target']}: {value} (goal {g['goal']}){note}")
     lines += [f"  skipped {name}: {reason}" for name, reason in skipped.items()]
     return "\n".join(lines)
 
@@ -211,13 +249,26 @@ def markdown(rows: List[Dict], goals: List[Dict], skipped: Dict[str, str], comma
     return "\n".join(out)
 
 
-def update_readme(path: str, text: str) -> None:
-    """Replaces the part of ``path`` between the latest-run markers with ``text``."""
+DOCS_START, DOCS_END = "<!-- performance-table:start -->", "<!-- performance-table:end -->"
+
+
+def targets_markdown(goals: List[Dict], command: str, when: str) -> str:
+    """Returns the targets of a run as a Markdown table, headed by when and how it was measured."""
+    out = [f"Measured {when} with `{command}`.", "", "| target | goal | measured | verdict | note |",
+           "| --- | --- | --- | --- | --- |"]
+    for g in goals:
+        verdict, value = _verdict(g)
+        out.append(f"| {g['target']} | {g['goal']} | {value} | {verdict} | {g['note']} |")
+    return "\n".join(out)
+
+
+def update_readme(path: str, text: str, start: str = README_START, end: str = README_END) -> None:
+    """Replaces the part of ``path`` between the ``start`` and ``end`` markers with ``text``."""
     with open(path) as f:
         doc = f.read()
-    if README_START not in doc or README_END not in doc:
-        raise ValueError(f"{path} lacks the markers {README_START} and {README_END}; add them where the results go")
-    head, rest = doc.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
+    if start not in doc or end not in doc:
+        raise ValueError(f"{path} lacks the markers {start} and {end}; add them where the results go")
+    head, rest = doc.split(start, 1)
+    _, tail = rest.split(end, 1)
     with open(path, "w") as f:
-        f.write(f"{head}{README_START}\n{text}\n{README_END}{tail}")
+        f.write(f"{head}{start}\n{text}\n{end}{tail}")
