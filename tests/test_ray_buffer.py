@@ -20,6 +20,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
 import pyfast_buffer as pfb  # noqa: E402
+from pyfast_buffer.batch import metric_key  # noqa: E402
 from pyfast_buffer.checkpoint import CheckpointError  # noqa: E402
 from pyfast_buffer.ray import RemoteBatch, RemoteBuffer  # noqa: E402
 from pyfast_buffer.ray._local import init_local_cluster  # noqa: E402
@@ -73,8 +74,8 @@ def put_and_count(client: RemoteBuffer, ids: list, step: int) -> dict:
 
 
 def metric(batch: pfb.Batch, name: str) -> int:
-    """The one place these tests read batch metrics (their keys are getting a prefix)."""
-    return batch.metrics[name]
+    """The one place these tests read batch metrics (keys under the metrics prefix, set in the actor's process)."""
+    return batch.metrics[metric_key(name)]
 
 
 def object_store_used() -> tuple:
