@@ -30,8 +30,11 @@ BUILD = ROOT / "build" / "perf-native"
 
 def build(build_dir: Path) -> Path:
     """Configures and builds the driver (Release, like the wheel); returns the executable's path."""
-    subprocess.run(["cmake", "-S", str(ROOT / "bench" / "native"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release"],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["cmake", "-S", str(ROOT / "bench" / "native"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     subprocess.run(["cmake", "--build", str(build_dir), "-j", "2"], check=True, stdout=subprocess.DEVNULL)
     return build_dir / "perf_driver"
 
@@ -50,8 +53,18 @@ def measure(driver: Path, workload: str) -> Dict[str, float]:
         tunables = "glibc.cpu.x86_rep_movsb_threshold=2147483647:glibc.cpu.x86_rep_stosb_threshold=2147483647"
         env = {**os.environ, "PYFAST_BUFFER_NO_SIMD": "1", "GLIBC_TUNABLES": tunables}
         run = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--toggle-collect=pfb_measured", f"--callgrind-out-file={out_file}",
-             str(driver), workload], capture_output=True, text=True, env=env)
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--toggle-collect=pfb_measured",
+                f"--callgrind-out-file={out_file}",
+                str(driver),
+                workload,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         if run.returncode:
             raise RuntimeError(f"{workload}: the driver failed under valgrind:\n{run.stderr[-3000:]}")
         text = Path(out_file).read_text()
@@ -60,8 +73,12 @@ def measure(driver: Path, workload: str) -> Dict[str, float]:
         raise RuntimeError(f"{workload}: no instruction total in the callgrind output")
     info = json.loads(run.stdout.strip().splitlines()[-1])
     instructions = int(found.group(1))
-    return {"instructions": instructions, "entries": info["entries"], "calls": info["calls"],
-            "per_entry": instructions / info["entries"]}
+    return {
+        "instructions": instructions,
+        "entries": info["entries"],
+        "calls": info["calls"],
+        "per_entry": instructions / info["entries"],
+    }
 
 
 def check(measured: Dict[str, Dict[str, float]], budgets: Dict[str, float]) -> List[str]:
@@ -73,9 +90,11 @@ def check(measured: Dict[str, Dict[str, float]], budgets: Dict[str, float]) -> L
             failures.append(f"{name}: no budget in {BUDGETS.name}; run bench/perf_guard.py --update and commit it")
         elif m["per_entry"] > budget:
             over = m["per_entry"] - budget
-            failures.append(f"{name}: {m['per_entry']:.2f} instructions/entry exceeds its budget {budget:.2f} "
-                            f"by {over:.2f} ({over / budget:+.1%}); find the regression with "
-                            f"callgrind_annotate, or raise the budget in {BUDGETS.name} if the cost is intended")
+            failures.append(
+                f"{name}: {m['per_entry']:.2f} instructions/entry exceeds its budget {budget:.2f} "
+                f"by {over:.2f} ({over / budget:+.1%}); find the regression with "
+                f"callgrind_annotate, or raise the budget in {BUDGETS.name} if the cost is intended"
+            )
     return failures
 
 
@@ -100,16 +119,22 @@ def main(argv: List[str] | None = None) -> int:
     for name in names:
         m = measured[name] = measure(driver, name)
         budget = budgets.get(name)
-        print(f"{name:<22} {m['per_entry']:>12.2f} {budget if budget is not None else '-':>9} "
-              f"{m['instructions'] / m['calls']:>12.0f}")
+        print(
+            f"{name:<22} {m['per_entry']:>12.2f} {budget if budget is not None else '-':>9} "
+            f"{m['instructions'] / m['calls']:>12.0f}"
+        )
     if args.update:
-        data = {"_comment": "Instructions per entry of the native core under callgrind (bench/perf_guard.py); "
-                            "budget = max(measured * (1 + headroom), measured + 0.05).",
-                "headroom": args.headroom,
-                # Near-zero counts (construct, the sorted evict) get an absolute slack of 0.05 as well.
-                "instructions_per_entry": {n: round(max(m["per_entry"] * (1 + args.headroom), m["per_entry"] + 0.05), 2)
-                                           for n, m in measured.items()},
-                "measured": {n: round(m["per_entry"], 2) for n, m in measured.items()}}
+        data = {
+            "_comment": "Instructions per entry of the native core under callgrind (bench/perf_guard.py); "
+            "budget = max(measured * (1 + headroom), measured + 0.05).",
+            "headroom": args.headroom,
+            # Near-zero counts (construct, the sorted evict) get an absolute slack of 0.05 as well.
+            "instructions_per_entry": {
+                n: round(max(m["per_entry"] * (1 + args.headroom), m["per_entry"] + 0.05), 2)
+                for n, m in measured.items()
+            },
+            "measured": {n: round(m["per_entry"], 2) for n, m in measured.items()},
+        }
         BUDGETS.write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {BUDGETS}")
         return 0

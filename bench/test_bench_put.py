@@ -2,15 +2,15 @@
 
 import numpy as np
 import pytest
-
 from _contenders import make
 
 CAPACITY = 100_000
 
 
 @pytest.mark.parametrize("batch", [64, 512, 4096])
-@pytest.mark.parametrize("name", ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "cpprb", "cpprb 2 fields",
-                                  "torchrl"])
+@pytest.mark.parametrize(
+    "name", ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "cpprb", "cpprb 2 fields", "torchrl"]
+)
 def test_put(benchmark, name, batch):
     benchmark.group = f"put B={batch} C={CAPACITY:.0e}"
     c = make(name, CAPACITY, 10)

@@ -2,16 +2,17 @@
 
 import numpy as np
 import pytest
-
 from _contenders import make
+
 from pyfast_buffer.bench.cases import CURRENT_STEP, MAX_AGE, _stamps
 
 CAPACITY = 100_000
 
 
 @pytest.mark.parametrize("stale", [0.0, 0.5, 0.99])
-@pytest.mark.parametrize("name", ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "numba loop",
-                                  "cpprb to full", "torchrl"])
+@pytest.mark.parametrize(
+    "name", ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "numba loop", "cpprb to full", "torchrl"]
+)
 def test_take_512(benchmark, name, stale, rng):
     benchmark.group = f"take B=512 stale={stale:.0%} C={CAPACITY:.0e}"
     c = make(name, CAPACITY, MAX_AGE)

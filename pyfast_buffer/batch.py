@@ -28,8 +28,19 @@ BLOCKED_BY = ("none", "too_few_ready", "in_flight_at_max_age")
 _BLOCKED_CODE = {name: code for code, name in enumerate(BLOCKED_BY)}
 #: The prefix of every metrics key unless set_metrics_prefix() changes it.
 DEFAULT_METRICS_PREFIX = "buffer/"
-_NAMES = ("taken", "dropped_stale", "retired", "evicted", "buffer_left", "sampled_total", "in_flight", "age_mean",
-          "age_max", "blocked_by") + tuple(f"age_hist/{b}" for b in AGE_BUCKETS)
+_NAMES = (
+    "taken",
+    "dropped_stale",
+    "retired",
+    "evicted",
+    "buffer_left",
+    "sampled_total",
+    "in_flight",
+    "age_mean",
+    "age_max",
+    "blocked_by",
+    *tuple(f"age_hist/{b}" for b in AGE_BUCKETS),
+)
 _prefix = DEFAULT_METRICS_PREFIX
 _keys = tuple(_prefix + n for n in _NAMES)
 
@@ -72,8 +83,19 @@ def log_record(stats: Stats) -> None:
 def metrics_from_stats(stats: Stats) -> Dict[str, float]:
     """Returns the metrics dict of one take or evict_stale: numeric values under the current prefix."""
     taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled = stats[:11]
-    values = (taken, dropped, retired, evicted, left, sampled, in_flight, age_sum / taken if taken else 0.0, age_max,
-              _BLOCKED_CODE[blocked_by], *hist)
+    values = (
+        taken,
+        dropped,
+        retired,
+        evicted,
+        left,
+        sampled,
+        in_flight,
+        age_sum / taken if taken else 0.0,
+        age_max,
+        _BLOCKED_CODE[blocked_by],
+        *hist,
+    )
     return dict(zip(_keys, values))
 
 
@@ -91,10 +113,15 @@ class Batch:
     The tensors belong to the caller: no later call overwrites them.
     """
 
-    __slots__ = ("_columns", "_array", "_metrics", "_stats")
+    __slots__ = ("_array", "_columns", "_metrics", "_stats")
 
-    def __init__(self, columns: Union[torch.Tensor, np.ndarray], metrics: Optional[Dict[str, float]] = None, *,
-                 stats: Optional[Stats] = None) -> None:
+    def __init__(
+        self,
+        columns: Union[torch.Tensor, np.ndarray],
+        metrics: Optional[Dict[str, float]] = None,
+        *,
+        stats: Optional[Stats] = None,
+    ) -> None:
         # An (8, k) int64 numpy block (what take fills) becomes a tensor sharing its memory on first access.
         self._columns: Optional[torch.Tensor] = None if isinstance(columns, np.ndarray) else columns
         self._array: Optional[np.ndarray] = columns if isinstance(columns, np.ndarray) else None
@@ -189,7 +216,7 @@ class Batch:
         now = time.time_ns() if now_ns is None else now_ns
         return (now - self.columns[6]).to(torch.float64) / 1e9
 
-    def to(self, *args: Any, **kwargs: Any) -> "Batch":
+    def to(self, *args: Any, **kwargs: Any) -> Batch:
         """Returns a Batch with the columns moved by ``Tensor.to`` (e.g. ``"cuda", non_blocking=True``)."""
         return Batch(self.columns.to(*args, **kwargs), self.metrics, stats=self._stats)  # one shared dict
 

@@ -12,6 +12,7 @@ import torch
 from . import _core, state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import Batch, log_record, make_metrics
+from .checkpoint import CheckpointMethods
 from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
 from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError
 from .released import Released
@@ -28,7 +29,7 @@ def _pinned_columns(capacity: int) -> tuple:
     return tuple(wide + narrow)
 
 
-class StalenessBuffer:
+class StalenessBuffer(CheckpointMethods):
     """A ring of step-stamped trajectory ids that hands out only what is fresh enough to train on.
 
     Args:
@@ -48,25 +49,51 @@ class StalenessBuffer:
             set of the ready ids (about 40 bytes per entry) and one lookup per id put or taken.
     """
 
-    def __init__(self, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
-                 on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
-                 parameter_sync_step: Optional[int] = None, track_released: bool = False,
-                 release_bound: Optional[int] = None, unique_ids: bool = False) -> None:
-        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step,
-                                   track_released, release_bound, unique_ids)
+    def __init__(
+        self,
+        capacity: int,
+        max_age: int = 7,
+        strategy: str = "drop",
+        max_uses: int = 1,
+        on_full: str = "evict_oldest",
+        pin_memory: Optional[bool] = None,
+        parameter_sync_step: Optional[int] = None,
+        track_released: bool = False,
+        release_bound: Optional[int] = None,
+        unique_ids: bool = False,
+    ) -> None:
+        self.config = BufferConfig(
+            capacity,
+            max_age,
+            strategy,
+            max_uses,
+            on_full,
+            parameter_sync_step,
+            track_released,
+            release_bound,
+            unique_ids,
+        )
         check_capacity_fits(capacity)
         self._config_lock = threading.Lock()  # keeps config.max_age in step with the core's under concurrent setters
         self.pin_memory = resolve_pin_memory(pin_memory)
         self._capacity = self.config.capacity
         # Pinned columns are allocated once by torch and borrowed by the core; this object keeps them alive.
         self._columns = _pinned_columns(capacity) if self.pin_memory else None
-        self._ring = _core.Ring(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step or 0,
-                                tuple(t.numpy() for t in self._columns) if self._columns else None,
-                                track_released=track_released, release_bound=release_bound or 0,
-                                unique_ids=unique_ids)
+        self._ring = _core.Ring(
+            capacity,
+            max_age,
+            strategy,
+            max_uses,
+            on_full,
+            parameter_sync_step or 0,
+            tuple(t.numpy() for t in self._columns) if self._columns else None,
+            track_released=track_released,
+            release_bound=release_bound or 0,
+            unique_ids=unique_ids,
+        )
 
     @classmethod
-    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> "StalenessBuffer":
+    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> StalenessBuffer:
         """Builds a buffer from verl's ``trainer.v1.sampler`` block and trainer config (see config_from_verl)."""
         return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
@@ -103,12 +130,21 @@ class StalenessBuffer:
         """Marks in-flight prompts as failed; nothing of theirs enters the ring."""
         self._ring.fail(as_ids(prompt_ids, "prompt_ids"))
 
-    def put(self, traj_ids: Ids, sample_step: Union[int, Ids], group_ids: Optional[Ids] = None,
-            timeout: Optional[float] = None) -> None:
+    def put(
+        self,
+        traj_ids: Ids,
+        sample_step: Union[int, Ids],
+        group_ids: Optional[Ids] = None,
+        timeout: Optional[float] = None,
+    ) -> None:
         """Dispatch + complete in one call; ``sample_step`` is one int or one per trajectory."""
         # The common call (int64 numpy ids, one int stamp, no groups) skips the general conversions.
-        if (type(traj_ids) is np.ndarray and traj_ids.dtype == _INT64 and traj_ids.ndim == 1
-                and traj_ids.flags.c_contiguous):
+        if (
+            type(traj_ids) is np.ndarray
+            and traj_ids.dtype == _INT64
+            and traj_ids.ndim == 1
+            and traj_ids.flags.c_contiguous
+        ):
             trajs = traj_ids
         else:
             trajs = as_ids(traj_ids, "traj_ids")
@@ -132,10 +168,14 @@ class StalenessBuffer:
             n = batch_size
         else:
             n = as_count(batch_size, "batch_size", 1)
-        step = current_step if type(current_step) is int and 0 <= current_step <= _INT64_MAX else as_step(
-            current_step, "current_step")
+        step = (
+            current_step
+            if type(current_step) is int and 0 <= current_step <= _INT64_MAX
+            else as_step(current_step, "current_step")
+        )
         wait = None if timeout is None else as_timeout(timeout)
         rows = n if n < self._capacity else self._capacity  # a batch never holds more than the ring
+        columns: Union[torch.Tensor, np.ndarray]
         if self.pin_memory:
             out = torch.empty(_N_COLUMNS * rows, dtype=torch.int64, pin_memory=True)
             stats = self._ring.take(out.numpy(), n, step, wait)
@@ -206,16 +246,16 @@ class StalenessBuffer:
         """Closes the buffer and wakes every blocked take/put at once with BufferClosedError."""
         self._ring.close()
 
-    def __copy__(self) -> "StalenessBuffer":
+    def __copy__(self) -> StalenessBuffer:
         raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
 
-    def __deepcopy__(self, memo: Any) -> "StalenessBuffer":
+    def __deepcopy__(self, memo: Any) -> StalenessBuffer:
         raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
 
-    def __enter__(self) -> "StalenessBuffer":
+    def __enter__(self) -> StalenessBuffer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -228,9 +268,13 @@ class StalenessBuffer:
         """Returns the whole state (entries, in-flight prompts, ledger, clock) as torch tensors."""
         s = self._ring.export_state()
         entries = {k: s[k] for k in state.ENTRY_COLUMNS}
-        in_flight = {"prompt_id": s["in_flight_prompt"], "sample_step": s["in_flight_step"],
-                     "dispatch_ns": s["in_flight_dispatch_ns"], "lease_left_ns": s["in_flight_lease_left_ns"],
-                     "held_ns": s["in_flight_held_ns"]}
+        in_flight = {
+            "prompt_id": s["in_flight_prompt"],
+            "sample_step": s["in_flight_step"],
+            "dispatch_ns": s["in_flight_dispatch_ns"],
+            "lease_left_ns": s["in_flight_lease_left_ns"],
+            "held_ns": s["in_flight_held_ns"],
+        }
         return state.pack(self.config, entries, in_flight, s["ledger"], s["clock"], s["evicted_unreported"])
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -241,26 +285,14 @@ class StalenessBuffer:
         flat = {k: v for k, v in s["entries"].items()}
         flat["uses"] = flat["uses"].astype(np.int32)
         flat["group_len"] = flat["group_len"].astype(np.int32)
-        flat.update(in_flight_prompt=s["in_flight"]["prompt_id"], in_flight_step=s["in_flight"]["sample_step"],
-                    in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"],
-                    in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"],
-                    in_flight_held_ns=s["in_flight"]["held_ns"],
-                    ledger=s["ledger"], clock=s["clock"],
-                    evicted_unreported=s["evicted_unreported"])
+        flat.update(
+            in_flight_prompt=s["in_flight"]["prompt_id"],
+            in_flight_step=s["in_flight"]["sample_step"],
+            in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"],
+            in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"],
+            in_flight_held_ns=s["in_flight"]["held_ns"],
+            ledger=s["ledger"],
+            clock=s["clock"],
+            evicted_unreported=s["evicted_unreported"],
+        )
         self._ring.import_state(flat)
-
-    # -- durable checkpoints: thin delegations to checkpoint.py (docs/checkpoints.md) ---------------------------
-    # checkpoint is imported in each method so that this block is the only checkpoint code in this file.
-    def save(self, path: Any) -> None:
-        """Writes the state to ``path`` (str or os.PathLike) atomically: the old file or the new, never a mix."""
-        from . import checkpoint
-        checkpoint.save(self, path)
-
-    def load(self, path: Any, in_flight: str = "fail") -> torch.Tensor:
-        """Replaces the state with a save()d file, or raises CheckpointError changing nothing.
-
-        ``in_flight="fail"`` fails restored in-flight prompts (their workers are usually gone) and returns
-        their ids to dispatch again; ``"keep"`` keeps them in flight (under wait they block take).
-        """
-        from . import checkpoint
-        return checkpoint.load(self, path, in_flight)

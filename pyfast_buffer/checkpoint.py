@@ -417,3 +417,19 @@ def load(buffer: Checkpointable, path: PathLike, in_flight: str = DEFAULT_IN_FLI
         return prompts[:0]
     buffer.fail(prompts)
     return prompts
+
+
+class CheckpointMethods:
+    """``save``/``load`` methods for a buffer class (both StalenessBuffer and ReferenceBuffer inherit them)."""
+
+    def save(self: Checkpointable, path: PathLike) -> None:
+        """Writes the state to ``path`` (str or os.PathLike) atomically: the old file or the new, never a mix."""
+        save(self, path)
+
+    def load(self: Checkpointable, path: PathLike, in_flight: str = DEFAULT_IN_FLIGHT) -> torch.Tensor:
+        """Replaces the state with a save()d file, or raises CheckpointError changing nothing.
+
+        ``in_flight="fail"`` fails restored in-flight prompts (their workers are usually gone) and returns
+        their ids to dispatch again; ``"keep"`` keeps them in flight (under wait they block take).
+        """
+        return load(self, path, in_flight)

@@ -21,6 +21,7 @@ import torch
 from . import state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
+from .checkpoint import CheckpointMethods
 from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
 from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError, BufferFullError
 from .released import NOT_TRACKED, Released, default_release_bound
@@ -39,7 +40,7 @@ class _Plan:
         self.blocked_by = "none"
 
 
-class ReferenceBuffer:
+class ReferenceBuffer(CheckpointMethods):
     """Pure-Python StalenessBuffer; see that class for the arguments (pin_memory is accepted and ignored)."""
 
     def __init__(
@@ -720,21 +721,3 @@ class ReferenceBuffer:
             self._clock = s["clock"]
             self._evicted_unreported = s["evicted_unreported"]
             self._cond.notify_all()
-
-    # -- durable checkpoints: thin delegations to checkpoint.py (docs/checkpoints.md) ---------------------------
-    # checkpoint is imported in each method so that this block is the only checkpoint code in this file.
-    def save(self, path: Any) -> None:
-        """Writes the state to ``path`` (str or os.PathLike) atomically: the old file or the new, never a mix."""
-        from . import checkpoint
-
-        checkpoint.save(self, path)
-
-    def load(self, path: Any, in_flight: str = "fail") -> torch.Tensor:
-        """Replaces the state with a save()d file, or raises CheckpointError changing nothing.
-
-        ``in_flight="fail"`` fails restored in-flight prompts (their workers are usually gone) and returns
-        their ids to dispatch again; ``"keep"`` keeps them in flight (under wait they block take).
-        """
-        from . import checkpoint
-
-        return checkpoint.load(self, path, in_flight)

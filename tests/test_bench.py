@@ -9,8 +9,16 @@ from pyfast_buffer.bench import main as bench_main
 from pyfast_buffer.bench import report
 from pyfast_buffer.bench.cases import CASES, Plan
 
-TINY = Plan(capacities=(2_000,), batches=(64,), stale=(0.0, 0.99), repeat=2, wake_rounds=4,
-            throughput_seconds=0.05, memory_capacity=20_000, reference_limit=2_000)
+TINY = Plan(
+    capacities=(2_000,),
+    batches=(64,),
+    stale=(0.0, 0.99),
+    repeat=2,
+    wake_rounds=4,
+    throughput_seconds=0.05,
+    memory_capacity=20_000,
+    reference_limit=2_000,
+)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -80,8 +88,10 @@ def test_cli_writes_the_targets_table_into_the_docs_page(tmp_path, monkeypatch):
     monkeypatch.setattr("pyfast_buffer.bench.cases.Plan.quick", classmethod(lambda cls: dataclasses.replace(TINY)))
     page = tmp_path / "performance.md"
     page.write_text(f"# Performance\n\n{report.DOCS_START}\nold\n{report.DOCS_END}\n\nafter\n")
-    assert bench_main(["--quick", "--cases", "bulk", "--out", str(tmp_path), "--no-chart",
-                       "--update-docs", str(page)]) == 0
+    assert (
+        bench_main(["--quick", "--cases", "bulk", "--out", str(tmp_path), "--no-chart", "--update-docs", str(page)])
+        == 0
+    )
     text = page.read_text()
     assert "old" not in text and text.endswith("after\n")
     assert "| put ungrouped B=65536 vs a copy of 64 B/entry | <= 4x |" in text

@@ -9,9 +9,9 @@ import random
 
 import numpy as np
 import pytest
+from _helpers import assert_balanced
 
 import pyfast_buffer as pfb
-from _helpers import assert_balanced
 
 
 def _rows(batch):
@@ -32,8 +32,13 @@ def _group_ids(rng: random.Random, trajs, kind: str):
 @pytest.mark.parametrize("seed", range(6))
 def test_bulk_put_and_take_match_the_twin(seed):
     rng = random.Random(seed)
-    kwargs = dict(capacity=rng.choice([97, 128, 300]), max_age=rng.choice([2, 5]), max_uses=rng.choice([1, 1, 2]),
-                  parameter_sync_step=rng.choice([None, 3]), track_released=rng.random() < 0.5)
+    kwargs = dict(
+        capacity=rng.choice([97, 128, 300]),
+        max_age=rng.choice([2, 5]),
+        max_uses=rng.choice([1, 1, 2]),
+        parameter_sync_step=rng.choice([None, 3]),
+        track_released=rng.random() < 0.5,
+    )
     native, ref = pfb.StalenessBuffer(**kwargs), pfb.ReferenceBuffer(**kwargs)
     next_traj, clock = 0, 0
     for _ in range(60):

@@ -9,10 +9,10 @@ import pickle
 
 import numpy as np
 import pytest
+from _helpers import assert_balanced
 
 import pyfast_buffer as pfb
 from pyfast_buffer import _core
-from _helpers import assert_balanced
 
 TOP = 2**63 - 1  # the largest step the API accepts
 
@@ -85,12 +85,14 @@ def test_no_nan_or_inf_reaches_the_clock_through_the_private_core(seconds):
     out = np.empty(8 * 8, dtype=np.int64)
     ring.dispatch(np.array([1], dtype=np.int64), 0)
     before = ring.ledger()
-    for call in (lambda: ring.take(out, 9, 0, seconds),
-                 lambda: ring.put(np.array([99], dtype=np.int64), None, np.zeros(1, dtype=np.int64), seconds),
-                 lambda: ring.complete(np.array([5], dtype=np.int64), np.array([1], dtype=np.int64), seconds),
-                 lambda: ring.dispatch(np.array([2], dtype=np.int64), 0, seconds),
-                 lambda: ring.renew(np.array([1], dtype=np.int64), seconds),
-                 lambda: ring.expire_in_flight(seconds)):
+    for call in (
+        lambda: ring.take(out, 9, 0, seconds),
+        lambda: ring.put(np.array([99], dtype=np.int64), None, np.zeros(1, dtype=np.int64), seconds),
+        lambda: ring.complete(np.array([5], dtype=np.int64), np.array([1], dtype=np.int64), seconds),
+        lambda: ring.dispatch(np.array([2], dtype=np.int64), 0, seconds),
+        lambda: ring.renew(np.array([1], dtype=np.int64), seconds),
+        lambda: ring.expire_in_flight(seconds),
+    ):
         with pytest.raises(ValueError, match="must be a finite number of seconds"):
             call()
     assert ring.ledger() == before

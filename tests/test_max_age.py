@@ -4,12 +4,12 @@ import logging
 import threading
 
 import pytest
-
 from _helpers import assert_balanced
 
 
-@pytest.mark.parametrize("bad, error", [("3", TypeError), (1.5, TypeError), (True, TypeError), (None, TypeError),
-                                        (-1, ValueError)])
+@pytest.mark.parametrize(
+    "bad, error", [("3", TypeError), (1.5, TypeError), (True, TypeError), (None, TypeError), (-1, ValueError)]
+)
 def test_bad_max_age_is_refused_and_changes_nothing(impl, bad, error):
     buf = impl(8, max_age=3)
     buf.put([1, 2], 0)
@@ -137,7 +137,7 @@ def test_concurrent_setters_and_takers_keep_the_ledger_balanced(impl):
                 buf.put([offset + i], i % 6)  # ages 5..0 at step 5: the bound in force decides each drop
                 buf.take(2, current_step=5)
                 assert_balanced(buf, quiescent=False)  # the other worker runs: one snapshot's identities
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=setter)]

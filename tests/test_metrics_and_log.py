@@ -5,14 +5,23 @@ import re
 
 import pytest
 import torch
-
 from _helpers import assert_balanced
 
 import pyfast_buffer as pfb
 from pyfast_buffer.batch import BLOCKED_BY, DEFAULT_METRICS_PREFIX, metric_key, set_metrics_prefix
 
-NAMES = {"taken", "dropped_stale", "retired", "evicted", "buffer_left", "sampled_total", "in_flight",
-         "age_mean", "age_max", "blocked_by"} | {f"age_hist/{b}" for b in pfb.AGE_BUCKETS}
+NAMES = {
+    "taken",
+    "dropped_stale",
+    "retired",
+    "evicted",
+    "buffer_left",
+    "sampled_total",
+    "in_flight",
+    "age_mean",
+    "age_max",
+    "blocked_by",
+} | {f"age_hist/{b}" for b in pfb.AGE_BUCKETS}
 STABLE_KEYS = {"buffer/" + n for n in NAMES}
 
 
@@ -105,7 +114,8 @@ def test_log_line_format(impl, caplog):
     buf.put([1], 0)
     buf.take(1, 0)
     assert caplog.records[-1].getMessage() == (
-        "dropped_stale=0 taken=1 buffer_left=0 sampled_total=1 retired=1 evicted=0 max_age=7 expired=0")
+        "dropped_stale=0 taken=1 buffer_left=0 sampled_total=1 retired=1 evicted=0 max_age=7 expired=0"
+    )
     assert caplog.records[-1].getMessage().startswith(pfb.LOG_FORMAT.split(" retired")[0] % (0, 1, 0, 1))
 
 

@@ -4,9 +4,9 @@ import threading
 import time
 
 import pytest
+from _helpers import assert_balanced
 
 import pyfast_buffer as pfb
-from _helpers import assert_balanced
 
 
 def test_evict_oldest_pushes_out_whole_groups_and_counts_them(impl):

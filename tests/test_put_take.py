@@ -1,7 +1,6 @@
 """put/take under drop: oldest first, stale entries dropped in the same walk, groups whole."""
 
 import pytest
-
 from _helpers import assert_balanced, rows
 
 
@@ -21,7 +20,7 @@ def test_take_returns_oldest_first_with_age_and_uses(impl):
 def test_drop_discards_stale_and_keeps_walking_to_fill_the_batch(impl):
     buf = impl(16, max_age=2)
     buf.put([1, 2, 3, 4], 0)  # age 5 at step 5: stale
-    buf.put([5, 6, 7], 4)     # age 1: fresh
+    buf.put([5, 6, 7], 4)  # age 1: fresh
     batch = buf.take(2, current_step=5)
     assert batch.traj_ids.tolist() == [5, 6]
     assert batch.metrics["buffer/dropped_stale"] == 4
@@ -88,7 +87,7 @@ def test_group_larger_than_batch_size_is_an_error_that_changes_nothing(impl):
     buf = impl(32, max_age=5)
     buf.put([1, 2, 3], 0, group_ids=[4, 4, 4])
     before = buf.ledger()
-    with pytest.raises(ValueError, match="batch_size=2 .*raise batch_size to at least 3"):
+    with pytest.raises(ValueError, match=r"batch_size=2 .*raise batch_size to at least 3"):
         buf.take(2, current_step=0)
     assert buf.ledger() == before and len(buf) == 3
 

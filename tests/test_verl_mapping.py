@@ -26,8 +26,11 @@ def verl_waits(age, threshold):
 @pytest.mark.parametrize("threshold", range(1, 11))
 def test_drop_and_wait_decisions_equal_verls_formulas(impl, threshold, sync):
     ages = range(0, threshold * sync + 3)
-    drop = impl.from_verl({"max_off_policy_threshold": threshold, "max_off_policy_strategy": "drop"},
-                          {"parameter_sync_step": sync}, capacity=len(ages))
+    drop = impl.from_verl(
+        {"max_off_policy_threshold": threshold, "max_off_policy_strategy": "drop"},
+        {"parameter_sync_step": sync},
+        capacity=len(ages),
+    )
     assert drop.config.max_age == threshold - 1
     now = max(ages)
     for age in ages:
@@ -36,8 +39,11 @@ def test_drop_and_wait_decisions_equal_verls_formulas(impl, threshold, sync):
     assert kept == {a for a in ages if not verl_drops(a, threshold)}
 
     for age in ages:
-        wait = impl.from_verl({"max_off_policy_threshold": threshold, "max_off_policy_strategy": "wait"},
-                              {"parameter_sync_step": sync}, capacity=4)
+        wait = impl.from_verl(
+            {"max_off_policy_threshold": threshold, "max_off_policy_strategy": "wait"},
+            {"parameter_sync_step": sync},
+            capacity=4,
+        )
         wait.dispatch([1], step=now - age)
         wait.put([7], now)
         blocked = wait.take(1, now).blocked_by == "in_flight_at_max_age"

@@ -4,9 +4,9 @@ import threading
 import time
 
 import pytest
+from _helpers import assert_balanced
 
 import pyfast_buffer as pfb
-from _helpers import assert_balanced
 
 
 def test_wait_never_drops_for_staleness(impl):
@@ -21,7 +21,7 @@ def test_wait_refuses_to_take_while_an_in_flight_prompt_is_at_max_age(impl):
     buf = impl(16, max_age=2, strategy="wait")
     buf.put([1, 2], 2)
     buf.dispatch([50], step=1)
-    assert buf.take(2, current_step=2).traj_ids.tolist() == [1]  + [2]  # age 1 < 2: not blocking
+    assert buf.take(2, current_step=2).traj_ids.tolist() == [1, 2]  # age 1 < 2: not blocking
     buf.put([3], 3)
     blocked = buf.take(1, current_step=3)  # prompt 50 has age 2 == max_age
     assert len(blocked) == 0 and blocked.blocked_by == "in_flight_at_max_age"
@@ -96,13 +96,13 @@ def test_close_wakes_every_waiter_with_a_clear_error(impl):
     def wait_take():
         try:
             buf.take(8, 0, timeout=30)
-        except Exception as exc:  # noqa: BLE001 - the test inspects it
+        except Exception as exc:
             errors.append(exc)
 
     def wait_put():
         try:
             buf.put([5], 0, timeout=30)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=f) for f in (wait_take, wait_take, wait_put)]

@@ -46,16 +46,20 @@ def run(args: argparse.Namespace) -> int:
         print(why_not)
     command = ""
     if args.update_readme or args.update_docs:
-        command = ("pyfast-buffer bench" + (" --quick" if args.quick else "")
-                   + (f" --cases {args.cases}" if args.cases else ""))
+        command = (
+            "pyfast-buffer bench"
+            + (" --quick" if args.quick else "")
+            + (f" --cases {args.cases}" if args.cases else "")
+        )
     if args.update_readme:
         report.update_readme(args.update_readme, report.markdown(rows, goals, skipped, command))
         print(f"updated {args.update_readme}")
     if args.update_docs:
         env = report.environment()
         when = f"{env['date']} on {env['machine']} ({env['cpu_count']} cores), pyfast_buffer {env['pyfast_buffer']}"
-        report.update_readme(args.update_docs, report.targets_markdown(goals, command, when), report.DOCS_START,
-                             report.DOCS_END)
+        report.update_readme(
+            args.update_docs, report.targets_markdown(goals, command, when), report.DOCS_START, report.DOCS_END
+        )
         print(f"updated {args.update_docs}")
     print(f"total {time.perf_counter() - started:.1f} s")
     return 0
@@ -66,12 +70,24 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", default="", help=f"comma-separated subset of: {', '.join(_CASES)}, verl")
     p.add_argument("--out", default=".", help="directory for bench-results.json and bench-results.png")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG")
-    p.add_argument("--verl-src", metavar="PATH", default="",
-                   help="a verl checkout: the verl case (run by default when given) times verl's own ReplayBufferAsync")
-    p.add_argument("--update-readme", metavar="PATH", default="",
-                   help="write the results between the latest-run markers of PATH (bench/README.md)")
-    p.add_argument("--update-docs", metavar="PATH", default="",
-                   help="write the targets table between the performance-table markers of PATH (docs/performance.md)")
+    p.add_argument(
+        "--verl-src",
+        metavar="PATH",
+        default="",
+        help="a verl checkout: the verl case (run by default when given) times verl's own ReplayBufferAsync",
+    )
+    p.add_argument(
+        "--update-readme",
+        metavar="PATH",
+        default="",
+        help="write the results between the latest-run markers of PATH (bench/README.md)",
+    )
+    p.add_argument(
+        "--update-docs",
+        metavar="PATH",
+        default="",
+        help="write the targets table between the performance-table markers of PATH (docs/performance.md)",
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,7 +19,7 @@ from . import peers
 from .timing import Timed, calibrate, median, percentile, sample, sample_interleaved
 
 CURRENT_STEP = 1000  # every case trains at this step
-MAX_AGE = 10         # stamps below CURRENT_STEP - MAX_AGE are stale
+MAX_AGE = 10  # stamps below CURRENT_STEP - MAX_AGE are stale
 REFERENCE_LIMIT = 1_000_000  # the twin holds ~1 KB of Python objects per entry: skip it above this
 
 
@@ -36,19 +37,31 @@ class Plan:
     reference_limit: int = REFERENCE_LIMIT
 
     @classmethod
-    def quick(cls) -> "Plan":
-        return cls(capacities=(100_000, 1_000_000), batches=(512,), repeat=7, wake_rounds=100,
-                   throughput_seconds=0.4, reference_limit=100_000)
+    def quick(cls) -> Plan:
+        return cls(
+            capacities=(100_000, 1_000_000),
+            batches=(512,),
+            repeat=7,
+            wake_rounds=100,
+            throughput_seconds=0.4,
+            reference_limit=100_000,
+        )
 
 
 def row(case: str, contender: str, times: List[float], **params) -> Dict:
-    return {"case": case, "contender": contender, **params, "median_s": median(times),
-            "p99_s": percentile(times, 99), "runs": len(times)}
+    return {
+        "case": case,
+        "contender": contender,
+        **params,
+        "median_s": median(times),
+        "p99_s": percentile(times, 99),
+        "runs": len(times),
+    }
 
 
 def _stamps(n: int, stale: float, rng: np.random.Generator, ordered: bool = False) -> np.ndarray:
     """Stamps of n entries of which a fraction ``stale`` is too old; shuffled unless ``ordered``."""
-    n_stale = int(round(n * stale))
+    n_stale = round(n * stale)
     steps = np.full(n, CURRENT_STEP, np.int64)
     steps[:n_stale] = CURRENT_STEP - MAX_AGE - 1 - (np.arange(n_stale) % 50)
     if ordered:
@@ -66,7 +79,8 @@ def _contenders(names: List[str], capacity: int, plan: Plan, skipped: Dict[str, 
         if cls is peers.Reference and capacity > plan.reference_limit:
             skipped[f"reference@{capacity:.0e}"] = (
                 f"reference twin skipped above capacity {plan.reference_limit:.0e} (about 1 KB of Python objects "
-                "per entry, and minutes to fill)")
+                "per entry, and minutes to fill)"
+            )
             continue
         keep.append(cls)
     return keep
@@ -86,7 +100,7 @@ def put_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
                 for start in range(0, capacity, 1 << 20):
                     c.fill(fill[start : start + (1 << 20)], 0)
 
-                def put(c: Any = c) -> None:
+                def put(c: Any = c, ids: np.ndarray = ids) -> None:
                     c.put(ids, 1)
 
                 timed[cls.name] = (put, None, calibrate(put))
@@ -99,8 +113,17 @@ def put_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
 def take_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     """take(B) under drop from a full ring where a fraction of entries, shuffled, is stale."""
     rows = []
-    names = ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "numba loop", "cpprb", "cpprb 2 fields",
-             "cpprb to full", "torchrl"]
+    names = [
+        "pyfast_buffer",
+        "copy (floor)",
+        "reference",
+        "numpy mask",
+        "numba loop",
+        "cpprb",
+        "cpprb 2 fields",
+        "cpprb to full",
+        "torchrl",
+    ]
     rng = np.random.default_rng(0)
     plan = dataclasses.replace(plan, reference_limit=min(plan.reference_limit, 100_000))  # refills take minutes
     for capacity in plan.capacities[:2]:  # the walk, not the ring size, sets the cost
@@ -113,8 +136,10 @@ def take_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
                 for cls in _contenders(names, capacity, plan, skipped):
                     c = cls(capacity, MAX_AGE)
 
-                    def refill(c: Any = c) -> None:
-                        if len(c) < 0.6 * capacity:  # keep the ring about full of the same mix
+                    def refill(
+                        c: Any = c, low: float = 0.6 * capacity, ids: np.ndarray = ids, steps: np.ndarray = steps
+                    ) -> None:
+                        if len(c) < low:  # keep the ring about full of the same mix
                             c.fill(ids, steps)
 
                     c.fill(ids, steps)
@@ -159,7 +184,8 @@ def evict_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
                 # The stream case: stamps 0..S-1, max_age S-1; each call at step S-1+k drops stamp k-1.
                 c = cls(capacity, MAX_AGE if order == "shuffled" else stream_steps - 1)
                 if order == "shuffled":
-                    def refill(c: Any = c) -> None:
+
+                    def refill(c: Any = c, ids: np.ndarray = ids, shuffled: np.ndarray = shuffled) -> None:
                         c.fill(ids, shuffled)
 
                     def evict(c: Any = c) -> None:
@@ -167,8 +193,9 @@ def evict_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
 
                     times = sample(evict, repeat, setup=None if cls is peers.Memcpy else refill)
                 else:
-                    c.fill(ids, stream)
+                    c.fill(ids, stream)  # pyright: ignore[reportAttributeAccessIssue] - every class but Memcpy has fill
                     clock = iter(range(stream_steps, 2 * stream_steps))
+
                     def evict_next(c: Any = c, clock: Iterator[int] = clock) -> None:
                         c.evict(next(clock))
 
@@ -241,8 +268,11 @@ def wake_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     # machine hits all of them alike and the ratio to the floor compares like with like.
     chunks = 5
     per_chunk = max(2, plan.wake_rounds // chunks)
-    contenders = (("pyfast_buffer", StalenessBuffer, None), ("reference", ReferenceBuffer, None),
-                  ("polling 1 ms", StalenessBuffer, 1e-3))
+    contenders = (
+        ("pyfast_buffer", StalenessBuffer, None),
+        ("reference", ReferenceBuffer, None),
+        ("polling 1 ms", StalenessBuffer, 1e-3),
+    )
     latencies: Dict[str, List[float]] = {peers.EventFloor.name: []}
     latencies.update({name: [] for name, _, _ in contenders})
     for _ in range(chunks):
@@ -269,14 +299,14 @@ def throughput_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
             stop, consumed = threading.Event(), [0]
             ids = np.arange(batch, dtype=np.int64)
 
-            def produce():
+            def produce(buf: Any = buf, stop: threading.Event = stop, ids: np.ndarray = ids) -> None:
                 while not stop.is_set():
-                    try:
+                    with contextlib.suppress(TimeoutError):  # full ring: try again until stopped
                         buf.put(ids, CURRENT_STEP, timeout=0.05)
-                    except TimeoutError:
-                        pass
 
-            def consume():
+            def consume(
+                buf: Any = buf, stop: threading.Event = stop, consumed: List[int] = consumed, batch: int = batch
+            ) -> None:
                 while not stop.is_set():
                     consumed[0] += len(buf.take(batch, CURRENT_STEP))
 
@@ -290,8 +320,16 @@ def throughput_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
             for t in threads:
                 t.join()
             rate = consumed[0] / elapsed
-            rows.append({"case": "throughput_2p1c", "contender": name, "batch": batch, "entries_per_s": rate,
-                         "median_s": 1 / rate if rate else float("inf"), "runs": 1})
+            rows.append(
+                {
+                    "case": "throughput_2p1c",
+                    "contender": name,
+                    "batch": batch,
+                    "entries_per_s": rate,
+                    "median_s": 1 / rate if rate else float("inf"),
+                    "runs": 1,
+                }
+            )
     return rows
 
 
@@ -321,14 +359,26 @@ def memory_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     rows = []
     for name, capacity in (("pyfast_buffer", plan.memory_capacity), ("reference", 100_000)):
         # A fresh process, started outside any source tree so it imports the installed package.
-        out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, name, str(capacity)], capture_output=True,
-                             text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"}, cwd=tempfile.gettempdir())
+        out = subprocess.run(
+            [sys.executable, "-c", _MEMORY_PROBE, name, str(capacity)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            cwd=tempfile.gettempdir(),
+        )
         if out.returncode:
             raise RuntimeError(f"memory probe failed: {out.stderr.strip()[-2000:]}")
         m = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append({"case": "memory", "contender": name, "capacity": capacity,
-                     "bytes_per_entry": m["peak"] / capacity,
-                     "growth_over_takes_bytes": m["after_takes"] - m["peak"], "runs": 1})
+        rows.append(
+            {
+                "case": "memory",
+                "contender": name,
+                "capacity": capacity,
+                "bytes_per_entry": m["peak"] / capacity,
+                "growth_over_takes_bytes": m["after_takes"] - m["peak"],
+                "runs": 1,
+            }
+        )
     return rows
 
 
@@ -459,8 +509,16 @@ def overhead_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         core = max(p["binding + core"] - binding, 0.0)
         split = {"argument checks": p["argument checks"], "binding call": binding, "core": core}
         split.update({k: v for k, v in p.items() if k not in ("total", "argument checks", "binding + core")})
-        r = {"case": "overhead", "contender": "pyfast_buffer", "batch": 1, "order": op, "median_s": p["total"],
-             "runs": plan.repeat, "python_overhead_s": p["total"] - core, "split_s": split}
+        r = {
+            "case": "overhead",
+            "contender": "pyfast_buffer",
+            "batch": 1,
+            "order": op,
+            "median_s": p["total"],
+            "runs": plan.repeat,
+            "python_overhead_s": p["total"] - core,
+            "split_s": split,
+        }
         rows.append(r)
     return rows
 

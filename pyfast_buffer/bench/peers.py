@@ -27,7 +27,7 @@ def unavailable(module: str, extra: str = "bench") -> Optional[str]:
     """Returns None if ``module`` imports, else the reason it is skipped."""
     try:
         importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - any import failure means the peer is skipped
+    except Exception as exc:
         return f"{module} not importable ({type(exc).__name__}: {exc}); pip install 'pyfast_buffer[{extra}]'"
     return None
 
@@ -72,7 +72,7 @@ class NumpyRing:
     def __init__(self, capacity: int, max_age: int) -> None:
         self.capacity, self.max_age = capacity, max_age
         self.storage = 2 * capacity  # slack, so shifting the live region left is amortised O(1) per entry
-        self.cols = {k: np.zeros(self.storage, np.int64) for k in WIDE}
+        self.cols: Dict[str, np.ndarray] = {k: np.zeros(self.storage, np.int64) for k in WIDE}
         self.cols.update({k: np.zeros(self.storage, np.int32) for k in NARROW})
         self.head = self.tail = 0
 
@@ -180,15 +180,25 @@ class NumbaRing(NumpyRing):
         rows = min(batch_size, self.capacity)
         out64 = np.empty((len(WIDE), rows), np.int64)
         out32 = np.empty((len(NARROW), rows), np.int32)
-        k, self.head = take_walk(self.cols["sample_step"], self.head, self.tail, step - self.max_age, batch_size,
-                                 self.block64, self.block32, out64, out32)
+        k, self.head = take_walk(
+            self.cols["sample_step"],
+            self.head,
+            self.tail,
+            step - self.max_age,
+            batch_size,
+            self.block64,
+            self.block32,
+            out64,
+            out32,
+        )
         return int(k)
 
     def evict(self, step: int) -> int:
         _, compact = self.kernels()
         before = self.tail
-        self.tail = int(compact(self.cols["sample_step"], self.head, self.tail, step - self.max_age, self.block64,
-                                self.block32))
+        self.tail = int(
+            compact(self.cols["sample_step"], self.head, self.tail, step - self.max_age, self.block64, self.block32)
+        )
         return before - self.tail
 
 
@@ -294,15 +304,22 @@ class TorchRL:
             steps = torch.as_tensor(np.broadcast_to(np.asarray(step, np.int64), (n,)).copy())
             zeros = torch.zeros(n, dtype=torch.int64)
             self._tds[key] = TensorDict(
-                {"traj_id": t, "group_id": t, "sample_step": steps, "policy_version": steps, "dispatch_ns": zeros,
-                 "complete_ns": zeros, "uses": torch.zeros(n, dtype=torch.int32),
-                 "group_len": torch.ones(n, dtype=torch.int32)},
+                {
+                    "traj_id": t,
+                    "group_id": t,
+                    "sample_step": steps,
+                    "policy_version": steps,
+                    "dispatch_ns": zeros,
+                    "complete_ns": zeros,
+                    "uses": torch.zeros(n, dtype=torch.int32),
+                    "group_len": torch.ones(n, dtype=torch.int32),
+                },
                 batch_size=[n],
             )
         return self._tds[key]
 
     def put(self, ids: np.ndarray, step) -> None:
-        td = self._td(ids, step)
+        td: Any = self._td(ids, step)
         if not np.isscalar(step):
             td = td.clone()
         else:

@@ -31,8 +31,13 @@ def add_ratios(rows: List[Dict]) -> None:
         floor = group.get("copy (floor)")
         if r["case"] == "bulk":
             floor = next((f for f in rows if f["case"] == "bulk" and f["contender"] == "copy (floor)"), None)
-        if floor and r["case"] in ("put", "take", "bulk") and "lap" not in str(r.get("order")) \
-                and r.get("order") != "construct" and floor is not r:
+        if (
+            floor
+            and r["case"] in ("put", "take", "bulk")
+            and "lap" not in str(r.get("order"))
+            and r.get("order") != "construct"
+            and floor is not r
+        ):
             r["x_floor"] = r["median_s"] / floor["median_s"]
 
 
@@ -53,67 +58,155 @@ def targets(rows: List[Dict]) -> List[Dict]:
     out = []
 
     def add(name: str, value: Optional[float], goal: str, ok, unit: str = "", note: str = "") -> None:
-        out.append({"target": name, "goal": goal, "measured": value, "unit": unit,
-                    "met": None if value is None else bool(ok(value)), "note": note})
+        out.append(
+            {
+                "target": name,
+                "goal": goal,
+                "measured": value,
+                "unit": unit,
+                "met": None if value is None else bool(ok(value)),
+                "note": note,
+            }
+        )
 
     for stale in (0.0, 0.5, 0.99):
         m = dict(case="take", batch=512, capacity=100_000, stale=stale)
-        add(f"take(512) drop, {stale:.0%} stale vs reference", _speedup(rows, "reference", **m), ">= 15x",
-            lambda v: v >= 15, "x")
-        add(f"take(512) drop, {stale:.0%} stale vs cpprb sample+mask", _speedup(rows, "cpprb", **m), ">= 3x",
-            lambda v: v >= 3, "x", "one sample call; it returns only the fresh part of 512 random draws")
-        add(f"take(512) drop, {stale:.0%} stale vs cpprb sampling until 512 fresh",
-            _speedup(rows, "cpprb to full", **m), ">= 3x", lambda v: v >= 3, "x", "the same work as take")
+        add(
+            f"take(512) drop, {stale:.0%} stale vs reference",
+            _speedup(rows, "reference", **m),
+            ">= 15x",
+            lambda v: v >= 15,
+            "x",
+        )
+        add(
+            f"take(512) drop, {stale:.0%} stale vs cpprb sample+mask",
+            _speedup(rows, "cpprb", **m),
+            ">= 3x",
+            lambda v: v >= 3,
+            "x",
+            "one sample call; it returns only the fresh part of 512 random draws",
+        )
+        add(
+            f"take(512) drop, {stale:.0%} stale vs cpprb sampling until 512 fresh",
+            _speedup(rows, "cpprb to full", **m),
+            ">= 3x",
+            lambda v: v >= 3,
+            "x",
+            "the same work as take",
+        )
     m = dict(case="take", batch=512, capacity=100_000, stale=0.0)
-    add("take(512) drop, 0% stale vs cpprb 2 fields (idx, step) sample+mask", _speedup(rows, "cpprb 2 fields", **m),
-        ">= 3x", lambda v: v >= 3, "x", "cpprb as a user would set it up for this job")
+    add(
+        "take(512) drop, 0% stale vs cpprb 2 fields (idx, step) sample+mask",
+        _speedup(rows, "cpprb 2 fields", **m),
+        ">= 3x",
+        lambda v: v >= 3,
+        "x",
+        "cpprb as a user would set it up for this job",
+    )
     m = dict(case="put", batch=512, capacity=100_000)
     add("put(512) vs reference", _speedup(rows, "reference", **m), ">= 30x", lambda v: v >= 30, "x")
     add("put(512) vs cpprb add (eight fields)", _speedup(rows, "cpprb", **m), ">= 3x", lambda v: v >= 3, "x")
-    add("put(512) vs cpprb 2 fields (idx, step) add", _speedup(rows, "cpprb 2 fields", **m), ">= 3x",
-        lambda v: v >= 3, "x", "cpprb as a user would set it up for this job")
+    add(
+        "put(512) vs cpprb 2 fields (idx, step) add",
+        _speedup(rows, "cpprb 2 fields", **m),
+        ">= 3x",
+        lambda v: v >= 3,
+        "x",
+        "cpprb as a user would set it up for this job",
+    )
     for r in _find(rows, case="bulk", contender="pyfast_buffer"):
         if r.get("order", "").startswith(("put u", "put g", "take")):
-            add(f"{r['order']} B={r['batch']} vs a copy of 64 B/entry", r.get("x_floor"), "<= 4x",
-                lambda v: v <= 4, "x", "the physical floor, same run")
+            add(
+                f"{r['order']} B={r['batch']} vs a copy of 64 B/entry",
+                r.get("x_floor"),
+                "<= 4x",
+                lambda v: v <= 4,
+                "x",
+                "the physical floor, same run",
+            )
     laps = {r["order"]: r for r in _find(rows, case="bulk", contender="pyfast_buffer")}
     if "put first lap" in laps and "put later laps" in laps:
         ratio = laps["put first lap"]["median_s"] / laps["put later laps"]["median_s"]
-        add("new ring: first lap of put vs later laps", ratio, "<= 1.1x", lambda v: v <= 1.1, "x",
+        add(
+            "new ring: first lap of put vs later laps",
+            ratio,
+            "<= 1.1x",
+            lambda v: v <= 1.1,
+            "x",
             f"no slower, within 10% noise; construction {laps['construct']['ns_per_entry']:.2f} ns/entry (pre-touch)"
-            if "construct" in laps else "no slower, within 10% noise")
+            if "construct" in laps
+            else "no slower, within 10% noise",
+        )
     for r in _find(rows, case="overhead", contender="pyfast_buffer"):
-        add(f"Python overhead of a one-entry {r['order']}", r["python_overhead_s"] * 1e6, "<= 2 us",
-            lambda v: v <= 2, "us", "total - core; split in the table")
+        add(
+            f"Python overhead of a one-entry {r['order']}",
+            r["python_overhead_s"] * 1e6,
+            "<= 2 us",
+            lambda v: v <= 2,
+            "us",
+            "total - core; split in the table",
+        )
     evicts = _find(rows, case="evict_stale", contender="pyfast_buffer", order="shuffled")
     if evicts:
         top = max(evicts, key=lambda r: r["capacity"])
-        add(f"evict_stale shuffled at {top['capacity']:.0e} vs memcpy", top.get("x_memcpy"), "<= 1.5x",
-            lambda v: v <= 1.5, "x", "" if top["capacity"] >= 10_000_000 else "target is at 1e7; quick run stops lower")
+        add(
+            f"evict_stale shuffled at {top['capacity']:.0e} vs memcpy",
+            top.get("x_memcpy"),
+            "<= 1.5x",
+            lambda v: v <= 1.5,
+            "x",
+            "" if top["capacity"] >= 10_000_000 else "target is at 1e7; quick run stops lower",
+        )
     sorted_rows = _find(rows, case="evict_stale", contender="pyfast_buffer", order="non-decreasing")
     if sorted_rows:
         top = max(sorted_rows, key=lambda r: r["capacity"])
-        add(f"evict_stale non-decreasing at {top['capacity']:.0e}", top["median_s"] * 1e6, "< 50 us",
-            lambda v: v < 50, "us")
+        add(
+            f"evict_stale non-decreasing at {top['capacity']:.0e}",
+            top["median_s"] * 1e6,
+            "< 50 us",
+            lambda v: v < 50,
+            "us",
+        )
     wake = _find(rows, case="wake_latency", contender="pyfast_buffer")
     event = _find(rows, case="wake_latency", contender="threading.Event floor")
     if wake and event:
-        add("wait wake-up p50 vs threading.Event floor", wake[0]["p50_s"] / event[0]["p50_s"], "<= 1.5x",
-            lambda v: v <= 1.5, "x",
-            f"p50 {wake[0]['p50_s'] * 1e6:.0f} us vs {event[0]['p50_s'] * 1e6:.0f} us, same run")
+        add(
+            "wait wake-up p50 vs threading.Event floor",
+            wake[0]["p50_s"] / event[0]["p50_s"],
+            "<= 1.5x",
+            lambda v: v <= 1.5,
+            "x",
+            f"p50 {wake[0]['p50_s'] * 1e6:.0f} us vs {event[0]['p50_s'] * 1e6:.0f} us, same run",
+        )
     if wake:
         add("wait wake-up p99", wake[0]["p99_s"] * 1e3, "< 2 ms", lambda v: v < 2, "ms")
     tp = _find(rows, case="throughput_2p1c", contender="pyfast_buffer")
     if tp:
         best = max(tp, key=lambda r: r["entries_per_s"])
-        add(f"2 producers + 1 consumer (best batch {best['batch']})", best["entries_per_s"] / 1e6, ">= 10 M/s",
-            lambda v: v >= 10, "M entries/s")
+        add(
+            f"2 producers + 1 consumer (best batch {best['batch']})",
+            best["entries_per_s"] / 1e6,
+            ">= 10 M/s",
+            lambda v: v >= 10,
+            "M entries/s",
+        )
     mem = _find(rows, case="memory", contender="pyfast_buffer")
     if mem:
-        add(f"memory per entry at {mem[0]['capacity']:.0e}", mem[0]["bytes_per_entry"], "<= 64 B",
-            lambda v: v <= 64, "B")
-        add("resident growth over 2,000 takes", mem[0]["growth_over_takes_bytes"] / 1e6, "no growth with capacity",
-            lambda v: v < 16, "MB", "peak RSS after vs before the takes")
+        add(
+            f"memory per entry at {mem[0]['capacity']:.0e}",
+            mem[0]["bytes_per_entry"],
+            "<= 64 B",
+            lambda v: v <= 64,
+            "B",
+        )
+        add(
+            "resident growth over 2,000 takes",
+            mem[0]["growth_over_takes_bytes"] / 1e6,
+            "no growth with capacity",
+            lambda v: v < 16,
+            "MB",
+            "peak RSS after vs before the takes",
+        )
     return out
 
 
@@ -132,8 +225,9 @@ def _cells(r: Dict) -> Tuple[str, str, str, str]:
         extra = "; ".join(f"{k} {_fmt_time(v)}" for k, v in r["split_s"].items())
         extra += f"; python overhead {_fmt_time(r['python_overhead_s'])}"
     elif "x_floor" in r:
-        extra = f"{r['x_floor']:.2f}x the copy floor" + (f", returns {r['returned_mean']:.0f}"
-                                                        if "returned_mean" in r else "")
+        extra = f"{r['x_floor']:.2f}x the copy floor" + (
+            f", returns {r['returned_mean']:.0f}" if "returned_mean" in r else ""
+        )
     elif "ns_per_entry" in r:
         extra = f"{r['ns_per_entry']:.2f} ns/entry"
     elif "x_memcpy" in r:
@@ -176,16 +270,25 @@ def environment() -> Dict:
 
     from .. import __version__
 
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": platform.machine(),
-            "processor": platform.processor() or platform.uname().machine, "python": platform.python_version(),
-            "pyfast_buffer": __version__, "numpy": numpy.__version__, "torch": torch.__version__,
-            "cpu_count": __import__("os").cpu_count()}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.uname().machine,
+        "python": platform.python_version(),
+        "pyfast_buffer": __version__,
+        "numpy": numpy.__version__,
+        "torch": torch.__version__,
+        "cpu_count": __import__("os").cpu_count(),
+    }
 
 
 def write_json(path: str, rows: List[Dict], goals: List[Dict], skipped: Dict[str, str], mode: str) -> None:
     with open(path, "w") as f:
-        json.dump({"environment": environment(), "mode": mode, "rows": rows, "targets": goals, "skipped": skipped},
-                  f, indent=1)
+        json.dump(
+            {"environment": environment(), "mode": mode, "rows": rows, "targets": goals, "skipped": skipped},
+            f,
+            indent=1,
+        )
 
 
 def write_chart(path: str, rows: List[Dict]) -> Optional[str]:
@@ -195,11 +298,13 @@ def write_chart(path: str, rows: List[Dict]) -> Optional[str]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"chart skipped: matplotlib not importable ({exc}); pip install 'pyfast_buffer[bench]'"
-    panels = [("put", lambda r: f"B={r['batch']} C={r['capacity']:.0e}"),
-              ("take", lambda r: f"B={r['batch']} stale={r['stale']:.0%} C={r['capacity']:.0e}"),
-              ("evict_stale", lambda r: f"{r['order']} C={r['capacity']:.0e}")]
+    panels = [
+        ("put", lambda r: f"B={r['batch']} C={r['capacity']:.0e}"),
+        ("take", lambda r: f"B={r['batch']} stale={r['stale']:.0%} C={r['capacity']:.0e}"),
+        ("evict_stale", lambda r: f"{r['order']} C={r['capacity']:.0e}"),
+    ]
     panels = [(case, label) for case, label in panels if any(r["case"] == case and "x_reference" in r for r in rows)]
     if not panels:
         return "chart skipped: no case with a reference baseline was run"
@@ -213,10 +318,10 @@ def write_chart(path: str, rows: List[Dict]) -> Optional[str]:
         labels = sorted({label(r) for r in rs})
         width = 0.8 / max(1, len(names))
         for i, name in enumerate(names):
-            values = [next((r["x_reference"] for r in rs if r["contender"] == name and label(r) == lab), 0)
-                      for lab in labels]
-            ax.barh([j + i * width for j in range(len(labels))], values, height=width, label=name,
-                    color=colors[name])
+            values = [
+                next((r["x_reference"] for r in rs if r["contender"] == name and label(r) == lab), 0) for lab in labels
+            ]
+            ax.barh([j + i * width for j in range(len(labels))], values, height=width, label=name, color=colors[name])
         ax.set_yticks([j + 0.4 - width / 2 for j in range(len(labels))])
         ax.set_yticklabels(labels, fontsize=7)
         ax.set_xscale("log")
@@ -235,16 +340,26 @@ README_START, README_END = "<!-- latest-run:start -->", "<!-- latest-run:end -->
 def markdown(rows: List[Dict], goals: List[Dict], skipped: Dict[str, str], command: str) -> str:
     """Returns the results of a run as Markdown: environment, targets, then every row."""
     env = environment()
-    out = [f"Measured {env['date']} on {env['machine']} ({env['cpu_count']} cores), Python {env['python']}, "
-           f"torch {env['torch']}, numpy {env['numpy']}, pyfast_buffer {env['pyfast_buffer']}, with "
-           f"`{command}`.", "", "| target | goal | measured | verdict | note |", "| --- | --- | --- | --- | --- |"]
+    out = [
+        f"Measured {env['date']} on {env['machine']} ({env['cpu_count']} cores), Python {env['python']}, "
+        f"torch {env['torch']}, numpy {env['numpy']}, pyfast_buffer {env['pyfast_buffer']}, with "
+        f"`{command}`.",
+        "",
+        "| target | goal | measured | verdict | note |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for g in goals:
         verdict, value = _verdict(g)
         out.append(f"| {g['target']} | {g['goal']} | {value} | {verdict} | {g['note']} |")
-    out += ["", "| case | parameters | contender | median | x reference | detail |",
-            "| --- | --- | --- | --- | --- | --- |"]
-    out += ["| {} | {} | {} | {} | {} | {} |".format(r["case"], *_cells(r)[:1], r["contender"], *_cells(r)[1:])
-            for r in rows]
+    out += [
+        "",
+        "| case | parameters | contender | median | x reference | detail |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    out += [
+        "| {} | {} | {} | {} | {} | {} |".format(r["case"], *_cells(r)[:1], r["contender"], *_cells(r)[1:])
+        for r in rows
+    ]
     out += [""] + [f"Skipped {name}: {reason}" for name, reason in skipped.items()]
     return "\n".join(out)
 
@@ -254,8 +369,12 @@ DOCS_START, DOCS_END = "<!-- performance-table:start -->", "<!-- performance-tab
 
 def targets_markdown(goals: List[Dict], command: str, when: str) -> str:
     """Returns the targets of a run as a Markdown table, headed by when and how it was measured."""
-    out = [f"Measured {when} with `{command}`.", "", "| target | goal | measured | verdict | note |",
-           "| --- | --- | --- | --- | --- |"]
+    out = [
+        f"Measured {when} with `{command}`.",
+        "",
+        "| target | goal | measured | verdict | note |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for g in goals:
         verdict, value = _verdict(g)
         out.append(f"| {g['target']} | {g['goal']} | {value} | {verdict} | {g['note']} |")

@@ -8,8 +8,9 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 
-def sample(fn: Callable[[], object], repeat: int, setup: Optional[Callable[[], object]] = None,
-           number: int = 1) -> List[float]:
+def sample(
+    fn: Callable[[], object], repeat: int, setup: Optional[Callable[[], object]] = None, number: int = 1
+) -> List[float]:
     """Returns ``repeat`` timings in seconds of ``number`` calls of ``fn`` each (per call), setup untimed."""
     fn()  # warm up (first-touch pages, JIT, caches)
     times = []
@@ -79,5 +80,5 @@ def median(values: List[float]) -> float:
 def percentile(values: List[float], q: float) -> float:
     """Returns the q-th percentile (0..100) by nearest rank."""
     ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))
     return ordered[index]

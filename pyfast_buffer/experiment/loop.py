@@ -37,19 +37,33 @@ class ArmRun:
         self.task = DigitSumTask(cfg.digits, cfg.length)
         torch.manual_seed(cfg.seed)  # identical initial weights in every arm
         self.policy = GRUPolicy(self.task.vocab_size, cfg.digits, hidden=cfg.hidden)
-        self.buf = StalenessBuffer(cfg.capacity, max_age=arm.max_age, strategy=arm.strategy, max_uses=arm.reuse,
-                                   parameter_sync_step=cfg.parameter_sync_step)
-        self.store = TrajectoryStore(cfg.ticks * cfg.prompts_per_tick * cfg.group_size, self.task.prompt_len,
-                                     cfg.length)
+        self.buf = StalenessBuffer(
+            cfg.capacity,
+            max_age=arm.max_age,
+            strategy=arm.strategy,
+            max_uses=arm.reuse,
+            parameter_sync_step=cfg.parameter_sync_step,
+        )
+        self.store = TrajectoryStore(
+            cfg.ticks * cfg.prompts_per_tick * cfg.group_size, self.task.prompt_len, cfg.length
+        )
         self.trainer = Trainer(self.policy, cfg.lr, cfg.clip_eps)
         self.rollout = RolloutWorker(self.policy, cfg.parameter_sync_step, arm.lag)
         self.producer = Producer(cfg, self.task, self.buf, self.store, self.rollout)
         eval_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 4)
         self.eval_prompts = self.task.sample_prompts(cfg.eval_prompts, eval_gen)
-        self.controller = (AdaptiveMaxAge(self.buf, target_kl=arm.target_kl, target_clip=arm.target_clip,
-                                           min_age=cfg.adaptive_min_age, max_age=cfg.adaptive_max_age,
-                                           initial=min(cfg.adaptive_max_age, max(cfg.adaptive_min_age, arm.max_age)))
-                           if arm.adaptive else None)
+        self.controller = (
+            AdaptiveMaxAge(
+                self.buf,
+                target_kl=arm.target_kl,
+                target_clip=arm.target_clip,
+                min_age=cfg.adaptive_min_age,
+                max_age=cfg.adaptive_max_age,
+                initial=min(cfg.adaptive_max_age, max(cfg.adaptive_min_age, arm.max_age)),
+            )
+            if arm.adaptive
+            else None
+        )
         self.max_age = self.controller.value if self.controller else arm.max_age
         self.records: List[Record] = []
         self._lock = threading.Lock()  # thread mode: records and the policy are shared with the producer
@@ -75,15 +89,24 @@ class ArmRun:
         uses = torch.bincount(batch.uses, minlength=self.arm.reuse + 1)[1:].tolist()
         first = batch.age[batch.uses == 1]
         ages = torch.bincount(batch.age).tolist()
-        row = {**self._base("step", tick), "step": step, "batch_size": len(batch), **stats, "value_loss": None,
-               "max_age": self.max_age, "age_mean": batch_metrics.metric(batch, "age_mean"),
-               "age_max": batch_metrics.metric(batch, "age_max"),
-               "age_min_first_use": int(first.min()) if len(first) else None,
-               "dropped_stale": batch_metrics.metric(batch, "dropped_stale"),
-               "buffer_left": batch_metrics.metric(batch, "buffer_left"),
-               "in_flight": batch_metrics.metric(batch, "in_flight"), **batch_metrics.age_hist(batch),
-               **{f"age_count/{a}": c for a, c in enumerate(ages) if c},
-               **{f"uses/{i + 1}": c for i, c in enumerate(uses)}, **self._ledger()}
+        row = {
+            **self._base("step", tick),
+            "step": step,
+            "batch_size": len(batch),
+            **stats,
+            "value_loss": None,
+            "max_age": self.max_age,
+            "age_mean": batch_metrics.metric(batch, "age_mean"),
+            "age_max": batch_metrics.metric(batch, "age_max"),
+            "age_min_first_use": int(first.min()) if len(first) else None,
+            "dropped_stale": batch_metrics.metric(batch, "dropped_stale"),
+            "buffer_left": batch_metrics.metric(batch, "buffer_left"),
+            "in_flight": batch_metrics.metric(batch, "in_flight"),
+            **batch_metrics.age_hist(batch),
+            **{f"age_count/{a}": c for a, c in enumerate(ages) if c},
+            **{f"uses/{i + 1}": c for i, c in enumerate(uses)},
+            **self._ledger(),
+        }
         if self.controller is not None:  # between trainer steps: the next take uses the new bound
             self.max_age = self.controller.update(stats)
             row["controller_signal"] = self.controller.signal
@@ -127,8 +150,16 @@ class ArmRun:
 
     def _after_tick(self, t: int, sampled: Record, turn: Record, bar: Any) -> None:
         with self._lock:
-            self.records.append({**self._base("tick", t), **sampled, **turn, "buffer_left": len(self.buf),
-                                 "in_flight": self.buf.in_flight, **self._ledger()})
+            self.records.append(
+                {
+                    **self._base("tick", t),
+                    **sampled,
+                    **turn,
+                    "buffer_left": len(self.buf),
+                    "in_flight": self.buf.in_flight,
+                    **self._ledger(),
+                }
+            )
         last = t + 1 == self.cfg.ticks
         # Thread mode: the final evaluation waits until the trainer has drained (see _run_threaded).
         if (last and self.cfg.mode != "thread") or (not last and (t + 1) % self.cfg.eval_interval == 0):

@@ -104,15 +104,35 @@ class ReplayBuffer(VerlState):
 
     _ON_POLICY: bool | None = True  # None: decided by trainer_mode (FastReplayBuffer)
 
-    def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int,
-                 max_off_policy_strategy: str, sampler_kwargs: Any = None, poll_interval: float = 2.0,
-                 refill_fn: Callable[[int], Any] | None = None, filter_groups_metric: str | None = None,
-                 train_batch_size: int | None = None, gen_batch_size: int | None = None,
-                 max_inflight_gen_batches: int = 1, sync_refill_failed_groups: bool = False) -> None:
+    def __init__(
+        self,
+        trainer_mode: str,
+        trainer_config: Any,
+        max_off_policy_threshold: int,
+        max_off_policy_strategy: str,
+        sampler_kwargs: Any = None,
+        poll_interval: float = 2.0,
+        refill_fn: Callable[[int], Any] | None = None,
+        filter_groups_metric: str | None = None,
+        train_batch_size: int | None = None,
+        gen_batch_size: int | None = None,
+        max_inflight_gen_batches: int = 1,
+        sync_refill_failed_groups: bool = False,
+    ) -> None:
         self.on_policy = trainer_mode == "sync" if self._ON_POLICY is None else self._ON_POLICY
-        opts = options.parse(self.on_policy, max_off_policy_threshold, max_off_policy_strategy, sampler_kwargs,
-                             poll_interval, refill_fn, filter_groups_metric, train_batch_size, gen_batch_size,
-                             max_inflight_gen_batches, sync_refill_failed_groups)
+        opts = options.parse(
+            self.on_policy,
+            max_off_policy_threshold,
+            max_off_policy_strategy,
+            sampler_kwargs,
+            poll_interval,
+            refill_fn,
+            filter_groups_metric,
+            train_batch_size,
+            gen_batch_size,
+            max_inflight_gen_batches,
+            sync_refill_failed_groups,
+        )
         self.options = opts
         self.trainer_mode = trainer_mode
         self.trainer_config = trainer_config
@@ -168,9 +188,11 @@ class ReplayBuffer(VerlState):
                 else:
                     values[key.split("_", 1)[0]].append(value)
         if missing:
-            raise RuntimeError(f"Finished groups are missing DAPO metric {metric!r} in "
-                               f"extra_fields.reward_extra_info: {sorted(missing)[:5]}; the reward function must "
-                               f"write it, or unset filter_groups_metric")
+            raise RuntimeError(
+                f"Finished groups are missing DAPO metric {metric!r} in "
+                f"extra_fields.reward_extra_info: {sorted(missing)[:5]}; the reward function must "
+                f"write it, or unset filter_groups_metric"
+            )
         for uid in fresh:
             group = values[uid]
             cache[uid] = group[0] if len(group) > 1 and all(v == group[0] for v in group) else None
@@ -198,8 +220,9 @@ class ReplayBuffer(VerlState):
         stale, filtered, failed, _ = reasons
         return (self.finished_keys[partition_id] | self.failure_keys[partition_id]) - (stale | filtered | failed)
 
-    def _evict_terminal_groups(self, global_steps: int, partition_id: str,
-                               eviction_reasons: Reasons) -> tuple[set[str], int, int, dict]:
+    def _evict_terminal_groups(
+        self, global_steps: int, partition_id: str, eviction_reasons: Reasons
+    ) -> tuple[set[str], int, int, dict]:
         """Evicts the union of the reasons once; returns (evicted uids, stale count, filtered count, verl's metrics)."""
         stale, filtered, failed, counts = eviction_reasons
         evicted = stale | filtered | failed
@@ -224,8 +247,14 @@ class ReplayBuffer(VerlState):
         ledger["evicted_filtered"] += len(filtered)
         ledger["evicted_failure"] += len(failed)
         self._clear_groups(partition_id, evicted)
-        logger.info("evicted %d groups from partition %s (stale %d, filtered %d, failed %d)", len(evicted),
-                    partition_id, len(stale), len(filtered), len(failed))
+        logger.info(
+            "evicted %d groups from partition %s (stale %d, filtered %d, failed %d)",
+            len(evicted),
+            partition_id,
+            len(stale),
+            len(filtered),
+            len(failed),
+        )
         return evicted, len(stale), len(filtered), metrics
 
     # ---- one poll ------------------------------------------------------------------------------
@@ -252,8 +281,9 @@ class ReplayBuffer(VerlState):
         except BaseException:
             with self._lock:
                 ledger["refill_failed"] += count
-            logger.error("refill_fn(%d) raised for partition %s; %d evicted groups are not replaced", count,
-                         partition_id, count)
+            logger.error(
+                "refill_fn(%d) raised for partition %s; %d evicted groups are not replaced", count, partition_id, count
+            )
             raise
         # verl's contract: refill_fn submits exactly ``count``; an int answer is what it submitted.
         delivered = count if not isinstance(answer, int) or isinstance(answer, bool) else max(answer, 0)
@@ -276,7 +306,8 @@ class ReplayBuffer(VerlState):
         return TimeoutError(
             f"{call}(global_steps={global_steps}, partition_id={partition_id!r}) timed out after {self.timeout:g} s "
             f"wanting {wanted} groups: {why}. Check the rollout workers, or raise "
-            "trainer.v1.sampler.sampler_kwargs.timeout")
+            "trainer.v1.sampler.sampler_kwargs.timeout"
+        )
 
     def _check_call(self, global_steps: Any, partition_id: Any, count: Any, name: str) -> None:
         if isinstance(global_steps, bool) or not isinstance(global_steps, int) or global_steps < 0:
@@ -284,22 +315,28 @@ class ReplayBuffer(VerlState):
         if not isinstance(partition_id, str) or not partition_id:
             raise ValueError(f"partition_id={partition_id!r} must be a non-empty str such as 'train' or 'val'")
         if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= self.options.capacity:
-            raise ValueError(f"{name}={count!r} must be an int in [1, {self.options.capacity}] (prompts; raise "
-                             "sampler_kwargs.capacity for more)")
+            raise ValueError(
+                f"{name}={count!r} must be an int in [1, {self.options.capacity}] (prompts; raise "
+                "sampler_kwargs.capacity for more)"
+            )
 
     def _held_summary(self, partition_id: str) -> str:
         steps = self.prompt_global_steps[partition_id]
-        waiting = sorted(self.pending_keys[partition_id] | self.running_keys[partition_id],
-                         key=lambda u: (steps.get(u, 0), u))
+        waiting = sorted(
+            self.pending_keys[partition_id] | self.running_keys[partition_id], key=lambda u: (steps.get(u, 0), u)
+        )
         shown = ", ".join(f"{u}@{steps.get(u)}" for u in waiting[:8]) + (
-            f" and {len(waiting) - 8} more" if len(waiting) > 8 else "")
+            f" and {len(waiting) - 8} more" if len(waiting) > 8 else ""
+        )
         return f"in-flight prompts (uid@step): {shown or 'none'}"
 
-    def _finish(self, global_steps: int, partition_id: str, keys: list[str], tags: list[dict],
-                metrics: dict) -> tuple[KVBatchMeta, dict]:
+    def _finish(
+        self, global_steps: int, partition_id: str, keys: list[str], tags: list[dict], metrics: dict
+    ) -> tuple[KVBatchMeta, dict]:
         ledger = self.ledger(partition_id)
-        logger.info("partition=%s step=%d " + " ".join(f"{k}=%d" for k in ledger), partition_id, global_steps,
-                    *ledger.values())
+        logger.info(
+            "partition=%s step=%d " + " ".join(f"{k}=%d" for k in ledger), partition_id, global_steps, *ledger.values()
+        )
         if self.options.ledger_metrics:
             prefix = f"{metrics_prefix(partition_id)}/{LEDGER_PREFIX}"
             metrics.update({f"{prefix}/{k}": v for k, v in ledger.items()})
@@ -343,8 +380,10 @@ class ReplayBuffer(VerlState):
                 if not refill and enough and (not dapo or in_flight == 0):
                     chosen = self._oldest(partition_id, sampleable, batch_size)
                     if partition_id != VAL and not any(self._has_trajectories(partition_id, u) for u in chosen):
-                        message = ("Sync replay buffer selected terminal groups with no materializable "
-                                   f"trajectories ({len(chosen)} failed groups, none written).")
+                        message = (
+                            "Sync replay buffer selected terminal groups with no materializable "
+                            f"trajectories ({len(chosen)} failed groups, none written)."
+                        )
                         if not self.sync_refill_failed_groups:
                             message += " Enable trainer.v1.sampler.sync_refill_failed_groups to replace failed groups."
                         raise RuntimeError(message)
@@ -361,8 +400,13 @@ class ReplayBuffer(VerlState):
                 self._refill(partition_id, refill)
                 continue
             if time.monotonic() >= deadline:
-                raise self._timeout("sample", global_steps, partition_id, batch_size,
-                                    f"{len(sampleable)} sampleable; {self._held_summary(partition_id)}")
+                raise self._timeout(
+                    "sample",
+                    global_steps,
+                    partition_id,
+                    batch_size,
+                    f"{len(sampleable)} sampleable; {self._held_summary(partition_id)}",
+                )
             backoff = self._pause(partition_id, backoff, deadline)
 
     def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
@@ -390,8 +434,9 @@ class ReplayBuffer(VerlState):
         limit = global_steps + 1 - self.max_off_policy_threshold  # blocking iff prompt_step <= limit
         return [u for u in self.pending_keys[partition_id] | self.running_keys[partition_id] if steps[u] <= limit]
 
-    def _wait(self, global_steps: int, partition_id: str, count: int, take: bool,
-              call: str) -> tuple[set[str], dict, tuple[KVBatchMeta, dict] | None]:
+    def _wait(
+        self, global_steps: int, partition_id: str, count: int, take: bool, call: str
+    ) -> tuple[set[str], dict, tuple[KVBatchMeta, dict] | None]:
         acc: dict = {}
         deadline, backoff = time.monotonic() + self.timeout, 0.001
         while True:
@@ -411,8 +456,11 @@ class ReplayBuffer(VerlState):
                 self._refill(partition_id, len(evicted))
                 continue
             if time.monotonic() >= deadline:
-                why = (f"in-flight prompts at the staleness threshold under wait: {sorted(blocked)[:8]}" if blocked
-                       else f"{len(sampleable)} sampleable; {self._held_summary(partition_id)}")
+                why = (
+                    f"in-flight prompts at the staleness threshold under wait: {sorted(blocked)[:8]}"
+                    if blocked
+                    else f"{len(sampleable)} sampleable; {self._held_summary(partition_id)}"
+                )
                 raise self._timeout(call, global_steps, partition_id, count, why)
             backoff = self._pause(partition_id, backoff, deadline)
 
@@ -423,8 +471,10 @@ class ReplayBuffer(VerlState):
         steps = self.prompt_global_steps[partition_id]
         spans = [global_steps - steps[u] + 1 for u in chosen]
         if any(span > self.max_off_policy_threshold for span in spans):
-            raise RuntimeError(f"pyfast_buffer: drop strategy selected stale prompts: spans={spans}, "
-                               f"threshold={self.max_off_policy_threshold}")
+            raise RuntimeError(
+                f"pyfast_buffer: drop strategy selected stale prompts: spans={spans}, "
+                f"threshold={self.max_off_policy_threshold}"
+            )
 
     def _sample_async(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
         self._check_call(global_steps, partition_id, batch_size, "batch_size")
