@@ -50,7 +50,7 @@ py::tuple stats_tuple(const pfb::TakeStats& s) {
   py::tuple hist(pfb::kAgeBuckets);
   for (int i = 0; i < pfb::kAgeBuckets; ++i) hist[i] = py::int_(s.age_hist[i]);
   return py::make_tuple(s.taken, s.dropped_stale, s.retired, s.evicted, blocked_by_name(s.blocked_by), s.age_sum,
-                        s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total);
+                        s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total, s.max_age);
 }
 
 py::dict ledger_dict(const pfb::Ledger& l) {
@@ -59,7 +59,13 @@ py::dict ledger_dict(const pfb::Ledger& l) {
   d["put_total"] = l.put_total, d["sampled_total"] = l.put_total, d["taken"] = l.taken;
   d["retired"] = l.retired, d["dropped_stale"] = l.dropped_stale, d["evicted"] = l.evicted;
   d["in_flight"] = l.in_flight, d["buffer_left"] = l.buffer_left;
+  d["max_age_changes"] = l.max_age_changes;
   return d;
+}
+
+// Returns d[key] as int64, or `fallback` when a state_dict written before the key existed lacks it.
+int64_t optional_int(const py::dict& d, const char* key, int64_t fallback) {
+  return d.contains(key) ? d[key].cast<int64_t>() : fallback;
 }
 
 template <class T>
@@ -192,6 +198,9 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("ledger", [](const PyRing& self) { return ledger_dict(self.ring->ledger()); })
       .def("__len__", [](const PyRing& self) { return self.ring->size(); })
+      .def_property(
+          "max_age", [](const PyRing& self) { return self.ring->max_age(); },
+          [](PyRing& self, int64_t max_age) { self.ring->set_max_age(max_age); })
       .def_property_readonly("in_flight", [](const PyRing& self) { return self.ring->in_flight(); })
       .def_property_readonly("closed", [](const PyRing& self) { return self.ring->closed(); })
       .def_property_readonly("borrows_columns", [](const PyRing& self) { return self.ring->borrows_columns(); })
@@ -230,6 +239,7 @@ PYBIND11_MODULE(_core, m) {
         s.ledger.failed = l["failed"].cast<int64_t>(), s.ledger.put_total = l["put_total"].cast<int64_t>();
         s.ledger.taken = l["taken"].cast<int64_t>(), s.ledger.retired = l["retired"].cast<int64_t>();
         s.ledger.dropped_stale = l["dropped_stale"].cast<int64_t>(), s.ledger.evicted = l["evicted"].cast<int64_t>();
+        s.ledger.max_age_changes = optional_int(l, "max_age_changes", 0);
         s.clock = d["clock"].cast<int64_t>();
         s.evicted_unreported = d["evicted_unreported"].cast<int64_t>();
         py::gil_scoped_release release;

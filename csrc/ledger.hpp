@@ -17,6 +17,7 @@ struct Ledger {
   int64_t evicted = 0;        // trajectories pushed out of a full ring by on_full=evict_oldest
   int64_t in_flight = 0;      // prompts dispatched and neither completed nor failed
   int64_t buffer_left = 0;    // trajectories ready in the ring
+  int64_t max_age_changes = 0;  // set_max_age calls that changed max_age
 
   /// Returns true iff both invariants of DESIGN.md hold.
   bool balanced() const {

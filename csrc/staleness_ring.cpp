@@ -72,7 +72,8 @@ const RingConfig& validated(const RingConfig& config, const ColumnPointers* borr
 
 StalenessRing::StalenessRing(const RingConfig& config, const ColumnPointers* borrowed)
     : config_(validated(config, borrowed)),
-      columns_(borrowed ? RingColumns(*borrowed) : RingColumns(config.capacity)) {}
+      columns_(borrowed ? RingColumns(*borrowed) : RingColumns(config.capacity)),
+      max_age_(config.max_age) {}
 
 void StalenessRing::check_open() const {
   if (closed_) throw Closed("the buffer is closed; create a new buffer (or load its state_dict) to continue");
@@ -87,13 +88,13 @@ void StalenessRing::check_clock(int64_t current_step) const {
 }
 
 bool StalenessRing::wait_blocked(int64_t current_step) const {
-  return in_flight_.size() > 0 && current_step - in_flight_.oldest_step() >= config_.max_age;
+  return in_flight_.size() > 0 && current_step - in_flight_.oldest_step() >= max_age_;
 }
 
 std::string StalenessRing::wait_blocked_message(int64_t current_step) const {
-  const auto blocking = in_flight_.at_or_before(current_step - config_.max_age);
+  const auto blocking = in_flight_.at_or_before(current_step - max_age_);
   std::ostringstream out;
-  out << blocking.size() << " in-flight prompt(s) at max_age=" << config_.max_age << " (";
+  out << blocking.size() << " in-flight prompt(s) at max_age=" << max_age_ << " (";
   for (size_t i = 0; i < blocking.size() && i < 8; ++i)
     out << (i ? ", " : "") << "prompt " << blocking[i].first << " since step " << blocking[i].second;
   if (blocking.size() > 8) out << ", ...";
@@ -320,7 +321,7 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
   }
   // Under drop, stale entries are skipped one by one: a group shares one stamp, so a stale group
   // is skipped whole and every fresh entry reached starts a group.
-  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - config_.max_age
+  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
                                                               : std::numeric_limits<int64_t>::min();
   const int32_t* group_len = columns_.get().group_len;
   const int64_t* group_id = columns_.get().group_id;
@@ -395,7 +396,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   stats.age_max = age_max;
   if (survivors > 0) {
     // Reused entries keep their place: move them, in order, to the end of the walked prefix.
-    const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - config_.max_age
+    const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
                                                                 : std::numeric_limits<int64_t>::min();
     int64_t write = plan.walked - 1;
     for (int64_t i = plan.walked - 1; i >= 0; --i) {
@@ -425,6 +426,7 @@ void StalenessRing::fill_state(TakeStats& stats) {
   stats.buffer_left = size_;
   stats.in_flight = in_flight_.size();
   stats.sampled_total = ledger_.put_total;
+  stats.max_age = max_age_;
 }
 
 TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::optional<double> timeout,
@@ -467,7 +469,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   check_open();
   check_clock(current_step);
   clock_ = current_step;
-  const int64_t cutoff = current_step - config_.max_age;
+  const int64_t cutoff = current_step - max_age_;
   int64_t removed = 0;
   if (sorted_) {
     const int64_t* steps = columns_.get().sample_step;
@@ -542,6 +544,21 @@ Ledger StalenessRing::ledger() const {
   copy.in_flight = in_flight_.size();
   copy.buffer_left = size_;
   return copy;
+}
+
+int64_t StalenessRing::max_age() const {
+  Lock lock(mutex_);
+  return max_age_;
+}
+
+void StalenessRing::set_max_age(int64_t max_age) {
+  if (max_age < 0) throw InvalidArgument(concat("max_age=", max_age, " must be >= 0"));
+  Lock lock(mutex_);
+  if (max_age == max_age_) return;
+  max_age_ = max_age;
+  ++ledger_.max_age_changes;
+  lock.unlock();
+  ready_cv_.notify_all();  // under wait, a raised bound may unblock a waiting take
 }
 
 int64_t StalenessRing::size() const {
@@ -661,7 +678,7 @@ void StalenessRing::import_state(const RingState& s) {
 
 std::string StalenessRing::debug_string() const {
   Lock lock(mutex_);
-  return concat("StalenessBuffer(capacity=", config_.capacity, ", max_age=", config_.max_age, ", strategy='",
+  return concat("StalenessBuffer(capacity=", config_.capacity, ", max_age=", max_age_, ", strategy='",
                 strategy_name(config_.strategy), "', max_uses=", config_.max_uses, ", on_full='",
                 on_full_name(config_.on_full), "', ready=", size_, ", in_flight=", in_flight_.size(),
                 ", clock=", clock_, ", pinned=", columns_.borrowed() ? "True" : "False",

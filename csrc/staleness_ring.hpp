@@ -72,6 +72,7 @@ struct TakeStats {
   int64_t buffer_left = 0;
   int64_t in_flight = 0;
   int64_t sampled_total = 0;
+  int64_t max_age = 0;  // the max_age in force for this call
 };
 
 /// The whole logical state in ring order (oldest first), as checkpoints store it.
@@ -119,6 +120,13 @@ class StalenessRing {
   /// Returns a consistent copy of the ledger.
   Ledger ledger() const;
 
+  /// Returns the max_age in force now.
+  int64_t max_age() const;
+
+  /// Sets max_age (>= 0, else InvalidArgument); the next take or evict_stale applies it to every ready
+  /// entry, entries already dropped stay dropped; counts a change in Ledger::max_age_changes.
+  void set_max_age(int64_t max_age);
+
   /// Returns the number of ready entries.
   int64_t size() const;
 
@@ -140,7 +148,7 @@ class StalenessRing {
   /// Returns a one-line description of configuration and state, for __repr__.
   std::string debug_string() const;
 
-  /// Returns the configuration the ring was built with.
+  /// Returns the configuration the ring was built with (its max_age is the initial one; see max_age()).
   const RingConfig& config() const { return config_; }
 
   /// Returns true iff the columns are borrowed from the caller (pinned memory).
@@ -181,7 +189,7 @@ class StalenessRing {
   void remove_prefix(int64_t n);
   void evict_oldest_groups(int64_t need);
 
-  const RingConfig config_;
+  const RingConfig config_;  // as constructed; max_age_ below is the one in force
   RingColumns columns_;
   mutable std::mutex mutex_;
   std::condition_variable ready_cv_;  // consumers: entries arrived, prompts finished, or closed
@@ -191,6 +199,7 @@ class StalenessRing {
   bool sorted_ = true;  // sample_step non-decreasing in ring order
   bool closed_ = false;
   int64_t clock_ = -1;
+  int64_t max_age_;  // config_.max_age until set_max_age changes it
   int64_t evicted_unreported_ = 0;
   InFlightTable in_flight_;
   Ledger ledger_;

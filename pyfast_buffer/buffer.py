@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
@@ -42,6 +44,7 @@ class StalenessBuffer:
                  on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
                  parameter_sync_step: Optional[int] = None) -> None:
         self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step)
+        self._config_lock = threading.Lock()  # keeps config.max_age in step with the core's under concurrent setters
         self.pin_memory = resolve_pin_memory(pin_memory)
         # Pinned columns are allocated once by torch and borrowed by the core; this object keeps them alive.
         self._columns = _pinned_columns(capacity) if self.pin_memory else None
@@ -106,6 +109,23 @@ class StalenessBuffer:
 
     def __len__(self) -> int:
         return len(self._ring)
+
+    @property
+    def max_age(self) -> int:
+        """The largest age that may be trained on, in force now.
+
+        Settable between calls (``buf.max_age = k``, an int >= 0, thread-safe): the next take or
+        evict_stale applies the new cutoff to every ready entry; entries already dropped stay dropped.
+        Each change is counted in ``ledger()["max_age_changes"]`` and ``config`` follows it.
+        """
+        return self._ring.max_age
+
+    @max_age.setter
+    def max_age(self, value: int) -> None:
+        max_age = as_count(value, "max_age", 0)
+        with self._config_lock:
+            self._ring.max_age = max_age
+            self.config = dataclasses.replace(self.config, max_age=max_age)
 
     @property
     def in_flight(self) -> int:

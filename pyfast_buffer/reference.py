@@ -9,6 +9,7 @@ over speed.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -43,7 +44,7 @@ class ReferenceBuffer:
         self._groups: deque = deque()  # oldest first; each group is a list of record dicts
         self._size = 0
         self._in_flight: Dict[int, tuple] = {}  # prompt id -> (sample_step, dispatch_ns)
-        self._counts = dict.fromkeys(state.LEDGER_KEYS, 0)
+        self._counts = dict.fromkeys(state.ALL_LEDGER_KEYS, 0)
         self._clock = -1
         self._evicted_unreported = 0
         self._closed = False
@@ -325,7 +326,7 @@ class ReferenceBuffer:
         if plan.walked:
             self._cond.notify_all()
         stats = (plan.taken, plan.dropped, retired, self._report_evicted(), plan.blocked_by, age_sum, age_max,
-                 tuple(hist), self._size, len(self._in_flight), self._counts["put_total"])
+                 tuple(hist), self._size, len(self._in_flight), self._counts["put_total"], self.config.max_age)
         return Batch(torch.tensor(columns, dtype=torch.int64).reshape(8, plan.taken), make_metrics(stats))
 
     def _report_evicted(self) -> int:
@@ -346,7 +347,7 @@ class ReferenceBuffer:
             if removed:
                 self._cond.notify_all()
             stats = (0, removed, 0, self._report_evicted(), "none", 0, 0, (0,) * len(AGE_BUCKETS), self._size,
-                     len(self._in_flight), self._counts["put_total"])
+                     len(self._in_flight), self._counts["put_total"], self.config.max_age)
         make_metrics(stats)
         return removed
 
@@ -357,10 +358,26 @@ class ReferenceBuffer:
             return {"dispatched": c["dispatched"], "completed": c["completed"], "failed": c["failed"],
                     "put_total": c["put_total"], "sampled_total": c["put_total"], "taken": c["taken"],
                     "retired": c["retired"], "dropped_stale": c["dropped_stale"], "evicted": c["evicted"],
-                    "in_flight": len(self._in_flight), "buffer_left": self._size}
+                    "in_flight": len(self._in_flight), "buffer_left": self._size,
+                    "max_age_changes": c["max_age_changes"]}
 
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def max_age(self) -> int:
+        with self._cond:
+            return self.config.max_age
+
+    @max_age.setter
+    def max_age(self, value: int) -> None:
+        max_age = as_count(value, "max_age", 0)
+        with self._cond:
+            if max_age == self.config.max_age:
+                return
+            self.config = dataclasses.replace(self.config, max_age=max_age)
+            self._counts["max_age_changes"] += 1
+            self._cond.notify_all()  # under wait, a raised bound may unblock a waiting take
 
     @property
     def in_flight(self) -> int:

@@ -12,6 +12,9 @@ FORMAT = "pyfast_buffer.state/1"
 ENTRY_COLUMNS = ("traj_id", "group_id", "sample_step", "policy_version", "dispatch_ns", "complete_ns", "uses", "group_len")
 IN_FLIGHT_COLUMNS = ("prompt_id", "sample_step", "dispatch_ns")
 LEDGER_KEYS = ("dispatched", "completed", "failed", "put_total", "taken", "retired", "dropped_stale", "evicted")
+#: Counters added later: written by pack, read as 0 from a state_dict that predates them.
+LATER_LEDGER_KEYS = ("max_age_changes",)
+ALL_LEDGER_KEYS = LEDGER_KEYS + LATER_LEDGER_KEYS
 
 
 def pack(config: Any, entries: Dict[str, np.ndarray], in_flight: Dict[str, np.ndarray], ledger: Dict[str, int],
@@ -22,7 +25,7 @@ def pack(config: Any, entries: Dict[str, np.ndarray], in_flight: Dict[str, np.nd
         "config": dataclasses.asdict(config),
         "entries": {k: torch.from_numpy(np.asarray(entries[k], dtype=np.int64)) for k in ENTRY_COLUMNS},
         "in_flight": {k: torch.from_numpy(np.asarray(in_flight[k], dtype=np.int64)) for k in IN_FLIGHT_COLUMNS},
-        "ledger": {k: int(ledger[k]) for k in LEDGER_KEYS},
+        "ledger": {k: int(ledger[k]) for k in ALL_LEDGER_KEYS},
         "clock": int(clock),
         "evicted_unreported": int(evicted_unreported),
     }
@@ -75,7 +78,7 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         raise ValueError("state_dict has a prompt in flight twice; it was edited or is corrupt")
     if len(prompts) and (in_flight["sample_step"].min() < 0 or in_flight["sample_step"].max() > clock):
         raise ValueError(f"state_dict has in-flight steps outside [0, clock={clock}]")
-    led = {k: int(ledger[k]) for k in LEDGER_KEYS}
+    led = {k: int(ledger.get(k, 0)) for k in ALL_LEDGER_KEYS}
     evicted_unreported = int(sd.get("evicted_unreported", 0))
     if any(not 0 <= v < 2**63 for v in (*led.values(), evicted_unreported, clock + 1)):
         raise ValueError("state_dict has counters outside int64; it was edited or is corrupt")

@@ -99,6 +99,11 @@ class NativeMatchesReference(RuleBasedStateMachine):
         if result:
             assert result[0] == result[1]
 
+    @rule(max_age=st.integers(0, 5))
+    def set_max_age(self, max_age):
+        self.both(lambda b: setattr(b, "max_age", max_age))
+        assert self.native.max_age == self.ref.max_age == max_age
+
     @rule()
     def checkpoint_round_trip(self):
         sd = self.native.state_dict()
