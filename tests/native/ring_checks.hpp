@@ -27,7 +27,7 @@ inline bool same_ledger(const Ledger& a, const Ledger& b) {
   return a.dispatched == b.dispatched && a.completed == b.completed && a.failed == b.failed &&
          a.put_total == b.put_total && a.taken == b.taken && a.retired == b.retired &&
          a.dropped_stale == b.dropped_stale && a.evicted == b.evicted && a.in_flight == b.in_flight &&
-         a.buffer_left == b.buffer_left;
+         a.buffer_left == b.buffer_left && a.max_age_changes == b.max_age_changes;
 }
 
 /// Returns true iff every cumulative counter of `after` is >= the one of `before`.
@@ -35,7 +35,7 @@ inline bool ledger_grew(const Ledger& before, const Ledger& after) {
   return after.dispatched >= before.dispatched && after.completed >= before.completed &&
          after.failed >= before.failed && after.put_total >= before.put_total && after.taken >= before.taken &&
          after.retired >= before.retired && after.dropped_stale >= before.dropped_stale &&
-         after.evicted >= before.evicted;
+         after.evicted >= before.evicted && after.max_age_changes >= before.max_age_changes;
 }
 
 /// Returns true iff the two states hold the same entries, prompts, ledger and clock; wall-clock
@@ -65,7 +65,7 @@ inline std::string describe(const RingState& s) {
   out << "] ledger(dispatched=" << l.dispatched << " completed=" << l.completed << " failed=" << l.failed
       << " put_total=" << l.put_total << " taken=" << l.taken << " retired=" << l.retired
       << " dropped_stale=" << l.dropped_stale << " evicted=" << l.evicted << " in_flight=" << l.in_flight
-      << " buffer_left=" << l.buffer_left << ") evicted_unreported=" << s.evicted_unreported;
+      << " buffer_left=" << l.buffer_left << " max_age_changes=" << l.max_age_changes << ") evicted_unreported=" << s.evicted_unreported;
   return out.str();
 }
 
