@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import pyfast_buffer as pfb
 
@@ -42,7 +42,7 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def balanced(ledger: Dict[str, int]) -> bool:
+def balanced(ledger: dict[str, int]) -> bool:
     """Returns True iff both ledger identities of DESIGN.md hold."""
     return (ledger["put_total"] == ledger["retired"] + ledger["dropped_stale"] + ledger["evicted"]
             + ledger["buffer_left"]
@@ -55,7 +55,7 @@ class Report:
 
     seconds: float
     rss_mb: float
-    ledger: Dict[str, int]
+    ledger: dict[str, int]
     balanced: bool
 
 
@@ -63,9 +63,9 @@ class Report:
 class SoakResult:
     """Everything the soak measured; written as JSON with --json."""
 
-    args: Dict[str, Any]
-    reports: List[Report] = field(default_factory=list)
-    errors: List[str] = field(default_factory=list)
+    args: dict[str, Any]
+    reports: list[Report] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
     consumer_taken: int = 0
     checkpoints: int = 0
 
@@ -178,7 +178,7 @@ class Soak:
         return self.result
 
 
-def verdict(result: SoakResult, warmup: float, max_growth: Optional[float]) -> List[str]:
+def verdict(result: SoakResult, warmup: float, max_growth: float | None) -> list[str]:
     """Returns the reasons the soak failed (empty when it passed), after printing its summary."""
     problems = list(result.errors)
     reps = result.reports
@@ -199,7 +199,7 @@ def verdict(result: SoakResult, warmup: float, max_growth: Optional[float]) -> L
     return problems
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=60.0, help="how long to run (default 60)")
     p.add_argument("--report-every", type=float, default=5.0, help="seconds between reports (default 5)")
@@ -227,7 +227,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(f"soak: {args.impl} buffer, pid {os.getpid()}, {args.seconds:g} s, {args.producers} producers")
     result = Soak(args).run()
