@@ -32,6 +32,17 @@ pfb::OnFull parse_on_full(const std::string& s) {
   throw pfb::InvalidArgument("on_full='" + s + "' is unknown; use 'evict_oldest', 'block' or 'error'");
 }
 
+// Returns an owned copy of a caller's id array, taken while the GIL is held: the core reads only this copy,
+// so a caller (or another thread) rewriting the array during the call cannot make the call read it twice.
+std::vector<int64_t> owned(const I64Array& ids) { return std::vector<int64_t>(ids.data(), ids.data() + ids.size()); }
+
+// Runs Python's signal handlers for a core call blocked with the GIL released; a handler that raises
+// (KeyboardInterrupt) aborts the call, which has changed nothing yet.
+void check_signals() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
 // The Python-visible ring: the core plus the arrays whose memory it borrows.
 struct PyRing {
   std::vector<py::object> borrowed_arrays;  // destroyed after `ring`, which points into them
@@ -50,7 +61,7 @@ py::tuple stats_tuple(const pfb::TakeStats& s) {
   py::tuple hist(pfb::kAgeBuckets);
   for (int i = 0; i < pfb::kAgeBuckets; ++i) hist[i] = py::int_(s.age_hist[i]);
   return py::make_tuple(s.taken, s.dropped_stale, s.retired, s.evicted, blocked_by_name(s.blocked_by), s.age_sum,
-                        s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total, s.max_age);
+                        s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total, s.max_age, s.expired);
 }
 
 py::dict ledger_dict(const pfb::Ledger& l) {
@@ -59,7 +70,7 @@ py::dict ledger_dict(const pfb::Ledger& l) {
   d["put_total"] = l.put_total, d["sampled_total"] = l.put_total, d["taken"] = l.taken;
   d["retired"] = l.retired, d["dropped_stale"] = l.dropped_stale, d["evicted"] = l.evicted;
   d["in_flight"] = l.in_flight, d["buffer_left"] = l.buffer_left;
-  d["max_age_changes"] = l.max_age_changes;
+  d["max_age_changes"] = l.max_age_changes, d["expired"] = l.expired;
   return d;
 }
 
@@ -76,7 +87,8 @@ py::array_t<T> to_numpy(std::vector<T>&& v) {
 }
 
 template <class T>
-std::vector<T> from_numpy(const py::dict& d, const char* key) {
+std::vector<T> from_numpy(const py::dict& d, const char* key, std::optional<std::pair<size_t, T>> fallback = std::nullopt) {
+  if (fallback && !d.contains(key)) return std::vector<T>(fallback->first, fallback->second);
   auto a = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(d[key]);
   if (!a || a.ndim() != 1) throw pfb::InvalidArgument(std::string("state_dict: '") + key + "' must be a 1-d integer array");
   return std::vector<T>(a.data(), a.data() + a.size());
@@ -90,6 +102,7 @@ std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::
   auto out = std::make_unique<PyRing>();
   if (!columns) {
     out->ring = std::make_unique<pfb::StalenessRing>(cfg, nullptr);
+    out->ring->set_interrupt_check(check_signals);
     return out;
   }
   if (columns->size() != 8) throw pfb::InvalidArgument("columns: pass 6 int64 and 2 int32 arrays");
@@ -115,6 +128,7 @@ std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::
   ptrs.policy_version = wide[3], ptrs.dispatch_ns = wide[4], ptrs.complete_ns = wide[5];
   ptrs.uses = narrow[0], ptrs.group_len = narrow[1];
   out->ring = std::make_unique<pfb::StalenessRing>(cfg, &ptrs);
+  out->ring->set_interrupt_check(check_signals);
   return out;
 }
 
@@ -138,40 +152,50 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyRing>(m, "Ring")
       .def(py::init(&make_ring), py::arg("capacity"), py::arg("max_age"), py::arg("strategy"), py::arg("max_uses"),
            py::arg("on_full"), py::arg("parameter_sync_step"), py::arg("columns") = py::none())
-      .def("dispatch",
-           [](PyRing& self, const I64Array& prompt_ids, int64_t step) {
-             const int64_t* ids = prompt_ids.data();
-             const int64_t n = prompt_ids.size();
+      .def(
+          "dispatch",
+          [](PyRing& self, const I64Array& prompt_ids, int64_t step, std::optional<double> lease) {
+            const std::vector<int64_t> ids = owned(prompt_ids);
+            py::gil_scoped_release release;
+            self.ring->dispatch(ids.data(), static_cast<int64_t>(ids.size()), step, lease);
+          },
+          py::arg("prompt_ids"), py::arg("step"), py::arg("lease") = py::none())
+      .def("renew",
+           [](PyRing& self, const I64Array& prompt_ids, double lease) {
+             const std::vector<int64_t> ids = owned(prompt_ids);
              py::gil_scoped_release release;
-             self.ring->dispatch(ids, n, step);
+             self.ring->renew(ids.data(), static_cast<int64_t>(ids.size()), lease);
            })
+      .def("expire_in_flight",
+           [](PyRing& self, double older_than_s) {
+             py::gil_scoped_release release;
+             return self.ring->expire_in_flight(older_than_s);
+           })
+      .def("_set_lease_clock", [](PyRing& self, std::optional<int64_t> now_ns) { self.ring->set_lease_clock(now_ns); })
       .def("complete",
            [](PyRing& self, const I64Array& traj_ids, const I64Array& prompt_ids, std::optional<double> timeout) {
              if (traj_ids.size() != prompt_ids.size())
                throw pfb::InvalidArgument("traj_ids and prompt_ids differ in length");
-             const int64_t *t = traj_ids.data(), *p = prompt_ids.data();
-             const int64_t n = traj_ids.size();
+             const std::vector<int64_t> t = owned(traj_ids), p = owned(prompt_ids);
              py::gil_scoped_release release;
-             self.ring->complete(t, p, n, timeout);
+             self.ring->complete(t.data(), p.data(), static_cast<int64_t>(t.size()), timeout);
            })
       .def("fail",
            [](PyRing& self, const I64Array& prompt_ids) {
-             const int64_t* ids = prompt_ids.data();
-             const int64_t n = prompt_ids.size();
+             const std::vector<int64_t> ids = owned(prompt_ids);
              py::gil_scoped_release release;
-             self.ring->fail(ids, n);
+             self.ring->fail(ids.data(), static_cast<int64_t>(ids.size()));
            })
       .def("put",
            [](PyRing& self, const I64Array& traj_ids, std::optional<I64Array> group_ids, const I64Array& sample_steps,
               std::optional<double> timeout) {
              if (group_ids && group_ids->size() != traj_ids.size())
                throw pfb::InvalidArgument("traj_ids and group_ids differ in length");
-             const int64_t* t = traj_ids.data();
-             const int64_t* g = group_ids ? group_ids->data() : nullptr;
-             const int64_t* s = sample_steps.data();
-             const int64_t n = traj_ids.size(), n_steps = sample_steps.size();
+             const std::vector<int64_t> t = owned(traj_ids), s = owned(sample_steps);
+             const std::vector<int64_t> g = group_ids ? owned(*group_ids) : std::vector<int64_t>();
+             const int64_t n = static_cast<int64_t>(t.size()), n_steps = static_cast<int64_t>(s.size());
              py::gil_scoped_release release;
-             self.ring->put(t, g, s, n_steps, n, timeout);
+             self.ring->put(t.data(), group_ids ? g.data() : nullptr, s.data(), n_steps, n, timeout);
            })
       .def("take",
            [](PyRing& self, I64Array& out, int64_t batch_size, int64_t current_step, std::optional<double> timeout) {
@@ -196,18 +220,18 @@ PYBIND11_MODULE(_core, m) {
              }
              return stats_tuple(stats);
            })
-      .def("ledger", [](const PyRing& self) { return ledger_dict(self.ring->ledger()); })
+      .def("ledger", [](PyRing& self) { return ledger_dict(self.ring->ledger()); })
       .def("__len__", [](const PyRing& self) { return self.ring->size(); })
       .def_property(
           "max_age", [](const PyRing& self) { return self.ring->max_age(); },
           [](PyRing& self, int64_t max_age) { self.ring->set_max_age(max_age); })
-      .def_property_readonly("in_flight", [](const PyRing& self) { return self.ring->in_flight(); })
+      .def_property_readonly("in_flight", [](PyRing& self) { return self.ring->in_flight(); })
       .def_property_readonly("closed", [](const PyRing& self) { return self.ring->closed(); })
       .def_property_readonly("borrows_columns", [](const PyRing& self) { return self.ring->borrows_columns(); })
       .def("close", [](PyRing& self) { self.ring->close(); })
       .def("__repr__", [](const PyRing& self) { return self.ring->debug_string(); })
       .def("export_state",
-           [](const PyRing& self) {
+           [](PyRing& self) {
              pfb::RingState s = self.ring->export_state();
              py::dict d;
              d["traj_id"] = to_numpy(std::move(s.traj_id)), d["group_id"] = to_numpy(std::move(s.group_id));
@@ -219,6 +243,8 @@ PYBIND11_MODULE(_core, m) {
              d["in_flight_prompt"] = to_numpy(std::move(s.in_flight_prompt));
              d["in_flight_step"] = to_numpy(std::move(s.in_flight_step));
              d["in_flight_dispatch_ns"] = to_numpy(std::move(s.in_flight_dispatch_ns));
+             d["in_flight_lease_left_ns"] = to_numpy(std::move(s.in_flight_lease_left_ns));
+             d["in_flight_held_ns"] = to_numpy(std::move(s.in_flight_held_ns));
              d["ledger"] = ledger_dict(s.ledger);
              d["clock"] = s.clock;
              d["evicted_unreported"] = s.evicted_unreported;
@@ -234,12 +260,16 @@ PYBIND11_MODULE(_core, m) {
         s.in_flight_prompt = from_numpy<int64_t>(d, "in_flight_prompt");
         s.in_flight_step = from_numpy<int64_t>(d, "in_flight_step");
         s.in_flight_dispatch_ns = from_numpy<int64_t>(d, "in_flight_dispatch_ns");
+        const size_t m = s.in_flight_prompt.size();  // state_dicts from before leases lack the lease columns
+        s.in_flight_lease_left_ns = from_numpy<int64_t>(d, "in_flight_lease_left_ns", std::make_pair(m, int64_t{-1}));
+        s.in_flight_held_ns = from_numpy<int64_t>(d, "in_flight_held_ns", std::make_pair(m, int64_t{0}));
         py::dict l = d["ledger"];
         s.ledger.dispatched = l["dispatched"].cast<int64_t>(), s.ledger.completed = l["completed"].cast<int64_t>();
         s.ledger.failed = l["failed"].cast<int64_t>(), s.ledger.put_total = l["put_total"].cast<int64_t>();
         s.ledger.taken = l["taken"].cast<int64_t>(), s.ledger.retired = l["retired"].cast<int64_t>();
         s.ledger.dropped_stale = l["dropped_stale"].cast<int64_t>(), s.ledger.evicted = l["evicted"].cast<int64_t>();
         s.ledger.max_age_changes = optional_int(l, "max_age_changes", 0);
+        s.ledger.expired = optional_int(l, "expired", 0);
         s.clock = d["clock"].cast<int64_t>();
         s.evicted_unreported = d["evicted_unreported"].cast<int64_t>();
         py::gil_scoped_release release;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -12,13 +13,19 @@
 
 namespace pyfast_buffer {
 
+/// The deadline of a prompt dispatched without a lease: never.
+constexpr int64_t kNoLease = std::numeric_limits<int64_t>::max();
+
 /// What the buffer remembers of one in-flight prompt.
 struct InFlightPrompt {
   int64_t sample_step;
-  int64_t dispatch_ns;
+  int64_t dispatch_ns;             // wall clock at dispatch (ns since the epoch), for the record
+  int64_t since_ns = 0;            // lease clock at dispatch: expire_in_flight measures from it
+  int64_t deadline_ns = kNoLease;  // lease clock at which the lease passes
 };
 
-/// Hash table of in-flight prompts plus an ordered count of their steps, so the oldest is O(1).
+/// Hash table of in-flight prompts plus an ordered count of their steps, so the oldest is O(1), and the
+/// leased prompts ordered by deadline, so the earliest is O(1) and prompts without a lease cost nothing.
 class InFlightTable {
  public:
   /// Returns true iff `prompt_id` is in flight.
@@ -31,6 +38,7 @@ class InFlightTable {
   void insert(int64_t prompt_id, InFlightPrompt record) {
     prompts_.emplace(prompt_id, record);
     ++step_counts_[record.sample_step];
+    if (record.deadline_ns != kNoLease) leases_.emplace(record.deadline_ns, prompt_id);
   }
 
   /// Removes `prompt_id`; the caller has checked that it is in flight.
@@ -38,13 +46,45 @@ class InFlightTable {
     auto it = prompts_.find(prompt_id);
     auto count = step_counts_.find(it->second.sample_step);
     if (--count->second == 0) step_counts_.erase(count);
+    if (it->second.deadline_ns != kNoLease) leases_.erase({it->second.deadline_ns, prompt_id});
     prompts_.erase(it);
+  }
+
+  /// Sets the lease deadline of `prompt_id` (kNoLease: none); the caller has checked that it is in flight.
+  void set_deadline(int64_t prompt_id, int64_t deadline_ns) {
+    InFlightPrompt& rec = prompts_.at(prompt_id);
+    if (rec.deadline_ns != kNoLease) leases_.erase({rec.deadline_ns, prompt_id});
+    rec.deadline_ns = deadline_ns;
+    if (deadline_ns != kNoLease) leases_.emplace(deadline_ns, prompt_id);
+  }
+
+  /// Returns the earliest lease deadline, or kNoLease when no in-flight prompt has a lease.
+  int64_t earliest_deadline() const { return leases_.empty() ? kNoLease : leases_.begin()->first; }
+
+  /// Returns the prompts whose lease deadline is <= `now_ns`, by deadline then prompt id.
+  std::vector<int64_t> due(int64_t now_ns) const {
+    std::vector<int64_t> found;
+    for (auto it = leases_.begin(); it != leases_.end() && it->first <= now_ns; ++it) found.push_back(it->second);
+    return found;
+  }
+
+  /// Returns the prompts dispatched at lease-clock time <= `since_ns`, by dispatch time then prompt id.
+  std::vector<int64_t> dispatched_by(int64_t since_ns) const {
+    std::vector<std::pair<int64_t, int64_t>> found;
+    for (const auto& [id, rec] : prompts_)
+      if (rec.since_ns <= since_ns) found.emplace_back(rec.since_ns, id);
+    std::sort(found.begin(), found.end());
+    std::vector<int64_t> ids;
+    ids.reserve(found.size());
+    for (const auto& entry : found) ids.push_back(entry.second);
+    return ids;
   }
 
   /// Removes every prompt.
   void clear() {
     prompts_.clear();
     step_counts_.clear();
+    leases_.clear();
   }
 
   /// Returns the smallest sample_step in flight, or INT64_MAX when nothing is in flight.
@@ -75,6 +115,7 @@ class InFlightTable {
  private:
   std::unordered_map<int64_t, InFlightPrompt> prompts_;
   std::map<int64_t, int64_t> step_counts_;
+  std::set<std::pair<int64_t, int64_t>> leases_;  // (deadline_ns, prompt_id) of leased prompts
 };
 
 }  // namespace pyfast_buffer

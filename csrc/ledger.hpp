@@ -9,7 +9,7 @@ namespace pyfast_buffer {
 struct Ledger {
   int64_t dispatched = 0;     // prompts dispatched (put counts each group as one)
   int64_t completed = 0;      // prompts completed (put counts each group as one)
-  int64_t failed = 0;         // prompts failed
+  int64_t failed = 0;         // prompts failed, expired ones included
   int64_t put_total = 0;      // trajectories that entered the ring (sampled_total)
   int64_t taken = 0;          // uses: entries handed out in batches, counting reuse
   int64_t retired = 0;        // trajectories that reached max_uses and left the ring
@@ -18,11 +18,12 @@ struct Ledger {
   int64_t in_flight = 0;      // prompts dispatched and neither completed nor failed
   int64_t buffer_left = 0;    // trajectories ready in the ring
   int64_t max_age_changes = 0;  // set_max_age calls that changed max_age
+  int64_t expired = 0;          // prompts failed by the buffer: lease passed, or expire_in_flight
 
   /// Returns true iff both invariants of DESIGN.md hold.
   bool balanced() const {
     return put_total == retired + dropped_stale + evicted + buffer_left &&
-           dispatched == completed + failed + in_flight;
+           dispatched == completed + failed + in_flight && 0 <= expired && expired <= failed;
   }
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <sstream>
 #include <unordered_map>
@@ -20,11 +21,20 @@ int64_t now_ns() {
       .count();
 }
 
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch()).count();
+}
+
 SteadyClock::time_point deadline_after(double seconds) {
-  // Clamp so that huge timeouts cannot overflow the clock arithmetic.
-  const double clamped = std::min(seconds, 1e9);
+  // Callers validated `seconds`; the clamp keeps NaN, negatives and huge values away from chrono regardless.
+  const double clamped = seconds >= 0 ? std::min(seconds, kMaxSeconds) : 0.0;
   return SteadyClock::now() +
          std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(clamped));
+}
+
+// Returns a + b for b >= 0, saturating below kNoLease so that a deadline never reads as "no lease".
+int64_t add_saturating(int64_t a, int64_t b) {
+  return a > kNoLease - 1 - b ? kNoLease - 1 : a + b;
 }
 
 const char* strategy_name(Strategy s) { return s == Strategy::kDrop ? "drop" : "wait"; }
@@ -42,6 +52,20 @@ std::string concat(const Parts&... parts) {
   std::ostringstream out;
   (out << ... << parts);
   return out.str();
+}
+
+// Returns `seconds` in whole nanoseconds, or throws InvalidArgument naming `name` unless it is finite,
+// > 0 (>= 0 with allow_zero) and <= kMaxSeconds.
+int64_t checked_seconds_ns(double seconds, const char* name, bool allow_zero) {
+  const bool ok = std::isfinite(seconds) && (allow_zero ? seconds >= 0 : seconds > 0) && seconds <= kMaxSeconds;
+  if (!ok)
+    throw InvalidArgument(concat(name, "=", seconds, " must be a finite number of seconds ",
+                                 allow_zero ? ">= 0" : "> 0", " and <= ", kMaxSeconds));
+  return static_cast<int64_t>(seconds * 1e9);
+}
+
+void check_timeout(std::optional<double> timeout) {
+  if (timeout) checked_seconds_ns(*timeout, "timeout", true);
 }
 
 // Returns the first id that occurs twice in ids[0..n), if any.
@@ -87,6 +111,44 @@ void StalenessRing::check_clock(int64_t current_step) const {
                                  " already seen; the trainer's step never goes back, pass the current global step"));
 }
 
+int64_t StalenessRing::lease_now() const { return manual_lease_clock_ ? *manual_lease_clock_ : steady_ns(); }
+
+int64_t StalenessRing::expire_due() {
+  if (closed_) return 0;  // a closed buffer is frozen
+  const int64_t now = lease_now();
+  if (in_flight_.earliest_deadline() > now) return 0;
+  const std::vector<int64_t> due = in_flight_.due(now);
+  expire_prompts(due);
+  return static_cast<int64_t>(due.size());
+}
+
+void StalenessRing::expire_prompts(const std::vector<int64_t>& prompts) {
+  for (const int64_t prompt : prompts) in_flight_.erase(prompt);
+  const auto n = static_cast<int64_t>(prompts.size());
+  ledger_.failed += n;
+  ledger_.expired += n;
+  if (n > 0) ready_cv_.notify_all();  // a waiting take may have been blocked by these prompts
+}
+
+void StalenessRing::check_interrupt(Lock& lock, SteadyTime& last_check) {
+  if (!interrupt_check_) return;
+  const SteadyTime now = SteadyClock::now();
+  if (now - last_check < std::chrono::milliseconds(kInterruptCheckMs)) return;
+  last_check = now;
+  lock.unlock();  // the check may take the GIL: never hold our lock while waiting for it
+  interrupt_check_();  // throws to abort the call; nothing has been changed yet
+  lock.lock();
+}
+
+StalenessRing::SteadyTime StalenessRing::next_wake(SteadyTime deadline) const {
+  SteadyTime wake = deadline;
+  if (interrupt_check_) wake = std::min(wake, SteadyClock::now() + std::chrono::milliseconds(kInterruptCheckMs));
+  const int64_t lease = in_flight_.earliest_deadline();
+  if (lease != kNoLease && !manual_lease_clock_)  // the real lease clock is the steady clock
+    wake = std::min(wake, SteadyTime(std::chrono::duration_cast<SteadyClock::duration>(std::chrono::nanoseconds(lease))));
+  return wake;
+}
+
 bool StalenessRing::wait_blocked(int64_t current_step) const {
   return in_flight_.size() > 0 && current_step - in_flight_.oldest_step() >= max_age_;
 }
@@ -102,9 +164,11 @@ std::string StalenessRing::wait_blocked_message(int64_t current_step) const {
   return out.str();
 }
 
-void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step) {
+void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step, std::optional<double> lease) {
+  const int64_t lease_ns = lease ? checked_seconds_ns(*lease, "lease", false) : 0;
   Lock lock(mutex_);
   check_open();
+  expire_due();
   if (sample_step < 0) throw InvalidArgument(concat("step=", sample_step, " is negative; steps are ints >= 0"));
   if (auto dup = first_duplicate(prompt_ids, n))
     throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; dispatch each prompt once"));
@@ -113,8 +177,9 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
       throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i], " is already in flight (dispatched at step ",
                                    in_flight_.at(prompt_ids[i]).sample_step,
                                    "); complete or fail it before dispatching it again"));
-  const int64_t stamp = now_ns();
-  for (int64_t i = 0; i < n; ++i) in_flight_.insert(prompt_ids[i], {sample_step, stamp});
+  const int64_t stamp = now_ns(), since = lease_now();
+  const int64_t deadline = lease ? add_saturating(since, lease_ns) : kNoLease;
+  for (int64_t i = 0; i < n; ++i) in_flight_.insert(prompt_ids[i], {sample_step, stamp, since, deadline});
   ledger_.dispatched += n;
   clock_ = std::max(clock_, sample_step);
 }
@@ -122,16 +187,52 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
 void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
   Lock lock(mutex_);
   check_open();
+  expire_due();
   if (auto dup = first_duplicate(prompt_ids, n))
     throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; fail each prompt once"));
   for (int64_t i = 0; i < n; ++i)
     if (!in_flight_.contains(prompt_ids[i]))
       throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
-                                   " is not in flight; dispatch it first (it may already be completed or failed)"));
+                                   " is not in flight; dispatch it first (it may already be completed, failed or expired)"));
   for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]);
   ledger_.failed += n;
   lock.unlock();
   if (n > 0) ready_cv_.notify_all();
+}
+
+void StalenessRing::renew(const int64_t* prompt_ids, int64_t n, double lease) {
+  const int64_t lease_ns = checked_seconds_ns(lease, "lease", false);
+  Lock lock(mutex_);
+  check_open();
+  expire_due();
+  if (auto dup = first_duplicate(prompt_ids, n))
+    throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; renew each prompt once"));
+  for (int64_t i = 0; i < n; ++i)
+    if (!in_flight_.contains(prompt_ids[i]))
+      throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
+                                   " is not in flight; only in-flight prompts can be renewed (it may already be "
+                                   "completed, failed or expired)"));
+  const int64_t deadline = add_saturating(lease_now(), lease_ns);
+  for (int64_t i = 0; i < n; ++i) in_flight_.set_deadline(prompt_ids[i], deadline);
+}
+
+int64_t StalenessRing::expire_in_flight(double older_than) {
+  const int64_t older_ns = checked_seconds_ns(older_than, "older_than_s", true);
+  Lock lock(mutex_);
+  check_open();
+  const int64_t by_lease = expire_due();
+  const std::vector<int64_t> old = in_flight_.dispatched_by(lease_now() - older_ns);
+  expire_prompts(old);
+  return by_lease + static_cast<int64_t>(old.size());
+}
+
+void StalenessRing::set_lease_clock(std::optional<int64_t> now_ns) {
+  if (now_ns && *now_ns < 0) throw InvalidArgument(concat("lease clock=", *now_ns, " must be >= 0"));
+  {
+    Lock lock(mutex_);
+    manual_lease_clock_ = now_ns;
+  }
+  ready_cv_.notify_all();  // a waiting take re-checks the leases against the new time
 }
 
 namespace {
@@ -154,16 +255,21 @@ void group_stably(const int64_t* keys, int64_t n, std::vector<int64_t>& order, s
 }
 }  // namespace
 
-bool StalenessRing::wait_for_room(Lock& lock, int64_t n, std::optional<double> timeout, const char* call) {
+bool StalenessRing::wait_for_room(Lock& lock, int64_t n, std::optional<double> timeout, const char* call,
+                                  std::optional<SteadyTime>& deadline) {
   if (size_ + n <= config_.capacity || config_.on_full == OnFull::kEvictOldest) return true;
   if (config_.on_full == OnFull::kError || !timeout)
     throw Full(concat("ring full: ", n, " entries do not fit, ", size_, " of capacity=", config_.capacity,
                       " are ready; take more often, raise capacity, use on_full='evict_oldest'",
                       config_.on_full == OnFull::kBlock ? ", or pass timeout= to wait for room" : " or 'block'"));
-  const auto deadline = deadline_after(*timeout);
-  if (room_cv_.wait_until(lock, deadline, [&] { return closed_ || size_ + n <= config_.capacity; })) {
+  if (!deadline) deadline = deadline_after(*timeout);  // one deadline for every wait of the call
+  SteadyTime last_check = SteadyClock::now();
+  for (;;) {
+    room_cv_.wait_until(lock, next_wake(*deadline));
+    check_interrupt(lock, last_check);
     check_open();
-    return false;  // room appeared after waiting: the caller re-validates its arguments
+    if (size_ + n <= config_.capacity) return false;  // room after waiting: the caller re-validates its arguments
+    if (SteadyClock::now() >= *deadline) break;
   }
   throw Timeout(concat(call, " timed out after ", *timeout, " s waiting for room: ", n, " entries need room, ",
                        size_, " of capacity=", config_.capacity,
@@ -209,8 +315,10 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
 
 void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
                              std::optional<double> timeout) {
+  check_timeout(timeout);
   Lock lock(mutex_);
   check_open();
+  expire_due();
   if (n == 0) return;
   if (n > config_.capacity)
     throw InvalidArgument(concat("traj_ids: ", n, " trajectories exceed capacity=", config_.capacity,
@@ -218,14 +326,16 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
   Groups groups;
   group_stably(prompt_ids, n, groups.order, groups.bounds);
   const size_t n_groups = groups.bounds.size() - 1;
+  std::optional<SteadyTime> deadline;
   for (;;) {  // validate, then wait for room; after a wait, validate again (another thread may have failed a prompt)
+    expire_due();
     for (size_t g = 0; g < n_groups; ++g) {
       const int64_t prompt = prompt_ids[groups.order[groups.bounds[g]]];
       if (!in_flight_.contains(prompt))
         throw InvalidArgument(concat("prompt_ids: prompt ", prompt,
-                                     " is not in flight; dispatch it first (it may already be completed or failed)"));
+                                     " is not in flight; dispatch it first (it may already be completed, failed or expired)"));
     }
-    if (wait_for_room(lock, n, timeout, "complete")) break;
+    if (wait_for_room(lock, n, timeout, "complete", deadline)) break;
   }
   if (size_ + n > config_.capacity) evict_oldest_groups(n);
   const int64_t stamp = now_ns();
@@ -245,6 +355,7 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
 
 void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
                         int64_t n_steps, int64_t n, std::optional<double> timeout) {
+  check_timeout(timeout);
   Lock lock(mutex_);
   check_open();
   if (n == 0) return;
@@ -272,7 +383,8 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
                                        "; a group shares one sample_step"));
     }
   }
-  while (!wait_for_room(lock, n, timeout, "put")) {
+  std::optional<SteadyTime> deadline;
+  while (!wait_for_room(lock, n, timeout, "put", deadline)) {
   }
   if (size_ + n > config_.capacity) evict_oldest_groups(n);
   const int64_t stamp = now_ns();
@@ -427,12 +539,15 @@ void StalenessRing::fill_state(TakeStats& stats) {
   stats.in_flight = in_flight_.size();
   stats.sampled_total = ledger_.put_total;
   stats.max_age = max_age_;
+  stats.expired = ledger_.expired;
 }
 
 TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::optional<double> timeout,
                               int64_t* out) {
+  check_timeout(timeout);
   Lock lock(mutex_);
   check_open();
+  expire_due();
   if (batch_size <= 0) throw InvalidArgument(concat("batch_size=", batch_size, " must be > 0"));
   check_clock(current_step);
   TakeStats stats;
@@ -440,9 +555,15 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
   plan_take(batch_size, current_step, plan);
   if (timeout && !plan.full) {
     const auto deadline = deadline_after(*timeout);
-    // Every change that could complete the batch notifies ready_cv_; re-plan on each wake-up.
+    SteadyTime last_check = SteadyClock::now();
+    // Every change that could complete the batch notifies ready_cv_; re-plan on each wake-up. The wait
+    // also wakes for the interrupt check and at the earliest lease deadline, which may unblock `wait`.
     while (!plan.full) {
-      if (ready_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      ready_cv_.wait_until(lock, next_wake(deadline));
+      check_interrupt(lock, last_check);
+      check_open();
+      expire_due();
+      if (SteadyClock::now() >= deadline) {
         plan_take(batch_size, current_step, plan);
         if (plan.full) break;
         std::string cause = plan.blocked_by == BlockedBy::kInFlightAtMaxAge
@@ -453,7 +574,6 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
         throw Timeout(concat("take timed out after ", *timeout, " s under ", strategy_name(config_.strategy),
                              ": ", cause));
       }
-      check_open();
       check_clock(current_step);  // a producer may have stamped a later step while we waited
       plan_take(batch_size, current_step, plan);
     }
@@ -467,6 +587,7 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
 TakeStats StalenessRing::evict_stale(int64_t current_step) {
   Lock lock(mutex_);
   check_open();
+  expire_due();
   check_clock(current_step);
   clock_ = current_step;
   const int64_t cutoff = current_step - max_age_;
@@ -538,8 +659,9 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   return stats;
 }
 
-Ledger StalenessRing::ledger() const {
+Ledger StalenessRing::ledger() {
   Lock lock(mutex_);
+  expire_due();
   Ledger copy = ledger_;
   copy.in_flight = in_flight_.size();
   copy.buffer_left = size_;
@@ -566,8 +688,9 @@ int64_t StalenessRing::size() const {
   return size_;
 }
 
-int64_t StalenessRing::in_flight() const {
+int64_t StalenessRing::in_flight() {
   Lock lock(mutex_);
+  expire_due();
   return in_flight_.size();
 }
 
@@ -585,8 +708,9 @@ void StalenessRing::close() {
   room_cv_.notify_all();
 }
 
-RingState StalenessRing::export_state() const {
+RingState StalenessRing::export_state() {
   Lock lock(mutex_);
+  expire_due();
   RingState s;
   const ColumnPointers& c = columns_.get();
   auto copy64 = [&](std::vector<int64_t>& dst, const int64_t* col) {
@@ -600,10 +724,13 @@ RingState StalenessRing::export_state() const {
   copy64(s.traj_id, c.traj_id), copy64(s.group_id, c.group_id), copy64(s.sample_step, c.sample_step);
   copy64(s.policy_version, c.policy_version), copy64(s.dispatch_ns, c.dispatch_ns);
   copy64(s.complete_ns, c.complete_ns), copy32(s.uses, c.uses), copy32(s.group_len, c.group_len);
+  const int64_t now = lease_now();
   for (const auto& [prompt, rec] : in_flight_.sorted_items()) {
     s.in_flight_prompt.push_back(prompt);
     s.in_flight_step.push_back(rec.sample_step);
     s.in_flight_dispatch_ns.push_back(rec.dispatch_ns);
+    s.in_flight_lease_left_ns.push_back(rec.deadline_ns == kNoLease ? -1 : std::max<int64_t>(rec.deadline_ns - now, 0));
+    s.in_flight_held_ns.push_back(std::max<int64_t>(now - rec.since_ns, 0));
   }
   s.ledger = ledger_;
   s.ledger.in_flight = in_flight_.size();
@@ -640,8 +767,14 @@ void StalenessRing::import_state(const RingState& s) {
     i += len;
   }
   const size_t m = s.in_flight_prompt.size();
-  if (s.in_flight_step.size() != m || s.in_flight_dispatch_ns.size() != m)
+  if (s.in_flight_step.size() != m || s.in_flight_dispatch_ns.size() != m || s.in_flight_lease_left_ns.size() != m ||
+      s.in_flight_held_ns.size() != m)
     throw InvalidArgument("state_dict: the in-flight columns have different lengths");
+  for (size_t i = 0; i < m; ++i)
+    if (s.in_flight_lease_left_ns[i] < -1 || s.in_flight_held_ns[i] < 0)
+      throw InvalidArgument(concat("state_dict: in-flight prompt ", s.in_flight_prompt[i], " has lease_left_ns=",
+                                   s.in_flight_lease_left_ns[i], " and held_ns=", s.in_flight_held_ns[i],
+                                   "; expected -1 (no lease) or >= 0, and >= 0"));
   if (auto dup = first_duplicate(s.in_flight_prompt.data(), static_cast<int64_t>(m)))
     throw InvalidArgument(concat("state_dict: prompt ", *dup, " is in flight twice"));
   for (size_t i = 0; i < m; ++i)
@@ -668,7 +801,14 @@ void StalenessRing::import_state(const RingState& s) {
   size_ = n;
   sorted_ = sorted;
   in_flight_.clear();
-  for (size_t i = 0; i < m; ++i) in_flight_.insert(s.in_flight_prompt[i], {s.in_flight_step[i], s.in_flight_dispatch_ns[i]});
+  const int64_t now = lease_now();
+  for (size_t i = 0; i < m; ++i) {
+    // A restored lease keeps the time it had left when exported; the time since dispatch likewise.
+    const int64_t left = s.in_flight_lease_left_ns[i];
+    const int64_t held = std::min(s.in_flight_held_ns[i], now);
+    in_flight_.insert(s.in_flight_prompt[i], {s.in_flight_step[i], s.in_flight_dispatch_ns[i], now - held,
+                                              left < 0 ? kNoLease : add_saturating(now, left)});
+  }
   ledger_ = ledger;
   clock_ = s.clock;
   evicted_unreported_ = s.evicted_unreported;

@@ -2,8 +2,10 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -22,6 +24,12 @@ enum class BlockedBy : int { kNone = 0, kTooFewReady = 1, kInFlightAtMaxAge = 2 
 
 /// Largest capacity accepted: keeps every column's byte size far from int64 overflow.
 constexpr int64_t kMaxCapacity = int64_t{1} << 40;
+
+/// Longest timeout, lease or expire_in_flight age accepted, in seconds (about 31 years).
+constexpr double kMaxSeconds = 1e9;
+
+/// Longest a blocking call sleeps between two interrupt checks (see set_interrupt_check).
+constexpr int64_t kInterruptCheckMs = 100;
 
 /// Construction parameters; the constructor rejects out-of-range values.
 struct RingConfig {
@@ -73,6 +81,7 @@ struct TakeStats {
   int64_t in_flight = 0;
   int64_t sampled_total = 0;
   int64_t max_age = 0;  // the max_age in force for this call
+  int64_t expired = 0;  // Ledger::expired after this call
 };
 
 /// The whole logical state in ring order (oldest first), as checkpoints store it.
@@ -80,6 +89,8 @@ struct RingState {
   std::vector<int64_t> traj_id, group_id, sample_step, policy_version, dispatch_ns, complete_ns;
   std::vector<int32_t> uses, group_len;
   std::vector<int64_t> in_flight_prompt, in_flight_step, in_flight_dispatch_ns;
+  std::vector<int64_t> in_flight_lease_left_ns;  // lease time left when exported (>= 0), or -1 for no lease
+  std::vector<int64_t> in_flight_held_ns;        // time in flight when exported (>= 0)
   Ledger ledger;
   int64_t clock = -1;               // largest step seen, -1 before any
   int64_t evicted_unreported = 0;   // evictions not yet reported by a take
@@ -93,8 +104,25 @@ class StalenessRing {
   StalenessRing(const StalenessRing&) = delete;
   StalenessRing& operator=(const StalenessRing&) = delete;
 
-  /// Marks `n` prompts in flight since `sample_step`; throws InvalidArgument if one repeats or is in flight.
-  void dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step);
+  /// Marks `n` prompts in flight since `sample_step`, each with a lease of `lease` seconds if given (> 0,
+  /// finite, <= kMaxSeconds); throws InvalidArgument, changing nothing, if an id repeats or is in flight.
+  void dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step,
+                std::optional<double> lease = std::nullopt);
+
+  /// Gives each of `n` in-flight prompts a lease of `lease` seconds from now; throws InvalidArgument,
+  /// changing nothing, if an id repeats or is not in flight.
+  void renew(const int64_t* prompt_ids, int64_t n, double lease);
+
+  /// Fails (as expired) every in-flight prompt dispatched at least `older_than` seconds ago (>= 0,
+  /// finite); returns how many prompts this call expired, lease expiries included.
+  int64_t expire_in_flight(double older_than);
+
+  /// Freezes the lease clock at `now_ns` (nullopt: back to the steady clock); a hook for deterministic tests.
+  void set_lease_clock(std::optional<int64_t> now_ns);
+
+  /// Installs `check`, called without the lock at least every kInterruptCheckMs while a call blocks; it
+  /// may throw to abort that call, which then changes nothing. Set it before the ring is shared.
+  void set_interrupt_check(std::function<void()> check) { interrupt_check_ = std::move(check); }
 
   /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step.
   void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
@@ -117,8 +145,8 @@ class StalenessRing {
   /// ring order, else one branch-free compaction pass; returns what it did.
   TakeStats evict_stale(int64_t current_step);
 
-  /// Returns a consistent copy of the ledger.
-  Ledger ledger() const;
+  /// Returns a consistent copy of the ledger (after failing prompts whose lease passed).
+  Ledger ledger();
 
   /// Returns the max_age in force now.
   int64_t max_age() const;
@@ -130,8 +158,8 @@ class StalenessRing {
   /// Returns the number of ready entries.
   int64_t size() const;
 
-  /// Returns the number of in-flight prompts.
-  int64_t in_flight() const;
+  /// Returns the number of in-flight prompts (after failing prompts whose lease passed).
+  int64_t in_flight();
 
   /// Returns true iff close() has been called.
   bool closed() const;
@@ -139,8 +167,8 @@ class StalenessRing {
   /// Closes the ring and wakes every waiter, which then throws Closed; calling it again does nothing.
   void close();
 
-  /// Returns a copy of the whole state, ready entries oldest first.
-  RingState export_state() const;
+  /// Returns a copy of the whole state, ready entries oldest first (after failing prompts whose lease passed).
+  RingState export_state();
 
   /// Replaces the whole state; throws InvalidArgument, changing nothing, if it is inconsistent or does not fit.
   void import_state(const RingState& state);
@@ -156,6 +184,7 @@ class StalenessRing {
 
  private:
   using Lock = std::unique_lock<std::mutex>;
+  using SteadyTime = std::chrono::steady_clock::time_point;
   struct Span {
     int64_t start, count;  // logical indices [start, start + count) of entries to take
   };
@@ -175,6 +204,11 @@ class StalenessRing {
     return p >= config_.capacity ? p - config_.capacity : p;
   }
   void check_open() const;
+  int64_t lease_now() const;
+  int64_t expire_due();
+  void expire_prompts(const std::vector<int64_t>& prompts);
+  void check_interrupt(Lock& lock, SteadyTime& last_check);
+  SteadyTime next_wake(SteadyTime deadline) const;
   void check_clock(int64_t current_step) const;
   bool wait_blocked(int64_t current_step) const;
   std::string wait_blocked_message(int64_t current_step) const;
@@ -182,7 +216,8 @@ class StalenessRing {
   void plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const;
   void commit_take(const TakePlan& plan, int64_t current_step, int64_t* out, TakeStats& stats);
   void fill_state(TakeStats& stats);
-  bool wait_for_room(Lock& lock, int64_t n, std::optional<double> timeout, const char* call);
+  bool wait_for_room(Lock& lock, int64_t n, std::optional<double> timeout, const char* call,
+                     std::optional<SteadyTime>& deadline);
   void append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
                     int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
                     int64_t complete_ns);
@@ -203,6 +238,8 @@ class StalenessRing {
   int64_t evicted_unreported_ = 0;
   InFlightTable in_flight_;
   Ledger ledger_;
+  std::optional<int64_t> manual_lease_clock_;  // set_lease_clock's frozen time, if any
+  std::function<void()> interrupt_check_;
 };
 
 }  // namespace pyfast_buffer

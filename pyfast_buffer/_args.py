@@ -15,7 +15,7 @@ import torch
 
 _INT_TORCH_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
 _INT64_MAX = int(np.iinfo(np.int64).max)
-#: Longest wait honoured (about 31 years); the core clamps to the same, and threading overflows far beyond it.
+#: Longest timeout, lease or expiry age accepted, in seconds (about 31 years): the core's kMaxSeconds.
 MAX_TIMEOUT = 1e9
 #: Largest ring capacity (the core's kMaxCapacity).
 MAX_CAPACITY = 1 << 40
@@ -100,16 +100,35 @@ def as_count(value: Any, name: str, minimum: int = 1, maximum: int = _INT64_MAX)
     return int(value)
 
 
+def as_seconds(value: Any, name: str, allow_zero: bool, fix: str) -> float:
+    """Returns ``value`` as a finite float of seconds, > 0 (>= 0 with allow_zero) and <= MAX_TIMEOUT, or raises
+    TypeError/ValueError naming ``name`` and ending with ``fix``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r} is not a number; pass seconds as a float; {fix}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float, e.g. 10**400
+        raise ValueError(f"{name}={value} is too large; pass at most {MAX_TIMEOUT:g} s; {fix}") from None
+    low = ">= 0" if allow_zero else "> 0"
+    if math.isnan(seconds) or math.isinf(seconds) or not (seconds >= 0 if allow_zero else seconds > 0):
+        raise ValueError(f"{name}={seconds} must be a finite number of seconds {low}; {fix}")
+    if seconds > MAX_TIMEOUT:
+        raise ValueError(f"{name}={seconds:g} exceeds the longest accepted, {MAX_TIMEOUT:g} s (about 31 years); {fix}")
+    return seconds
+
+
 def as_timeout(value: Any) -> Optional[float]:
-    """Returns None or a finite float >= 0 of seconds, or raises TypeError/ValueError."""
+    """Returns None or a finite float in [0, MAX_TIMEOUT] of seconds, or raises TypeError/ValueError."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"timeout={value!r} is not a number; pass seconds as a float >= 0, or None not to block")
-    value = float(value)
-    if not value >= 0 or math.isinf(value):
-        raise ValueError(f"timeout={value} must be a finite number of seconds >= 0; pass None not to block")
-    return min(value, MAX_TIMEOUT)
+    return as_seconds(value, "timeout", True, "pass None not to block")
+
+
+def as_lease(value: Any) -> Optional[float]:
+    """Returns None or a lease as a finite float in (0, MAX_TIMEOUT] seconds, or raises TypeError/ValueError."""
+    if value is None:
+        return None
+    return as_seconds(value, "lease", False, "pass None for no lease")
 
 
 def same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:

@@ -15,12 +15,13 @@ FIELDS = ("traj_ids", "group_ids", "sample_step", "age", "uses", "policy_version
 #: Labels of the fixed age-histogram buckets (ages in trainer steps).
 AGE_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
 #: The log record of every take and evict_stale: dropped_stale and taken per call, buffer_left and sampled_total
-#: running, retired and evicted per call, then the max_age in force. New fields are only ever appended.
-LOG_FORMAT = "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d"
+#: running, retired and evicted per call, then the max_age in force and the running count of expired prompts.
+#: New fields are only ever appended.
+LOG_FORMAT = "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d"
 
 # (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight, sampled_total,
-#  max_age)
-Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int]
+#  max_age, expired)
+Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int]
 _HIST_KEYS = tuple(f"age_hist/{b}" for b in AGE_BUCKETS)
 
 
@@ -31,7 +32,7 @@ def age_bucket(age: int) -> int:
 
 def make_metrics(stats: Stats) -> Dict[str, Any]:
     """Returns the stable metrics dict of one take or evict_stale, and logs its record."""
-    taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled, max_age = stats
+    taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled, max_age, expired = stats
     metrics: Dict[str, Any] = {
         "taken": taken,
         "dropped_stale": dropped,
@@ -46,7 +47,7 @@ def make_metrics(stats: Stats) -> Dict[str, Any]:
     }
     metrics.update(zip(_HIST_KEYS, hist))
     if logger.isEnabledFor(logging.INFO):
-        logger.info(LOG_FORMAT, dropped, taken, left, sampled, retired, evicted, max_age)
+        logger.info(LOG_FORMAT, dropped, taken, left, sampled, retired, evicted, max_age, expired)
     return metrics
 
 

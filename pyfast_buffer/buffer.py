@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from . import _core, state
-from ._args import as_count, as_ids, as_step, as_steps, as_timeout, same_length
+from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import Batch, make_metrics
 from .config import BufferConfig, config_from_verl, resolve_pin_memory
 from .errors import CLOSED_MESSAGE, BufferClosedError
@@ -56,9 +56,28 @@ class StalenessBuffer:
         """Builds a buffer from verl's ``trainer.v1.sampler`` block and trainer config (see config_from_verl)."""
         return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
-    def dispatch(self, prompt_ids: Ids, step: int) -> None:
-        """Marks prompts as in flight, generated with the weights of ``step``."""
-        self._ring.dispatch(as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"))
+    def dispatch(self, prompt_ids: Ids, step: int, lease: Optional[float] = None) -> None:
+        """Marks prompts as in flight, generated with the weights of ``step``.
+
+        With ``lease`` (seconds, > 0), a prompt neither completed, failed nor renewed within it is failed by
+        the buffer (counted in ``failed`` and ``expired``) at the next call that looks at the in-flight table,
+        or while a blocking take waits; see docs/reliability.md.
+        """
+        self._ring.dispatch(as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease))
+
+    def renew(self, prompt_ids: Ids, lease: float) -> None:
+        """Gives in-flight prompts a lease of ``lease`` seconds from now (also prompts dispatched without one)."""
+        prompts = as_ids(prompt_ids, "prompt_ids")
+        self._ring.renew(prompts, as_seconds(lease, "lease", False, "renew with a lease > 0"))
+
+    def expire_in_flight(self, older_than_s: float) -> int:
+        """Fails, as expired, every in-flight prompt dispatched at least ``older_than_s`` seconds ago; returns
+        how many prompts this call expired (leases that passed included). For callers without leases."""
+        return self._ring.expire_in_flight(as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0"))
+
+    def _set_lease_clock(self, now_ns: Optional[int]) -> None:
+        """Test hook: freezes the lease clock at ``now_ns`` (None: the monotonic clock again)."""
+        self._ring._set_lease_clock(now_ns)
 
     def complete(self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None) -> None:
         """Moves finished trajectories into the ring; ``prompt_ids[i]`` is the prompt of ``traj_ids[i]``."""
@@ -154,7 +173,8 @@ class StalenessBuffer:
         s = self._ring.export_state()
         entries = {k: s[k] for k in state.ENTRY_COLUMNS}
         in_flight = {"prompt_id": s["in_flight_prompt"], "sample_step": s["in_flight_step"],
-                     "dispatch_ns": s["in_flight_dispatch_ns"]}
+                     "dispatch_ns": s["in_flight_dispatch_ns"], "lease_left_ns": s["in_flight_lease_left_ns"],
+                     "held_ns": s["in_flight_held_ns"]}
         return state.pack(self.config, entries, in_flight, s["ledger"], s["clock"], s["evicted_unreported"])
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -166,6 +186,8 @@ class StalenessBuffer:
         flat["uses"] = flat["uses"].astype(np.int32)
         flat["group_len"] = flat["group_len"].astype(np.int32)
         flat.update(in_flight_prompt=s["in_flight"]["prompt_id"], in_flight_step=s["in_flight"]["sample_step"],
-                    in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"], ledger=s["ledger"], clock=s["clock"],
+                    in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"],
+                    in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"], in_flight_held_ns=s["in_flight"]["held_ns"],
+                    ledger=s["ledger"], clock=s["clock"],
                     evicted_unreported=s["evicted_unreported"])
         self._ring.import_state(flat)

@@ -19,10 +19,14 @@ import numpy as np
 import torch
 
 from . import state
-from ._args import as_count, as_ids, as_step, as_steps, as_timeout, same_length
+from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
 from .config import BufferConfig, config_from_verl, resolve_pin_memory
 from .errors import CLOSED_MESSAGE, BufferClosedError, BufferFullError
+
+
+_NO_LEASE = 2**63 - 1  # the deadline of a prompt without a lease, as in the core
+_WAKE_S = 0.1  # longest sleep of a blocking call between two looks at signals, leases and its deadline
 
 
 class _Plan:
@@ -43,7 +47,10 @@ class ReferenceBuffer:
         self.pin_memory = False
         self._groups: deque = deque()  # oldest first; each group is a list of record dicts
         self._size = 0
-        self._in_flight: Dict[int, tuple] = {}  # prompt id -> (sample_step, dispatch_ns)
+        # prompt id -> (sample_step, dispatch_ns, since_ns, deadline_ns); since/deadline on the lease clock
+        self._in_flight: Dict[int, tuple] = {}
+        self._leases: Dict[int, int] = {}  # prompt id -> deadline_ns, for leased prompts only
+        self._manual_clock: Optional[int] = None  # _set_lease_clock's frozen time, if any
         self._counts = dict.fromkeys(state.ALL_LEDGER_KEYS, 0)
         self._clock = -1
         self._evicted_unreported = 0
@@ -73,13 +80,44 @@ class ReferenceBuffer:
         for p in prompts:
             if p not in self._in_flight:
                 raise ValueError(f"prompt_ids: prompt {p} is not in flight; dispatch it first "
-                                 "(it may already be completed or failed)")
+                                 "(it may already be completed, failed or expired)")
+
+    def _lease_now(self) -> int:
+        return self._manual_clock if self._manual_clock is not None else time.monotonic_ns()
+
+    def _pop_in_flight(self, prompt: int) -> tuple:
+        self._leases.pop(prompt, None)
+        return self._in_flight.pop(prompt)
+
+    def _expire(self, prompts: List[int]) -> None:
+        for p in prompts:
+            self._pop_in_flight(p)
+        self._counts["failed"] += len(prompts)
+        self._counts["expired"] += len(prompts)
+        if prompts:
+            self._cond.notify_all()
+
+    def _expire_due(self) -> int:
+        """Fails every prompt whose lease passed, by deadline then id; returns how many."""
+        if self._closed or not self._leases:
+            return 0
+        now = self._lease_now()
+        due = sorted((d, p) for p, d in self._leases.items() if d <= now)
+        self._expire([p for _, p in due])
+        return len(due)
+
+    def _wait(self, deadline: float) -> None:
+        """Sleeps on the condition until notified, the deadline, the earliest lease deadline or _WAKE_S."""
+        wait = min(deadline - time.monotonic(), _WAKE_S)
+        if self._leases and self._manual_clock is None:
+            wait = min(wait, (min(self._leases.values()) - time.monotonic_ns()) / 1e9)
+        self._cond.wait(max(wait, 0.0))
 
     def _policy_version(self, step: int) -> int:
         sync = self.config.parameter_sync_step
         return step // sync if sync else -1
 
-    def _wait_for_room(self, n: int, timeout: Optional[float], call: str) -> bool:
+    def _wait_for_room(self, n: int, timeout: Optional[float], call: str, deadline: float) -> bool:
         cap, on_full = self.config.capacity, self.config.on_full
         if self._size + n <= cap or on_full == "evict_oldest":
             return True
@@ -87,9 +125,13 @@ class ReferenceBuffer:
             hint = ", or pass timeout= to wait for room" if on_full == "block" else " or 'block'"
             raise BufferFullError(f"ring full: {n} entries do not fit, {self._size} of capacity={cap} are ready; "
                                   f"take more often, raise capacity, use on_full='evict_oldest'{hint}")
-        if self._cond.wait_for(lambda: self._closed or self._size + n <= cap, timeout):
+        while True:
+            self._wait(deadline)
             self._check_open()
-            return False
+            if self._size + n <= cap:
+                return False  # room after waiting: the caller re-validates its arguments
+            if time.monotonic() >= deadline:
+                break
         raise TimeoutError(f"{call} timed out after {timeout} s waiting for room: {n} entries need room, "
                            f"{self._size} of capacity={cap} are ready; take more often, raise capacity "
                            "or use on_full='evict_oldest'")
@@ -123,11 +165,13 @@ class ReferenceBuffer:
         return None
 
     # -- producer side -------------------------------------------------------------------
-    def dispatch(self, prompt_ids: Any, step: int) -> None:
+    def dispatch(self, prompt_ids: Any, step: int, lease: Optional[float] = None) -> None:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
         step = as_step(step, "step")
+        lease = as_lease(lease)
         with self._cond:
             self._check_open()
+            self._expire_due()
             dup = self._first_duplicate(prompts)
             if dup is not None:
                 raise ValueError(f"prompt_ids: prompt {dup} appears twice; dispatch each prompt once")
@@ -135,9 +179,12 @@ class ReferenceBuffer:
                 if p in self._in_flight:
                     raise ValueError(f"prompt_ids: prompt {p} is already in flight (dispatched at step "
                                      f"{self._in_flight[p][0]}); complete or fail it before dispatching it again")
-            now = time.time_ns()
+            now, since = time.time_ns(), self._lease_now()
+            deadline = _NO_LEASE if lease is None else min(since + int(lease * 1e9), _NO_LEASE - 1)
             for p in prompts:
-                self._in_flight[p] = (step, now)
+                self._in_flight[p] = (step, now, since, deadline)
+                if lease is not None:
+                    self._leases[p] = deadline
             self._counts["dispatched"] += len(prompts)
             self._clock = max(self._clock, step)
 
@@ -145,13 +192,50 @@ class ReferenceBuffer:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
         with self._cond:
             self._check_open()
+            self._expire_due()
             dup = self._first_duplicate(prompts)
             if dup is not None:
                 raise ValueError(f"prompt_ids: prompt {dup} appears twice; fail each prompt once")
             self._check_in_flight(prompts)
             for p in prompts:
-                del self._in_flight[p]
+                self._pop_in_flight(p)
             self._counts["failed"] += len(prompts)
+            self._cond.notify_all()
+
+    def renew(self, prompt_ids: Any, lease: float) -> None:
+        prompts = as_ids(prompt_ids, "prompt_ids").tolist()
+        lease = as_seconds(lease, "lease", False, "renew with a lease > 0")
+        with self._cond:
+            self._check_open()
+            self._expire_due()
+            dup = self._first_duplicate(prompts)
+            if dup is not None:
+                raise ValueError(f"prompt_ids: prompt {dup} appears twice; renew each prompt once")
+            for p in prompts:
+                if p not in self._in_flight:
+                    raise ValueError(f"prompt_ids: prompt {p} is not in flight; only in-flight prompts can be renewed "
+                                     "(it may already be completed, failed or expired)")
+            deadline = min(self._lease_now() + int(lease * 1e9), _NO_LEASE - 1)
+            for p in prompts:
+                step, dispatched_at, since, _ = self._in_flight[p]
+                self._in_flight[p] = (step, dispatched_at, since, deadline)
+                self._leases[p] = deadline
+
+    def expire_in_flight(self, older_than_s: float) -> int:
+        older_ns = int(as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0") * 1e9)
+        with self._cond:
+            self._check_open()
+            by_lease = self._expire_due()
+            cutoff = self._lease_now() - older_ns
+            old = sorted((rec[2], p) for p, rec in self._in_flight.items() if rec[2] <= cutoff)
+            self._expire([p for _, p in old])
+            return by_lease + len(old)
+
+    def _set_lease_clock(self, now_ns: Optional[int]) -> None:
+        if now_ns is not None and now_ns < 0:
+            raise ValueError(f"lease clock={now_ns} must be >= 0")
+        with self._cond:
+            self._manual_clock = now_ns
             self._cond.notify_all()
 
     def complete(self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None) -> None:
@@ -161,18 +245,21 @@ class ReferenceBuffer:
         n = len(trajs)
         with self._cond:
             self._check_open()
+            self._expire_due()
             if n == 0:
                 return
             self._check_fits(n, "complete fewer prompts")
             groups = self._group_stably(prompts)
+            deadline = time.monotonic() + (timeout or 0.0)
             while True:
+                self._expire_due()
                 self._check_in_flight(groups)
-                if self._wait_for_room(n, timeout, "complete"):
+                if self._wait_for_room(n, timeout, "complete", deadline):
                     break
             now = time.time_ns()
             traj_list = trajs.tolist()
             for p, members in groups.items():
-                step, dispatched_at = self._in_flight.pop(p)
+                step, dispatched_at, _, _ = self._pop_in_flight(p)
                 self._append([self._record(traj_list[i], p, step, dispatched_at, now) for i in members])
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
@@ -205,7 +292,8 @@ class ReferenceBuffer:
                         if step_of(i) != step_of(members[0]):
                             raise ValueError(f"sample_step: group {g} has entries stamped {step_of(members[0])} "
                                              f"and {step_of(i)}; a group shares one sample_step")
-            while not self._wait_for_room(n, timeout, "put"):
+            deadline = time.monotonic() + (timeout or 0.0)
+            while not self._wait_for_room(n, timeout, "put", deadline):
                 pass
             now = time.time_ns()
             for members in groups.values():
@@ -226,12 +314,12 @@ class ReferenceBuffer:
     def _wait_blocked(self, current_step: int) -> bool:
         if not self._in_flight:
             return False
-        oldest = min(step for step, _ in self._in_flight.values())
+        oldest = min(rec[0] for rec in self._in_flight.values())
         return current_step - oldest >= self.config.max_age
 
     def _wait_blocked_message(self, current_step: int) -> str:
         limit = current_step - self.config.max_age
-        blocking = sorted((s, p) for p, (s, _) in self._in_flight.items() if s <= limit)
+        blocking = sorted((rec[0], p) for p, rec in self._in_flight.items() if rec[0] <= limit)
         names = ", ".join(f"prompt {p} since step {s}" for s, p in blocking[:8])
         more = ", ..." if len(blocking) > 8 else ""
         return (f"{len(blocking)} in-flight prompt(s) at max_age={self.config.max_age} ({names}{more}); "
@@ -271,13 +359,16 @@ class ReferenceBuffer:
         timeout = as_timeout(timeout)
         with self._cond:
             self._check_open()
+            self._expire_due()
             self._check_clock(current_step)
             plan = self._plan(batch_size, current_step)
             if timeout is not None and not plan.full:
                 deadline = time.monotonic() + timeout
                 while not plan.full:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or not self._cond.wait(remaining):
+                    self._wait(deadline)
+                    self._check_open()
+                    self._expire_due()
+                    if time.monotonic() >= deadline:
                         plan = self._plan(batch_size, current_step)
                         if plan.full:
                             break
@@ -288,7 +379,6 @@ class ReferenceBuffer:
                                      f"({self._size} ready in all, {len(self._in_flight)} prompts in flight); "
                                      "produce faster, lower batch_size or raise the timeout")
                         raise TimeoutError(f"take timed out after {timeout} s under {self.config.strategy}: {cause}")
-                    self._check_open()
                     self._check_clock(current_step)  # a producer may have stamped a later step
                     plan = self._plan(batch_size, current_step)
             self._clock = max(self._clock, current_step)
@@ -326,7 +416,8 @@ class ReferenceBuffer:
         if plan.walked:
             self._cond.notify_all()
         stats = (plan.taken, plan.dropped, retired, self._report_evicted(), plan.blocked_by, age_sum, age_max,
-                 tuple(hist), self._size, len(self._in_flight), self._counts["put_total"], self.config.max_age)
+                 tuple(hist), self._size, len(self._in_flight), self._counts["put_total"], self.config.max_age,
+                 self._counts["expired"])
         return Batch(torch.tensor(columns, dtype=torch.int64).reshape(8, plan.taken), make_metrics(stats))
 
     def _report_evicted(self) -> int:
@@ -337,6 +428,7 @@ class ReferenceBuffer:
         current_step = as_step(current_step, "current_step")
         with self._cond:
             self._check_open()
+            self._expire_due()
             self._check_clock(current_step)
             self._clock = current_step
             cutoff = current_step - self.config.max_age
@@ -347,19 +439,20 @@ class ReferenceBuffer:
             if removed:
                 self._cond.notify_all()
             stats = (0, removed, 0, self._report_evicted(), "none", 0, 0, (0,) * len(AGE_BUCKETS), self._size,
-                     len(self._in_flight), self._counts["put_total"], self.config.max_age)
+                     len(self._in_flight), self._counts["put_total"], self.config.max_age, self._counts["expired"])
         make_metrics(stats)
         return removed
 
     # -- introspection, lifecycle, checkpoints ---------------------------------------------
     def ledger(self) -> Dict[str, int]:
         with self._cond:
+            self._expire_due()
             c = self._counts
             return {"dispatched": c["dispatched"], "completed": c["completed"], "failed": c["failed"],
                     "put_total": c["put_total"], "sampled_total": c["put_total"], "taken": c["taken"],
                     "retired": c["retired"], "dropped_stale": c["dropped_stale"], "evicted": c["evicted"],
                     "in_flight": len(self._in_flight), "buffer_left": self._size,
-                    "max_age_changes": c["max_age_changes"]}
+                    "max_age_changes": c["max_age_changes"], "expired": c["expired"]}
 
     def __len__(self) -> int:
         return self._size
@@ -381,7 +474,9 @@ class ReferenceBuffer:
 
     @property
     def in_flight(self) -> int:
-        return len(self._in_flight)
+        with self._cond:
+            self._expire_due()
+            return len(self._in_flight)
 
     @property
     def closed(self) -> bool:
@@ -406,12 +501,16 @@ class ReferenceBuffer:
 
     def state_dict(self) -> Dict[str, Any]:
         with self._cond:
+            self._expire_due()
             records = [(rec, len(g)) for g in self._groups for rec in g]
             entries = {k: [r[k] for r, _ in records] for k in state.ENTRY_COLUMNS if k != "group_len"}
             entries["group_len"] = [n for _, n in records]
             prompts = sorted(self._in_flight.items())
-            in_flight = {"prompt_id": [p for p, _ in prompts], "sample_step": [s for _, (s, _) in prompts],
-                         "dispatch_ns": [d for _, (_, d) in prompts]}
+            now = self._lease_now()
+            in_flight = {"prompt_id": [p for p, _ in prompts], "sample_step": [r[0] for _, r in prompts],
+                         "dispatch_ns": [r[1] for _, r in prompts],
+                         "lease_left_ns": [-1 if r[3] == _NO_LEASE else max(r[3] - now, 0) for _, r in prompts],
+                         "held_ns": [max(now - r[2], 0) for _, r in prompts]}
             return state.pack(self.config, entries, in_flight, self._counts, self._clock, self._evicted_unreported)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -427,7 +526,15 @@ class ReferenceBuffer:
                 i += n
             self._groups, self._size = groups, len(cols["traj_id"])
             f = {k: v.tolist() for k, v in s["in_flight"].items()}
-            self._in_flight = {p: (st, d) for p, st, d in zip(f["prompt_id"], f["sample_step"], f["dispatch_ns"])}
+            now = self._lease_now()
+            self._in_flight, self._leases = {}, {}
+            for p, st, d, left, held in zip(f["prompt_id"], f["sample_step"], f["dispatch_ns"], f["lease_left_ns"],
+                                            f["held_ns"]):
+                # A restored lease keeps the time it had left when saved; the time since dispatch likewise.
+                deadline = _NO_LEASE if left < 0 else min(now + left, _NO_LEASE - 1)
+                self._in_flight[p] = (st, d, now - min(held, now), deadline)
+                if left >= 0:
+                    self._leases[p] = deadline
             self._counts = dict(s["ledger"])
             self._clock = s["clock"]
             self._evicted_unreported = s["evicted_unreported"]

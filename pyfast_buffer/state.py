@@ -11,9 +11,13 @@ import torch
 FORMAT = "pyfast_buffer.state/1"
 ENTRY_COLUMNS = ("traj_id", "group_id", "sample_step", "policy_version", "dispatch_ns", "complete_ns", "uses", "group_len")
 IN_FLIGHT_COLUMNS = ("prompt_id", "sample_step", "dispatch_ns")
+#: Lease columns of in-flight prompts: ns of lease left when saved (-1: no lease) and ns in flight when saved.
+#: A state_dict from before leases lacks them: its prompts load without a lease, as dispatched at load time.
+LEASE_COLUMNS = ("lease_left_ns", "held_ns")
+_LEASE_DEFAULTS = {"lease_left_ns": -1, "held_ns": 0}
 LEDGER_KEYS = ("dispatched", "completed", "failed", "put_total", "taken", "retired", "dropped_stale", "evicted")
 #: Counters added later: written by pack, read as 0 from a state_dict that predates them.
-LATER_LEDGER_KEYS = ("max_age_changes",)
+LATER_LEDGER_KEYS = ("max_age_changes", "expired")
 ALL_LEDGER_KEYS = LEDGER_KEYS + LATER_LEDGER_KEYS
 
 
@@ -24,7 +28,8 @@ def pack(config: Any, entries: Dict[str, np.ndarray], in_flight: Dict[str, np.nd
         "format": FORMAT,
         "config": dataclasses.asdict(config),
         "entries": {k: torch.from_numpy(np.asarray(entries[k], dtype=np.int64)) for k in ENTRY_COLUMNS},
-        "in_flight": {k: torch.from_numpy(np.asarray(in_flight[k], dtype=np.int64)) for k in IN_FLIGHT_COLUMNS},
+        "in_flight": {k: torch.from_numpy(np.asarray(in_flight[k], dtype=np.int64))
+                      for k in IN_FLIGHT_COLUMNS + LEASE_COLUMNS},
         "ledger": {k: int(ledger[k]) for k in ALL_LEDGER_KEYS},
         "clock": int(clock),
         "evicted_unreported": int(evicted_unreported),
@@ -47,6 +52,10 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         raise TypeError(f"state_dict must be a dict made by state_dict() (format {FORMAT!r})")
     entries = {k: _column(sd.get("entries", {}), k, "entries") for k in ENTRY_COLUMNS}
     in_flight = {k: _column(sd.get("in_flight", {}), k, "in_flight") for k in IN_FLIGHT_COLUMNS}
+    for k in LEASE_COLUMNS:
+        section = sd.get("in_flight", {})
+        in_flight[k] = (_column(section, k, "in_flight") if k in section
+                        else np.full(len(in_flight["prompt_id"]), _LEASE_DEFAULTS[k], dtype=np.int64))
     ledger = sd.get("ledger", {})
     missing = [k for k in LEDGER_KEYS if k not in ledger]
     if missing:
@@ -78,13 +87,16 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         raise ValueError("state_dict has a prompt in flight twice; it was edited or is corrupt")
     if len(prompts) and (in_flight["sample_step"].min() < 0 or in_flight["sample_step"].max() > clock):
         raise ValueError(f"state_dict has in-flight steps outside [0, clock={clock}]")
+    if len(prompts) and (in_flight["lease_left_ns"].min() < -1 or in_flight["held_ns"].min() < 0):
+        raise ValueError("state_dict has in-flight lease_left_ns below -1 or held_ns below 0; it was edited or is corrupt")
     led = {k: int(ledger.get(k, 0)) for k in ALL_LEDGER_KEYS}
     evicted_unreported = int(sd.get("evicted_unreported", 0))
-    if any(not 0 <= v < 2**63 for v in (*led.values(), evicted_unreported, clock + 1)):
+    # The clock is a step the API accepted (<= 2**63 - 1) or -1 before any.
+    if any(not 0 <= v < 2**63 for v in (*led.values(), evicted_unreported)) or not -1 <= clock < 2**63:
         raise ValueError("state_dict has counters outside int64; it was edited or is corrupt")
     if (led["put_total"] != led["retired"] + led["dropped_stale"] + led["evicted"] + n
             or led["dispatched"] != led["completed"] + led["failed"] + len(prompts)
-            or not 0 <= evicted_unreported <= led["evicted"]):
+            or not 0 <= evicted_unreported <= led["evicted"] or led["expired"] > led["failed"]):
         raise ValueError("state_dict's ledger does not balance with the entries it holds; it was edited or is corrupt")
     return {"entries": entries, "in_flight": in_flight, "ledger": led, "clock": clock,
             "evicted_unreported": evicted_unreported}

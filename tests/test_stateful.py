@@ -2,6 +2,10 @@
 
 After every call both must agree exactly: same batch, same metrics, same ledger, or the
 same exception type; and the two ledger invariants must hold.
+
+Leases run on a frozen lease clock (the private hook ``_set_lease_clock``) that a rule advances on
+both buffers at once: which prompts expire is then a function of the calls alone, never of how long
+the test machine took between them, so the comparison stays exact and the test cannot flake.
 """
 
 import hypothesis.strategies as st
@@ -28,6 +32,9 @@ class NativeMatchesReference(RuleBasedStateMachine):
         self.ref = pfb.ReferenceBuffer(**kwargs)
         self.next_traj = 0
         self.next_prompt = 0
+        self.lease_clock = 0
+        for buf in (self.native, self.ref):
+            buf._set_lease_clock(0)
 
     def both(self, call):
         """Runs call on both buffers; returns the two results, or asserts both raised the same type."""
@@ -50,14 +57,31 @@ class NativeMatchesReference(RuleBasedStateMachine):
     def in_flight(self):
         return sorted(self.ref._in_flight)
 
-    @rule(count=st.integers(1, 3), lag=st.integers(0, 3), reuse_old=st.booleans())
-    def dispatch(self, count, lag, reuse_old):
+    @rule(count=st.integers(1, 3), lag=st.integers(0, 3), reuse_old=st.booleans(),
+          lease=st.sampled_from([None, None, 0.5, 1, 2.5]))
+    def dispatch(self, count, lag, reuse_old, lease):
         prompts = list(range(self.next_prompt, self.next_prompt + count))
         if reuse_old and self.next_prompt:
             prompts[0] = self.next_prompt - 1  # may still be in flight: then both must refuse
         self.next_prompt += count
         step = max(0, self.clock + 1 - lag)
-        self.both(lambda b: b.dispatch(prompts, step))
+        self.both(lambda b: b.dispatch(prompts, step, lease=lease))
+
+    @rule(seconds=st.sampled_from([0.25, 0.5, 1, 2]))
+    def advance_lease_clock(self, seconds):
+        self.lease_clock += int(seconds * 1e9)
+        for buf in (self.native, self.ref):
+            buf._set_lease_clock(self.lease_clock)
+
+    @rule(prompt=st.integers(0, 30), lease=st.sampled_from([0.5, 1, 3]))
+    def renew(self, prompt, lease):
+        self.both(lambda b: b.renew([prompt], lease))
+
+    @rule(older_than=st.sampled_from([0, 0.5, 1, 3]))
+    def expire_in_flight(self, older_than):
+        result = self.both(lambda b: b.expire_in_flight(older_than))
+        if result:
+            assert result[0] == result[1]
 
     @precondition(lambda self: self.ref._in_flight)
     @rule(data=st.data())

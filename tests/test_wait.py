@@ -145,12 +145,28 @@ def test_a_waiting_take_refuses_a_clock_that_moved_past_it(impl):
     assert len(buf) == 2  # nothing was taken with a negative age
 
 
-def test_huge_timeouts_are_clamped_not_overflowed(impl):
+def test_the_longest_accepted_timeout_does_not_overflow(impl):
     buf = impl(4)
     done = []
-    consumer = threading.Thread(target=lambda: done.append(buf.take(1, 0, timeout=1e300)))
+    consumer = threading.Thread(target=lambda: done.append(buf.take(1, 0, timeout=1e9)))
     consumer.start()
     time.sleep(0.02)
     buf.put([1], 0)
     consumer.join(5)
     assert done and done[0].traj_ids.tolist() == [1]
+
+
+@pytest.mark.parametrize("timeout", [1e9 + 1, 1e300, 10**400])
+def test_huge_timeouts_are_refused_changing_nothing(impl, timeout):
+    buf = impl(4, on_full="block")
+    buf.put([1, 2, 3, 4], 0)
+    before = buf.ledger()
+    with pytest.raises(ValueError, match=r"timeout=.* (exceeds the longest accepted|is too large)"):
+        buf.take(8, 0, timeout=timeout)
+    with pytest.raises(ValueError, match=r"timeout="):
+        buf.put([5], 0, timeout=timeout)
+    buf.dispatch([9], 0)
+    before = buf.ledger()
+    with pytest.raises(ValueError, match=r"timeout="):
+        buf.complete([6], [9], timeout=timeout)
+    assert buf.ledger() == before and len(buf) == 4
