@@ -64,6 +64,7 @@ struct Result {
   std::string message;
   pfb::TakeStats stats;
   std::vector<int64_t> batch;  // the take's output, kBatchColumns columns of stats.taken rows
+  int64_t count = 0;           // what expire_in_flight returned
 };
 
 // Runs `op` on `ring`, mapping the core's documented exceptions to an outcome; any other exception
@@ -88,7 +89,7 @@ bool same_stats(const pfb::TakeStats& a, const pfb::TakeStats& b) {
   return a.taken == b.taken && a.dropped_stale == b.dropped_stale && a.retired == b.retired &&
          a.evicted == b.evicted && a.blocked_by == b.blocked_by && a.age_sum == b.age_sum && a.age_max == b.age_max &&
          a.age_hist == b.age_hist && a.buffer_left == b.buffer_left && a.in_flight == b.in_flight &&
-         a.sampled_total == b.sampled_total && a.max_age == b.max_age;
+         a.sampled_total == b.sampled_total && a.max_age == b.max_age && a.expired == b.expired;
 }
 
 // Columns of a batch that do not depend on the wall clock (dispatch_ns and complete_ns are the last two).
@@ -114,7 +115,11 @@ struct BorrowedColumns {
 class Session {
  public:
   Session(FuzzedDataProvider& in, const pfb::RingConfig& config)
-      : in_(in), config_(config), borrowed_(config.capacity), a_(config, nullptr), b_(config, &borrowed_.ptrs) {}
+      : in_(in), config_(config), borrowed_(config.capacity), a_(config, nullptr), b_(config, &borrowed_.ptrs) {
+    // Both rings read one frozen lease clock that only advance_lease_clock moves: leases are deterministic.
+    a_.set_lease_clock(lease_now_);
+    b_.set_lease_clock(lease_now_);
+  }
 
   void run() {
     for (int ops = 0; ops < 400 && in_.remaining_bytes() > 0; ++ops) step_once();
@@ -124,7 +129,8 @@ class Session {
 
  private:
   enum Op : uint8_t {
-    kDispatch, kComplete, kFail, kPut, kTake, kEvict, kCheckpoint, kCorruptImport, kSetMaxAge, kClose, kOps
+    kDispatch, kComplete, kFail, kPut, kTake, kEvict, kCheckpoint, kCorruptImport, kSetMaxAge, kRenew, kExpire,
+    kAdvanceLeaseClock, kClose, kOps
   };
 
   // A step near the fuzzer's clock, or now and then a lower, negative or huge one.
@@ -155,6 +161,23 @@ class Session {
   std::optional<double> pick_timeout() {
     // Never a positive timeout: one thread, nobody else could make room or entries appear.
     return in_.ConsumeBool() ? std::nullopt : std::optional<double>(0.0);
+  }
+
+  // A lease in seconds: usually none, else a valid length, now and then one the core must refuse.
+  std::optional<double> pick_lease(bool optional) {
+    if (optional && in_.ConsumeBool()) return std::nullopt;
+    return in_.PickValueInArray<double>({0.001, 0.5, 1.0, 5.0, 1e9, 0.0, -1.0, std::numeric_limits<double>::quiet_NaN(),
+                                         std::numeric_limits<double>::infinity(), 2e9});
+  }
+
+  // Seconds as the core converts them to nanoseconds.
+  static int64_t to_ns(double seconds) { return static_cast<int64_t>(seconds * 1e9); }
+
+  // A prompt id: one in flight now (most of the time) or any small id.
+  int64_t pick_prompt_from(const pfb::RingState& now) {
+    const bool known = !now.in_flight_prompt.empty() && in_.ConsumeIntegralInRange<int>(0, 7) != 0;
+    return known ? now.in_flight_prompt[in_.ConsumeIntegralInRange<size_t>(0, now.in_flight_prompt.size() - 1)]
+                 : pick_prompt();
   }
 
   // Applies `op` to ring A (SIMD allowed) and ring B (scalar forced) and checks the results agree.
@@ -204,6 +227,9 @@ class Session {
       case kCheckpoint: return checkpoint();
       case kCorruptImport: return corrupt_import();
       case kSetMaxAge: return set_max_age();
+      case kRenew: return renew();
+      case kExpire: return expire();
+      case kAdvanceLeaseClock: return advance_lease_clock();
       case kClose:
         // Rare: a closed ring answers every later call with Closed.
         if (in_.ConsumeIntegralInRange<int>(0, 15) == 0) both("close", [](pfb::StalenessRing& r, Result&) { r.close(); }, nullptr);
@@ -216,11 +242,20 @@ class Session {
     std::vector<int64_t> ids(static_cast<size_t>(pick_count(4)));
     for (auto& id : ids) id = pick_prompt();
     const int64_t s = pick_step();
-    both("dispatch", [&](pfb::StalenessRing& r, Result&) { r.dispatch(ids.data(), static_cast<int64_t>(ids.size()), s); },
+    const std::optional<double> lease = pick_lease(true);
+    both("dispatch",
+         [&](pfb::StalenessRing& r, Result&) { r.dispatch(ids.data(), static_cast<int64_t>(ids.size()), s, lease); },
          [&](const pfb::RingState& before, const Result&, const pfb::RingState& after) {
            pfb::Ledger l = before.ledger;
            l.dispatched += static_cast<int64_t>(ids.size());
            expect_ledger(after, l, "dispatch");
+           for (const int64_t id : ids) {
+             const size_t i = index_of(after.in_flight_prompt, id);
+             if (i == after.in_flight_prompt.size() || after.in_flight_step[i] != s || after.in_flight_held_ns[i] != 0 ||
+                 after.in_flight_lease_left_ns[i] != (lease ? to_ns(*lease) : -1))
+               chk::fail_check("dispatch: prompt " + std::to_string(id) + " not in flight as dispatched: " +
+                               chk::describe(after));
+           }
            if (after.clock != std::max(before.clock, ids.empty() ? before.clock : s) && !ids.empty())
              chk::fail_check("dispatch: clock did not advance to the step");
          });
@@ -232,9 +267,7 @@ class Session {
     std::vector<int64_t> traj(static_cast<size_t>(n)), prompt(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       traj[i] = pick_traj();
-      const bool known = !now.in_flight_prompt.empty() && in_.ConsumeIntegralInRange<int>(0, 7) != 0;
-      prompt[i] = known ? now.in_flight_prompt[in_.ConsumeIntegralInRange<size_t>(0, now.in_flight_prompt.size() - 1)]
-                        : pick_prompt();
+      prompt[i] = pick_prompt_from(now);
     }
     const auto timeout = pick_timeout();
     both("complete", [&](pfb::StalenessRing& r, Result&) { r.complete(traj.data(), prompt.data(), n, timeout); },
@@ -250,10 +283,7 @@ class Session {
   void fail() {
     const pfb::RingState now = a_.export_state();
     std::vector<int64_t> ids(static_cast<size_t>(pick_count(3)));
-    for (auto& id : ids)
-      id = !now.in_flight_prompt.empty() && in_.ConsumeBool()
-               ? now.in_flight_prompt[in_.ConsumeIntegralInRange<size_t>(0, now.in_flight_prompt.size() - 1)]
-               : pick_prompt();
+    for (auto& id : ids) id = pick_prompt_from(now);
     both("fail", [&](pfb::StalenessRing& r, Result&) { r.fail(ids.data(), static_cast<int64_t>(ids.size())); },
          [&](const pfb::RingState& before, const Result&, const pfb::RingState& after) {
            pfb::Ledger l = before.ledger;
@@ -404,10 +434,82 @@ class Session {
          });
   }
 
+  static size_t index_of(const std::vector<int64_t>& v, int64_t x) {
+    return static_cast<size_t>(std::find(v.begin(), v.end(), x) - v.begin());
+  }
+
+  void renew() {
+    const pfb::RingState now = a_.export_state();
+    std::vector<int64_t> ids(static_cast<size_t>(pick_count(3)));
+    for (auto& id : ids) id = pick_prompt_from(now);
+    const double lease = *pick_lease(false);
+    both("renew", [&](pfb::StalenessRing& r, Result&) { r.renew(ids.data(), static_cast<int64_t>(ids.size()), lease); },
+         [&](const pfb::RingState& before, const Result&, const pfb::RingState& after) {
+           expect_ledger(after, before.ledger, "renew");
+           for (size_t i = 0; i < after.in_flight_prompt.size(); ++i) {
+             const bool renewed = index_of(ids, after.in_flight_prompt[i]) < ids.size();
+             const int64_t left = renewed ? to_ns(lease) : before.in_flight_lease_left_ns[i];
+             if (after.in_flight_lease_left_ns[i] != left) chk::fail_check("renew: wrong lease: " + chk::describe(after));
+           }
+         });
+  }
+
+  // expire_in_flight fails exactly the prompts held at least `older_than`, counting them as expired.
+  void expire() {
+    const double older_than = in_.PickValueInArray<double>({0.0, 0.001, 0.5, 1.0, 5.0, 60.0, -1.0,
+                                                            std::numeric_limits<double>::quiet_NaN(), 2e9});
+    both("expire_in_flight", [&](pfb::StalenessRing& r, Result& res) { res.count = r.expire_in_flight(older_than); },
+         [&](const pfb::RingState& before, const Result& res, const pfb::RingState& after) {
+           std::vector<int64_t> kept;
+           for (size_t i = 0; i < before.in_flight_prompt.size(); ++i)
+             if (before.in_flight_held_ns[i] < to_ns(older_than)) kept.push_back(before.in_flight_prompt[i]);
+           const auto gone = static_cast<int64_t>(before.in_flight_prompt.size() - kept.size());
+           if (res.count != gone || after.in_flight_prompt != kept)
+             chk::fail_check("expire_in_flight: expired the wrong prompts: " + chk::describe(before));
+           pfb::Ledger l = before.ledger;
+           l.failed += gone, l.expired += gone;
+           expect_ledger(after, l, "expire_in_flight");
+         });
+  }
+
+  // Moves the frozen lease clock forward: the next call fails every prompt whose lease passed, as expired.
+  void advance_lease_clock() {
+    const int64_t delta = in_.PickValueInArray<int64_t>({0, 1'000'000, 500'000'000, 1'000'000'000, 5'000'000'000,
+                                                         60'000'000'000});
+    const int64_t later = lease_now_ + delta;
+    const bool closed = a_.closed();
+    both("advance the lease clock",
+         [&](pfb::StalenessRing& r, Result&) { r.set_lease_clock(later); },
+         [&](const pfb::RingState& before, const Result&, const pfb::RingState& after) {
+           // (after was exported at the new time, so the expiry has happened; a closed ring is frozen.)
+           std::vector<int64_t> kept;
+           for (size_t i = 0; i < before.in_flight_prompt.size(); ++i) {
+             const int64_t left = before.in_flight_lease_left_ns[i];
+             if (closed || left < 0 || left > delta) kept.push_back(before.in_flight_prompt[i]);
+           }
+           if (after.in_flight_prompt != kept) chk::fail_check("lease expiry failed the wrong prompts: " +
+                                                               chk::describe(before) + "\nafter " + chk::describe(after));
+           for (size_t i = 0, j = 0; i < before.in_flight_prompt.size(); ++i) {
+             if (j == kept.size() || before.in_flight_prompt[i] != kept[j]) continue;
+             const int64_t left = before.in_flight_lease_left_ns[i];
+             if (after.in_flight_held_ns[j] != before.in_flight_held_ns[i] + delta ||
+                 after.in_flight_lease_left_ns[j] != (left < 0 ? -1 : std::max<int64_t>(left - delta, 0)))  // closed: kept at 0
+               chk::fail_check("lease clock: held/left did not move with the clock: " + chk::describe(after));
+             ++j;
+           }
+           const auto gone = static_cast<int64_t>(before.in_flight_prompt.size() - kept.size());
+           pfb::Ledger l = before.ledger;
+           l.failed += gone, l.expired += gone;
+           expect_ledger(after, l, "lease expiry");
+         });
+    lease_now_ = later;
+  }
+
   void roundtrip_into_fresh_ring(const pfb::RingState& s) const {
     pfb::StalenessRing fresh(config_, nullptr);
+    fresh.set_lease_clock(lease_now_);
     fresh.import_state(s);
-    if (!chk::same_state(fresh.export_state(), s, true))
+    if (!chk::same_state(fresh.export_state(), chk::expired_on_import(s), true))
       chk::fail_check("export -> import into a fresh ring changed the state: " + chk::describe(s));
   }
 
@@ -429,7 +531,7 @@ class Session {
     const int64_t small_delta = PFB_FUZZ_HIT_KNOWN_BUGS || (delta > -1000 && delta <= 1000) ? delta : 1;
     const size_t n = s.traj_id.size(), m = s.in_flight_prompt.size();
     auto at = [&](size_t size) { return in_.ConsumeIntegralInRange<size_t>(0, size - 1); };
-    switch (in_.ConsumeIntegralInRange<int>(0, 13)) {
+    switch (in_.ConsumeIntegralInRange<int>(0, 17)) {
       case 0: if (n) { auto& v = s.traj_id[at(n)]; v = wrap_add(v, delta); } break;
       case 1: if (n) { auto& v = s.group_id[at(n)]; v = wrap_add(v, delta); } break;
       case 2: if (n) { auto& v = s.sample_step[at(n)]; v = wrap_add(v, delta); } break;
@@ -445,9 +547,13 @@ class Session {
         break;
       case 10: s.ledger.dispatched = wrap_add(s.ledger.dispatched, small_delta); break;
       case 11: if (n) s.uses.pop_back(); break;
+      case 14: if (m) { auto& v = s.in_flight_lease_left_ns[at(m)]; v = wrap_add(v, delta); } break;
+      case 15: if (m) { auto& v = s.in_flight_held_ns[at(m)]; v = wrap_add(v, delta); } break;
+      case 16: s.ledger.expired = wrap_add(s.ledger.expired, small_delta); break;
+      case 17: if (m) s.in_flight_held_ns.pop_back(); break;
       case 12:
         if (m) s.in_flight_prompt.push_back(s.in_flight_prompt[0]), s.in_flight_step.push_back(s.in_flight_step[0]),
-            s.in_flight_dispatch_ns.push_back(0);
+            s.in_flight_dispatch_ns.push_back(0), s.in_flight_lease_left_ns.push_back(-1), s.in_flight_held_ns.push_back(0);
         break;
       default:
         if (n) {  // drop the last entry everywhere
@@ -466,6 +572,7 @@ class Session {
   int64_t step_ = 0;
   int64_t next_traj_ = 0;
   int64_t max_age_ = config_.max_age;  // the rings' max_age, which set_max_age changes
+  int64_t lease_now_ = 1'000'000'000'000;  // the frozen lease clock of both rings, in ns
 };
 
 pfb::RingConfig pick_config(FuzzedDataProvider& in) {

@@ -1,6 +1,7 @@
-// ThreadSanitizer driver of the core: each round builds one ring and races producers (dispatch,
-// complete, fail, put), a consumer taking with timeouts, evict_stale, export_state/import_state,
-// set_max_age and the read-only accessors against a close() at a random moment. Every snapshot taken
+// ThreadSanitizer driver of the core: each round builds one ring and races producers (dispatch with
+// and without leases, renew, complete, fail, put), a consumer taking with timeouts, evict_stale,
+// expire_in_flight, export_state/import_state, set_max_age, the read-only accessors and a waiter that
+// the interrupt check aborts, against a close() at a random moment. Every snapshot taken
 // meanwhile must satisfy ring_checks.hpp. Exits 0 when every round ends cleanly; a failed check aborts,
 // and under TSan any data race or lock-order report fails the run (TSAN_OPTIONS=halt_on_error=1).
 // Usage: tsan_driver [rounds=40] [round_ms=40] [seed=1]
@@ -25,9 +26,13 @@ namespace {
 
 constexpr int kProducers = 3;
 
+// Set only on the waiter thread: the interrupt check aborts its blocked calls and no one else's.
+thread_local bool interrupt_me = false;
+
 // Counts what the threads saw, to show the round exercised the paths it claims to.
 struct Tally {
-  std::atomic<int64_t> ops{0}, taken{0}, timeouts{0}, refused{0}, full{0}, imports{0}, snapshots{0};
+  std::atomic<int64_t> ops{0}, taken{0}, timeouts{0}, refused{0}, full{0}, imports{0}, snapshots{0}, expired{0},
+      interrupted{0};
 };
 
 // Runs `body` until the ring is closed; Closed thrown by any call ends the loop, as it ends a worker.
@@ -37,6 +42,9 @@ void until_closed(pfb::StalenessRing& ring, const std::function<void()>& body) {
   } catch (const pfb::Closed&) {
   }
 }
+
+// What the interrupt check throws, as PyErr_CheckSignals would raise KeyboardInterrupt.
+struct Interrupted {};
 
 void check_snapshot(const pfb::RingState& s, const pfb::RingConfig& config, const char* who) {
   const std::string broken = chk::structure_error(s, config);
@@ -52,6 +60,10 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
   config.on_full = static_cast<pfb::OnFull>(round % 3);
   config.parameter_sync_step = round % 4;
   pfb::StalenessRing ring(config, nullptr);
+  // Runs without the lock from any blocked thread; interrupts only the waiter's takes (see below).
+  ring.set_interrupt_check([] {
+    if (interrupt_me) throw Interrupted{};
+  });
   std::atomic<int64_t> step{0};
   std::vector<std::thread> threads;
 
@@ -66,9 +78,11 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
         const std::optional<double> room_timeout = 0.002;
         try {
           switch (rng() % 4) {
-            case 0: {  // dispatch now, finish later, so prompts stay in flight across takes
-              ring.dispatch(&prompt, 1, s);
+            case 0: {  // dispatch now (half with a short lease), finish later: prompts stay in flight across takes
+              const std::optional<double> lease = rng() % 2 ? std::optional<double>(0.003) : std::nullopt;
+              ring.dispatch(&prompt, 1, s, lease);
               pending.push_back(prompt);
+              if (rng() % 4 == 0 && pending.size() > 1) ring.renew(pending.data(), 1, 0.005);
               break;
             }
             case 1: {  // complete the oldest pending prompt with 1..3 trajectories
@@ -129,6 +143,7 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
         tally.refused++;  // the consumer stamped a later step first
       }
       ring.set_max_age(1 + static_cast<int64_t>(rng() % 4));
+      tally.expired += ring.expire_in_flight(0.004);
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     });
   });
@@ -157,8 +172,29 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
     });
   });
 
+  threads.emplace_back([&] {  // a waiter for a batch that never fills, aborted by the interrupt check
+    interrupt_me = true;
+    std::vector<int64_t> out(pfb::kBatchColumns * config.capacity);
+    until_closed(ring, [&] {
+      try {
+        // More than the ring holds, so never full; a step far ahead, so the consumer's clock never passes it
+        // (a take that waits commits nothing, so this step never reaches the ring's clock).
+        ring.take(config.capacity + 1, step.load() + 1'000'000, 0.5, out.data());
+      } catch (const Interrupted&) {
+        tally.interrupted++;
+      } catch (const pfb::Timeout&) {
+        tally.timeouts++;
+      } catch (const pfb::InvalidArgument&) {
+        tally.refused++;
+      }
+    });
+  });
+
   std::mt19937 rng(seed ^ static_cast<uint32_t>(round * 2654435761u));
-  std::this_thread::sleep_for(std::chrono::milliseconds(round_ms / 2 + static_cast<int>(rng() % (round_ms + 1))));
+  // Every fourth round outlives the 100 ms between interrupt checks, so the waiter gets interrupted.
+  const int extra_ms = round % 4 == 3 ? 2 * static_cast<int>(pfb::kInterruptCheckMs) : 0;
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(round_ms / 2 + static_cast<int>(rng() % (round_ms + 1)) + extra_ms));
   ring.close();
   ring.close();  // idempotent
   for (auto& t : threads) t.join();
@@ -166,8 +202,9 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
   const pfb::RingState final_state = ring.export_state();
   check_snapshot(final_state, config, "after close");
   pfb::StalenessRing fresh(config, nullptr);
+  fresh.set_lease_clock(int64_t{1} << 50);  // frozen, so only the leases that had passed expire on import
   fresh.import_state(final_state);
-  if (!chk::same_state(fresh.export_state(), final_state, true))
+  if (!chk::same_state(fresh.export_state(), chk::expired_on_import(final_state), true))
     chk::fail_check("the final state does not survive export -> import");
 }
 
@@ -180,13 +217,15 @@ int main(int argc, char** argv) {
   Tally tally;
   for (int r = 0; r < rounds; ++r) run_round(r, round_ms, seed, tally);
   std::printf("tsan_driver: %d rounds, %lld calls, %lld taken, %lld timeouts, %lld refused, %lld full, "
-              "%lld snapshots, %lld imports into the live ring\n",
+              "%lld snapshots, %lld imports into the live ring, %lld expired by expire_in_flight, "
+              "%lld interrupted waits\n",
               rounds, static_cast<long long>(tally.ops.load()), static_cast<long long>(tally.taken.load()),
               static_cast<long long>(tally.timeouts.load()), static_cast<long long>(tally.refused.load()),
               static_cast<long long>(tally.full.load()), static_cast<long long>(tally.snapshots.load()),
-              static_cast<long long>(tally.imports.load()));
-  if (tally.taken.load() == 0 || tally.snapshots.load() == 0) {
-    std::fprintf(stderr, "tsan_driver: nothing was taken or snapshotted; the rounds are too short\n");
+              static_cast<long long>(tally.imports.load()), static_cast<long long>(tally.expired.load()),
+              static_cast<long long>(tally.interrupted.load()));
+  if (tally.taken.load() == 0 || tally.snapshots.load() == 0 || (rounds >= 4 && tally.interrupted.load() == 0)) {
+    std::fprintf(stderr, "tsan_driver: nothing was taken, snapshotted or interrupted; the rounds are too short\n");
     return 1;
   }
   return 0;
