@@ -57,10 +57,21 @@ const char* blocked_by_name(pfb::BlockedBy b) {
   }
 }
 
+// Returns an exact Python int of a 128-bit value (age sums may pass 2**63).
+py::int_ to_pyint(pfb::Int128 v) {
+  if (v >= INT64_MIN && v <= INT64_MAX) return py::int_(static_cast<int64_t>(v));
+  const bool negative = v < 0;
+  const auto magnitude = static_cast<unsigned __int128>(negative ? -v : v);
+  py::object high = py::int_(static_cast<uint64_t>(magnitude >> 64));
+  py::object out = high.attr("__lshift__")(64).attr("__or__")(py::int_(static_cast<uint64_t>(magnitude)));
+  return py::int_(negative ? out.attr("__neg__")() : out);
+}
+
 py::tuple stats_tuple(const pfb::TakeStats& s) {
   py::tuple hist(pfb::kAgeBuckets);
   for (int i = 0; i < pfb::kAgeBuckets; ++i) hist[i] = py::int_(s.age_hist[i]);
-  return py::make_tuple(s.taken, s.dropped_stale, s.retired, s.evicted, blocked_by_name(s.blocked_by), s.age_sum,
+  return py::make_tuple(s.taken, s.dropped_stale, s.retired, s.evicted, blocked_by_name(s.blocked_by),
+                        to_pyint(s.age_sum),
                         s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total, s.max_age, s.expired);
 }
 
@@ -71,6 +82,7 @@ py::dict ledger_dict(const pfb::Ledger& l) {
   d["retired"] = l.retired, d["dropped_stale"] = l.dropped_stale, d["evicted"] = l.evicted;
   d["in_flight"] = l.in_flight, d["buffer_left"] = l.buffer_left;
   d["max_age_changes"] = l.max_age_changes, d["expired"] = l.expired;
+  d["released_overflow"] = l.released_overflow;
   return d;
 }
 
@@ -96,9 +108,10 @@ std::vector<T> from_numpy(const py::dict& d, const char* key, std::optional<std:
 
 std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::string& strategy, int64_t max_uses,
                                   const std::string& on_full, int64_t parameter_sync_step,
-                                  std::optional<py::tuple> columns) {
+                                  std::optional<py::tuple> columns, bool track_released, int64_t release_bound,
+                                  bool unique_ids) {
   pfb::RingConfig cfg{capacity, max_age, parse_strategy(strategy), max_uses, parse_on_full(on_full),
-                      parameter_sync_step};
+                      parameter_sync_step, track_released, release_bound, unique_ids};
   auto out = std::make_unique<PyRing>();
   if (!columns) {
     out->ring = std::make_unique<pfb::StalenessRing>(cfg, nullptr);
@@ -143,6 +156,8 @@ PYBIND11_MODULE(_core, m) {
       if (p) std::rethrow_exception(p);
     } catch (const pfb::Timeout& e) {
       py::set_error(PyExc_TimeoutError, e.what());
+    } catch (const pfb::OutOfMemory& e) {
+      py::set_error(PyExc_MemoryError, e.what());
     }
   });
   m.attr("AGE_BUCKETS") = pfb::kAgeBuckets;
@@ -151,7 +166,13 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyRing>(m, "Ring")
       .def(py::init(&make_ring), py::arg("capacity"), py::arg("max_age"), py::arg("strategy"), py::arg("max_uses"),
-           py::arg("on_full"), py::arg("parameter_sync_step"), py::arg("columns") = py::none())
+           py::arg("on_full"), py::arg("parameter_sync_step"), py::arg("columns") = py::none(),
+           py::arg("track_released") = false, py::arg("release_bound") = 0, py::arg("unique_ids") = false)
+      .def("released",
+           [](PyRing& self) {
+             pfb::Released r = self.ring->take_released();
+             return py::make_tuple(to_numpy(std::move(r.ids)), to_numpy(std::move(r.reasons)));
+           })
       .def(
           "dispatch",
           [](PyRing& self, const I64Array& prompt_ids, int64_t step, std::optional<double> lease) {

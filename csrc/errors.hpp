@@ -24,6 +24,12 @@ class Closed : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Thrown when the ring's memory cannot be allocated; the message names the capacity and the bytes needed.
+class OutOfMemory : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// Thrown when entries do not fit and on_full is error; the buffer is left unchanged.
 class Full : public std::runtime_error {
  public:

@@ -19,6 +19,7 @@ struct Ledger {
   int64_t buffer_left = 0;    // trajectories ready in the ring
   int64_t max_age_changes = 0;  // set_max_age calls that changed max_age
   int64_t expired = 0;          // prompts failed by the buffer: lease passed, or expire_in_flight
+  int64_t released_overflow = 0;  // released-id records discarded unread (log full); not part of any state
 
   /// Returns true iff both invariants of DESIGN.md hold.
   bool balanced() const {

@@ -90,14 +90,72 @@ const RingConfig& validated(const RingConfig& config, const ColumnPointers* borr
   if (config.parameter_sync_step < 0)
     throw InvalidArgument(concat("parameter_sync_step=", config.parameter_sync_step, " must be > 0"));
   if (borrowed && !borrowed->complete()) throw InvalidArgument("borrowed columns: every column must be set");
+  if (config.release_bound < 0)
+    throw InvalidArgument(concat("release_bound=", config.release_bound, " must be > 0 (or 0 for the default)"));
   return config;
+}
+
+// Returns the ring's columns: the borrowed ones, or freshly allocated; throws OutOfMemory naming the bytes.
+RingColumns make_columns(int64_t capacity, const ColumnPointers* borrowed) {
+  if (borrowed) return RingColumns(*borrowed);
+  try {
+    return RingColumns(capacity);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory(concat("capacity=", capacity, " needs ", capacity * kBytesPerEntry,
+                             " bytes of ring memory, which could not be allocated; lower capacity"));
+  }
 }
 }  // namespace
 
 StalenessRing::StalenessRing(const RingConfig& config, const ColumnPointers* borrowed)
     : config_(validated(config, borrowed)),
-      columns_(borrowed ? RingColumns(*borrowed) : RingColumns(config.capacity)),
-      max_age_(config.max_age) {}
+      columns_(make_columns(config.capacity, borrowed)),
+      max_age_(config.max_age) {
+  if (config_.track_released)
+    release_log_ = std::make_unique<ReleaseLog>(config_.release_bound > 0 ? config_.release_bound
+                                                                          : default_release_bound(config_.capacity));
+}
+
+void StalenessRing::note_left(int64_t id, ReleaseReason reason) {
+  if (release_log_ && release_log_->push(id, reason)) ++ledger_.released_overflow;
+  if (config_.unique_ids && reason <= ReleaseReason::kEvicted) live_ids_.erase(id);  // trajectories only
+}
+
+void StalenessRing::note_prefix_left(int64_t count, ReleaseReason reason) {
+  const int64_t* traj_id = columns_.get().traj_id;
+  for (int64_t i = 0; i < count; ++i) note_left(traj_id[phys(i)], reason);
+}
+
+void StalenessRing::note_walked(int64_t walked, int64_t current_step) {
+  // The walked prefix after a take's writes: stale entries were dropped, the rest taken; those at max_uses retire.
+  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
+                                                              : std::numeric_limits<int64_t>::min();
+  const ColumnPointers& c = columns_.get();
+  for (int64_t i = 0; i < walked; ++i) {
+    const int64_t p = phys(i);
+    if (c.sample_step[p] < cutoff)
+      note_left(c.traj_id[p], ReleaseReason::kDroppedStale);
+    else if (c.uses[p] >= config_.max_uses)
+      note_left(c.traj_id[p], ReleaseReason::kRetired);
+  }
+}
+
+void StalenessRing::check_not_live(const int64_t* traj_ids, int64_t n) const {
+  if (!config_.unique_ids) return;
+  for (int64_t i = 0; i < n; ++i)
+    if (live_ids_.count(traj_ids[i]))
+      throw InvalidArgument(concat("traj_ids: trajectory ", traj_ids[i], " is already in the buffer and unique_ids=True",
+                                   "; give every trajectory a fresh id (or pass unique_ids=False)"));
+}
+
+Released StalenessRing::take_released() {
+  Lock lock(mutex_);
+  if (!release_log_)
+    throw InvalidArgument("released(): this buffer does not track released ids; construct it with track_released=True");
+  Released out;
+  release_log_->drain(out.ids, out.reasons);
+  return out;
+}
 
 void StalenessRing::check_open() const {
   if (closed_) throw Closed("the buffer is closed; create a new buffer (or load its state_dict) to continue");
@@ -123,7 +181,10 @@ int64_t StalenessRing::expire_due() {
 }
 
 void StalenessRing::expire_prompts(const std::vector<int64_t>& prompts) {
-  for (const int64_t prompt : prompts) in_flight_.erase(prompt);
+  for (const int64_t prompt : prompts) {
+    in_flight_.erase(prompt);
+    if (release_log_) note_left(prompt, ReleaseReason::kExpired);
+  }
   const auto n = static_cast<int64_t>(prompts.size());
   ledger_.failed += n;
   ledger_.expired += n;
@@ -195,6 +256,8 @@ void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
       throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
                                    " is not in flight; dispatch it first (it may already be completed, failed or expired)"));
   for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]);
+  if (release_log_)
+    for (int64_t i = 0; i < n; ++i) note_left(prompt_ids[i], ReleaseReason::kFailed);
   ledger_.failed += n;
   lock.unlock();
   if (n > 0) ready_cv_.notify_all();
@@ -294,6 +357,8 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
     c.uses[p] = 0;
     c.group_len[p] = static_cast<int32_t>(len);
   }
+  if (config_.unique_ids)
+    for (int64_t j = 0; j < len; ++j) live_ids_.insert(traj_ids[order ? order[j] : j]);
 }
 
 void StalenessRing::remove_prefix(int64_t n) {
@@ -307,6 +372,7 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
   while (size_ + need > config_.capacity) {
     const int64_t len = columns_.get().group_len[head_];
     evicted += len;
+    if (leave_hooks()) note_prefix_left(len, ReleaseReason::kEvicted);
     remove_prefix(len);
   }
   ledger_.evicted += evicted;
@@ -323,6 +389,8 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
   if (n > config_.capacity)
     throw InvalidArgument(concat("traj_ids: ", n, " trajectories exceed capacity=", config_.capacity,
                                  "; raise capacity or complete fewer prompts per call"));
+  if (auto dup = first_duplicate(traj_ids, n))
+    throw InvalidArgument(concat("traj_ids: trajectory ", *dup, " appears twice; complete each trajectory once"));
   Groups groups;
   group_stably(prompt_ids, n, groups.order, groups.bounds);
   const size_t n_groups = groups.bounds.size() - 1;
@@ -335,6 +403,7 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
         throw InvalidArgument(concat("prompt_ids: prompt ", prompt,
                                      " is not in flight; dispatch it first (it may already be completed, failed or expired)"));
     }
+    check_not_live(traj_ids, n);
     if (wait_for_room(lock, n, timeout, "complete", deadline)) break;
   }
   if (size_ + n > config_.capacity) evict_oldest_groups(n);
@@ -365,6 +434,8 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   if (n > config_.capacity)
     throw InvalidArgument(concat("traj_ids: ", n, " trajectories exceed capacity=", config_.capacity,
                                  "; raise capacity or put fewer per call"));
+  if (auto dup = first_duplicate(traj_ids, n))
+    throw InvalidArgument(concat("traj_ids: trajectory ", *dup, " appears twice; put each trajectory once"));
   int64_t max_step = -1;
   for (int64_t i = 0; i < n_steps; ++i) {
     if (sample_steps[i] < 0)
@@ -384,8 +455,9 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
     }
   }
   std::optional<SteadyTime> deadline;
-  while (!wait_for_room(lock, n, timeout, "put", deadline)) {
-  }
+  do {  // after a wait, validate again: another thread may have put one of these ids
+    check_not_live(traj_ids, n);
+  } while (!wait_for_room(lock, n, timeout, "put", deadline));
   if (size_ + n > config_.capacity) evict_oldest_groups(n);
   const int64_t stamp = now_ns();
   int64_t n_groups = n;
@@ -480,7 +552,8 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   int64_t* const o_complete = base + 7 * k_all;
   const int32_t max_uses = static_cast<int32_t>(config_.max_uses);
   const ColumnPointers c = columns_.get();  // a local copy: the output writes cannot alias it
-  int64_t k = 0, survivors = 0, age_sum = 0, age_max = 0;
+  int64_t k = 0, survivors = 0, age_max = 0;
+  Int128 age_sum = 0;  // 2**40 ages near 2**63 overflow int64
   for (const Span& span : plan.spans) {
     for (int64_t i = span.start, end = span.start + span.count; i < end;) {
       const int64_t p0 = phys(i);
@@ -504,6 +577,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       i += run;
     }
   }
+  if (leave_hooks()) note_walked(plan.walked, current_step);  // before survivors move: ring order intact
   stats.age_sum = age_sum;
   stats.age_max = age_max;
   if (survivors > 0) {
@@ -601,12 +675,16 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
       if (steps[phys(mid)] < cutoff) lo = mid + 1; else hi = mid;
     }
     removed = lo;
+    if (leave_hooks()) note_prefix_left(removed, ReleaseReason::kDroppedStale);
     remove_prefix(removed);
   } else {
     // One branch-free pass: every row is copied to the write cursor, which advances only for fresh
     // rows; where neither cursor is near the wrap point, eight rows at a time with AVX-512 if present.
     const ColumnPointers c = columns_.get();  // local copies: column stores cannot alias them
     const int64_t cap = config_.capacity, total = size_;
+    if (leave_hooks())  // report the stale ids before the compaction (scalar or SIMD) overwrites them
+      for (int64_t i = 0; i < total; ++i)
+        if (c.sample_step[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);
     const bool simd = simd_compaction_available();
     int64_t read = head_, write = head_, kept = 0;
     for (int64_t done = 0; done < total;) {
@@ -781,6 +859,15 @@ void StalenessRing::import_state(const RingState& s) {
     if (s.in_flight_step[i] < 0 || s.in_flight_step[i] > s.clock)
       throw InvalidArgument(concat("state_dict: in-flight prompt ", s.in_flight_prompt[i], " has step ",
                                    s.in_flight_step[i], " outside [0, clock=", s.clock, "]"));
+  std::unordered_set<int64_t> live;
+  if (config_.unique_ids) {
+    live.reserve(un);
+    for (int64_t i = 0; i < n; ++i)
+      if (!live.insert(s.traj_id[i]).second)
+        throw InvalidArgument(concat("state_dict: trajectory ", s.traj_id[i],
+                                     " is ready twice, which unique_ids=True forbids; load it into a buffer without "
+                                     "unique_ids"));
+  }
   Ledger ledger = s.ledger;
   ledger.in_flight = static_cast<int64_t>(m);
   ledger.buffer_left = n;
@@ -809,7 +896,9 @@ void StalenessRing::import_state(const RingState& s) {
     in_flight_.insert(s.in_flight_prompt[i], {s.in_flight_step[i], s.in_flight_dispatch_ns[i], now - held,
                                               left < 0 ? kNoLease : add_saturating(now, left)});
   }
+  ledger.released_overflow = ledger_.released_overflow;  // about this object's release log, not the state
   ledger_ = ledger;
+  live_ids_.swap(live);
   clock_ = s.clock;
   evicted_unreported_ = s.evicted_unreported;
   ready_cv_.notify_all();

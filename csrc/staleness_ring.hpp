@@ -6,14 +6,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "errors.hpp"
 #include "in_flight.hpp"
 #include "ledger.hpp"
+#include "release_log.hpp"
 #include "ring_columns.hpp"
 
 namespace pyfast_buffer {
@@ -39,7 +42,19 @@ struct RingConfig {
   int64_t max_uses = 1;             // uses before an entry retires (>= 1)
   OnFull on_full = OnFull::kEvictOldest;
   int64_t parameter_sync_step = 0;  // > 0 stamps policy_version = step / it; 0 stamps -1
+  bool track_released = false;      // keep a ReleaseLog of every id that leaves (see take_released)
+  int64_t release_bound = 0;        // records that log holds (> 0), or 0 for default_release_bound(capacity)
+  bool unique_ids = false;          // refuse a trajectory id that is already ready in the ring
 };
+
+/// Ids that left the buffer since the previous take_released(), oldest first, with ReleaseReason codes.
+struct Released {
+  std::vector<int64_t> ids;
+  std::vector<int8_t> reasons;
+};
+
+/// Signed 128-bit integer: sums of ages, which can pass 2**63 (GCC and Clang extension).
+__extension__ typedef __int128 Int128;
 
 /// Number of fixed age-histogram buckets: 0, 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+.
 constexpr int kAgeBuckets = 8;
@@ -74,7 +89,7 @@ struct TakeStats {
   int64_t retired = 0;        // entries this call retired (reached max_uses)
   int64_t evicted = 0;        // entries on_full evicted since the previous take or evict_stale
   BlockedBy blocked_by = BlockedBy::kNone;
-  int64_t age_sum = 0;
+  Int128 age_sum = 0;  // exact: ages are < 2**63 and a batch holds < 2**40 entries
   int64_t age_max = 0;
   std::array<int64_t, kAgeBuckets> age_hist{};
   int64_t buffer_left = 0;
@@ -100,6 +115,7 @@ struct RingState {
 class StalenessRing {
  public:
   /// Builds an empty ring; `borrowed` (may be null) supplies caller-owned columns of capacity entries.
+  /// Throws InvalidArgument for an out-of-range config and OutOfMemory if the columns cannot be allocated.
   StalenessRing(const RingConfig& config, const ColumnPointers* borrowed);
   StalenessRing(const StalenessRing&) = delete;
   StalenessRing& operator=(const StalenessRing&) = delete;
@@ -147,6 +163,10 @@ class StalenessRing {
 
   /// Returns a consistent copy of the ledger (after failing prompts whose lease passed).
   Ledger ledger();
+
+  /// Moves out every released-id record kept since the previous call; throws InvalidArgument unless the ring
+  /// was built with track_released.
+  Released take_released();
 
   /// Returns the max_age in force now.
   int64_t max_age() const;
@@ -222,6 +242,11 @@ class StalenessRing {
                     int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
                     int64_t complete_ns);
   void remove_prefix(int64_t n);
+  bool leave_hooks() const { return release_log_ != nullptr || config_.unique_ids; }
+  void note_left(int64_t id, ReleaseReason reason);
+  void note_prefix_left(int64_t count, ReleaseReason reason);
+  void note_walked(int64_t walked, int64_t current_step);
+  void check_not_live(const int64_t* traj_ids, int64_t n) const;
   void evict_oldest_groups(int64_t need);
 
   const RingConfig config_;  // as constructed; max_age_ below is the one in force
@@ -239,6 +264,8 @@ class StalenessRing {
   InFlightTable in_flight_;
   Ledger ledger_;
   std::optional<int64_t> manual_lease_clock_;  // set_lease_clock's frozen time, if any
+  std::unique_ptr<ReleaseLog> release_log_;    // null unless config_.track_released
+  std::unordered_set<int64_t> live_ids_;       // ids ready in the ring, kept only with config_.unique_ids
   std::function<void()> interrupt_check_;
 };
 

@@ -7,6 +7,7 @@ from .buffer import StalenessBuffer
 from .config import BufferConfig, config_from_verl, max_age_from_threshold, sample_step_from_tag
 from .errors import BufferClosedError, BufferFullError
 from .reference import ReferenceBuffer
+from .released import RELEASE_REASONS, Released
 
 try:
     __version__ = version("pyfast_buffer")
@@ -17,11 +18,13 @@ __all__ = [
     "AGE_BUCKETS",
     "FIELDS",
     "LOG_FORMAT",
+    "RELEASE_REASONS",
     "Batch",
     "BufferClosedError",
     "BufferConfig",
     "BufferFullError",
     "ReferenceBuffer",
+    "Released",
     "StalenessBuffer",
     "__version__",
     "config_from_verl",

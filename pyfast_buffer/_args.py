@@ -25,10 +25,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
-def as_ids(value: Any, name: str) -> np.ndarray:
-    """Returns ``value`` as a 1-D contiguous int64 numpy array, or raises TypeError/ValueError naming ``name``."""
+def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
+    """Returns ``value`` as a 1-D contiguous int64 numpy array, or raises TypeError/ValueError naming ``name``.
+
+    The result may share memory with the caller's array; with ``copy`` it never does, and the caller's
+    data is read exactly once (so another thread rewriting it cannot make this call see two versions).
+    The native core copies what it is given before it releases the GIL, so its wrapper passes no copy.
+    """
     if isinstance(value, np.ndarray) and value.dtype == np.int64 and value.ndim == 1:
-        return np.ascontiguousarray(value)
+        return np.array(value, order="C") if copy else np.ascontiguousarray(value)
     if isinstance(value, torch.Tensor):
         if value.dtype not in _INT_TORCH_DTYPES:
             raise TypeError(f"{name} has dtype {value.dtype}; pass integer ids (e.g. tensor.long())")
@@ -50,6 +55,8 @@ def as_ids(value: Any, name: str) -> np.ndarray:
         raise TypeError(f"{name} has dtype {array.dtype}; ids must be ints, not floats or bools")
     if array.ndim != 1:
         raise ValueError(f"{name} has shape {tuple(array.shape)}; pass a 1-D sequence (flatten it first)")
+    if copy or array.dtype.kind == "u":  # own the data before reading its values: they are checked, then converted
+        array = np.array(array, order="C")
     if array.dtype.kind == "u" and array.size and int(array.max()) > _INT64_MAX:
         raise ValueError(f"{name} has ids above 2**63 - 1; pass ids that fit int64")
     return np.ascontiguousarray(array, dtype=np.int64)
@@ -73,13 +80,13 @@ def as_step(value: Any, name: str) -> int:
     return value
 
 
-def as_steps(value: Any, name: str, n: int) -> np.ndarray:
+def as_steps(value: Any, name: str, n: int, copy: bool = False) -> np.ndarray:
     """Returns one stamp (shape (1,)) or ``n`` stamps as int64 >= 0, or raises naming ``name``."""
     if type(value) is int and 0 <= value <= _INT64_MAX:
         return np.array((value,), dtype=np.int64)
     if _is_int(value) or isinstance(value, float) or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0):
         return np.array([as_step(value, name)], dtype=np.int64)
-    steps = as_ids(value, name)
+    steps = as_ids(value, name, copy)
     if len(steps) != n:
         raise ValueError(f"{name} has {len(steps)} stamps for {n} trajectories; pass one int or one per trajectory")
     if steps.size and steps.min() < 0:

@@ -12,8 +12,9 @@ import torch
 from . import _core, state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import Batch, make_metrics
-from .config import BufferConfig, config_from_verl, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, BufferClosedError
+from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
+from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError
+from .released import Released
 
 Ids = Union[torch.Tensor, np.ndarray, Sequence[int]]
 _N_COLUMNS = _core.BATCH_COLUMNS
@@ -38,18 +39,28 @@ class StalenessBuffer:
             evicted), ``"block"`` (wait for room, with a timeout) or ``"error"`` (BufferFullError).
         pin_memory: keep the ring and batches in pinned host memory; None pins iff CUDA is available.
         parameter_sync_step: trainer steps between weight pushes; stamps ``policy_version``.
+        track_released: report every id that leaves, with why, through ``released()``.
+        release_bound: records ``released()`` keeps between two calls (default ``2 * capacity + 65536``);
+            past it the oldest are discarded and counted in ``ledger()["released_overflow"]``.
+        unique_ids: refuse (ValueError) a trajectory id that is already ready in the ring; costs a hash
+            set of the ready ids (about 40 bytes per entry) and one lookup per id put or taken.
     """
 
     def __init__(self, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
                  on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
-                 parameter_sync_step: Optional[int] = None) -> None:
-        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step)
+                 parameter_sync_step: Optional[int] = None, track_released: bool = False,
+                 release_bound: Optional[int] = None, unique_ids: bool = False) -> None:
+        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step,
+                                   track_released, release_bound, unique_ids)
+        check_capacity_fits(capacity)
         self._config_lock = threading.Lock()  # keeps config.max_age in step with the core's under concurrent setters
         self.pin_memory = resolve_pin_memory(pin_memory)
         # Pinned columns are allocated once by torch and borrowed by the core; this object keeps them alive.
         self._columns = _pinned_columns(capacity) if self.pin_memory else None
         self._ring = _core.Ring(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step or 0,
-                                tuple(t.numpy() for t in self._columns) if self._columns else None)
+                                tuple(t.numpy() for t in self._columns) if self._columns else None,
+                                track_released=track_released, release_bound=release_bound or 0,
+                                unique_ids=unique_ids)
 
     @classmethod
     def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> "StalenessBuffer":
@@ -113,6 +124,9 @@ class StalenessBuffer:
         out = torch.empty(_N_COLUMNS * rows, dtype=torch.int64, pin_memory=self.pin_memory)
         stats = self._ring.take(out.numpy(), n, step, wait)
         taken = stats[0]
+        if 2 * taken < rows:  # much smaller than requested: copy, so the batch owns only the rows it returned
+            owned = torch.empty(_N_COLUMNS * taken, dtype=torch.int64, pin_memory=self.pin_memory)
+            out = owned.copy_(out[: _N_COLUMNS * taken])
         # The core wrote the batch field by field at stride `taken`: view it as (8, taken), contiguous.
         return Batch(out.as_strided((_N_COLUMNS, taken), (taken, 1)), make_metrics(stats))
 
@@ -121,6 +135,12 @@ class StalenessBuffer:
         stats = self._ring.evict_stale(as_step(current_step, "current_step"))
         make_metrics(stats)
         return stats[1]
+
+    def released(self) -> Released:
+        """Returns every id that left the buffer since the previous call, oldest first, with its reason code
+        (see ``RELEASE_REASONS``); needs ``track_released=True`` (ValueError otherwise)."""
+        ids, reasons = self._ring.released()
+        return Released(ids, reasons)
 
     def ledger(self) -> Dict[str, int]:
         """Returns the cumulative counters; see DESIGN.md for the two invariants they satisfy."""
@@ -158,6 +178,15 @@ class StalenessBuffer:
     def close(self) -> None:
         """Closes the buffer and wakes every blocked take/put at once with BufferClosedError."""
         self._ring.close()
+
+    def __copy__(self) -> "StalenessBuffer":
+        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
+
+    def __deepcopy__(self, memo: Any) -> "StalenessBuffer":
+        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
 
     def __enter__(self) -> "StalenessBuffer":
         return self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -26,6 +27,9 @@ class BufferConfig:
     max_uses: int = 1
     on_full: str = "evict_oldest"
     parameter_sync_step: Optional[int] = None
+    track_released: bool = False
+    release_bound: Optional[int] = None
+    unique_ids: bool = False
 
     def __post_init__(self) -> None:
         as_count(self.capacity, "capacity", 1, MAX_CAPACITY)
@@ -37,6 +41,29 @@ class BufferConfig:
             raise ValueError(f"on_full={self.on_full!r} is unknown; use 'evict_oldest', 'block' or 'error'")
         if self.parameter_sync_step is not None:
             as_count(self.parameter_sync_step, "parameter_sync_step", 1)
+        for name in ("track_released", "unique_ids"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.release_bound is not None:
+            as_count(self.release_bound, "release_bound", 1)
+            if not self.track_released:
+                raise ValueError(f"release_bound={self.release_bound} needs track_released=True")
+
+
+#: Bytes one ready entry takes in the native ring (six int64 and two int32 columns; the core's kBytesPerEntry).
+BYTES_PER_ENTRY = 56
+
+
+def check_capacity_fits(capacity: int) -> None:
+    """Raises MemoryError naming capacity and the bytes needed when the ring would not fit in physical memory."""
+    needed = capacity * BYTES_PER_ENTRY
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX: let the allocation decide
+        return
+    if physical > 0 and needed > physical:
+        raise MemoryError(f"capacity={capacity} needs {needed} bytes ({needed / 2**30:.1f} GiB) of ring memory, more "
+                          f"than this machine's {physical / 2**30:.1f} GiB; lower capacity")
 
 
 def resolve_pin_memory(pin_memory: Optional[bool]) -> bool:

@@ -13,7 +13,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 import numpy as np
 import torch
@@ -21,8 +21,11 @@ import torch
 from . import state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
-from .config import BufferConfig, config_from_verl, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, BufferClosedError, BufferFullError
+from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
+from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError, BufferFullError
+from .released import NOT_TRACKED, Released, default_release_bound
+
+_RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of RELEASE_REASONS
 
 
 _NO_LEASE = 2**63 - 1  # the deadline of a prompt without a lease, as in the core
@@ -41,8 +44,16 @@ class ReferenceBuffer:
 
     def __init__(self, capacity: int, max_age: int = 7, strategy: str = "drop", max_uses: int = 1,
                  on_full: str = "evict_oldest", pin_memory: Optional[bool] = None,
-                 parameter_sync_step: Optional[int] = None) -> None:
-        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step)
+                 parameter_sync_step: Optional[int] = None, track_released: bool = False,
+                 release_bound: Optional[int] = None, unique_ids: bool = False) -> None:
+        self.config = BufferConfig(capacity, max_age, strategy, max_uses, on_full, parameter_sync_step,
+                                   track_released, release_bound, unique_ids)
+        check_capacity_fits(capacity)
+        # (id, reason code) of everything that left, oldest first, until released() drains it
+        self._released: Optional[deque] = deque() if track_released else None
+        self._release_bound = release_bound or default_release_bound(capacity)
+        self._released_overflow = 0
+        self._live: Optional[Set[int]] = set() if unique_ids else None  # ids ready in the ring
         resolve_pin_memory(pin_memory)  # same checks as the native buffer; the twin never pins
         self.pin_memory = False
         self._groups: deque = deque()  # oldest first; each group is a list of record dicts
@@ -82,6 +93,23 @@ class ReferenceBuffer:
                 raise ValueError(f"prompt_ids: prompt {p} is not in flight; dispatch it first "
                                  "(it may already be completed, failed or expired)")
 
+    def _note_left(self, id_: int, code: int) -> None:
+        if self._released is not None:
+            if len(self._released) >= self._release_bound:
+                self._released.popleft()
+                self._released_overflow += 1
+            self._released.append((id_, code))
+        if self._live is not None and code <= _EVICTED:
+            self._live.discard(id_)
+
+    def _check_not_live(self, traj_list: List[int]) -> None:
+        if self._live is None:
+            return
+        for t in traj_list:
+            if t in self._live:
+                raise ValueError(f"traj_ids: trajectory {t} is already in the buffer and unique_ids=True; "
+                                 "give every trajectory a fresh id (or pass unique_ids=False)")
+
     def _lease_now(self) -> int:
         return self._manual_clock if self._manual_clock is not None else time.monotonic_ns()
 
@@ -92,6 +120,7 @@ class ReferenceBuffer:
     def _expire(self, prompts: List[int]) -> None:
         for p in prompts:
             self._pop_in_flight(p)
+            self._note_left(p, _EXPIRED)
         self._counts["failed"] += len(prompts)
         self._counts["expired"] += len(prompts)
         if prompts:
@@ -143,10 +172,14 @@ class ReferenceBuffer:
             oldest = self._groups.popleft()
             self._size -= len(oldest)
             evicted += len(oldest)
+            for rec in oldest:
+                self._note_left(rec["traj_id"], _EVICTED)
         self._counts["evicted"] += evicted
         self._evicted_unreported += evicted
         self._groups.append(records)
         self._size += need
+        if self._live is not None:
+            self._live.update(rec["traj_id"] for rec in records)
 
     @staticmethod
     def _group_stably(keys: np.ndarray) -> Dict[int, List[int]]:
@@ -199,6 +232,7 @@ class ReferenceBuffer:
             self._check_in_flight(prompts)
             for p in prompts:
                 self._pop_in_flight(p)
+                self._note_left(p, _FAILED)
             self._counts["failed"] += len(prompts)
             self._cond.notify_all()
 
@@ -239,7 +273,7 @@ class ReferenceBuffer:
             self._cond.notify_all()
 
     def complete(self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None) -> None:
-        trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
+        trajs, prompts = as_ids(traj_ids, "traj_ids", copy=True), as_ids(prompt_ids, "prompt_ids", copy=True)
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
         timeout = as_timeout(timeout)
         n = len(trajs)
@@ -249,15 +283,19 @@ class ReferenceBuffer:
             if n == 0:
                 return
             self._check_fits(n, "complete fewer prompts")
+            traj_list = trajs.tolist()
+            dup = self._first_duplicate(traj_list)
+            if dup is not None:
+                raise ValueError(f"traj_ids: trajectory {dup} appears twice; complete each trajectory once")
             groups = self._group_stably(prompts)
             deadline = time.monotonic() + (timeout or 0.0)
             while True:
                 self._expire_due()
                 self._check_in_flight(groups)
+                self._check_not_live(traj_list)
                 if self._wait_for_room(n, timeout, "complete", deadline):
                     break
             now = time.time_ns()
-            traj_list = trajs.tolist()
             for p, members in groups.items():
                 step, dispatched_at, _, _ = self._pop_in_flight(p)
                 self._append([self._record(traj_list[i], p, step, dispatched_at, now) for i in members])
@@ -266,11 +304,12 @@ class ReferenceBuffer:
             self._cond.notify_all()
 
     def put(self, traj_ids: Any, sample_step: Any, group_ids: Any = None, timeout: Optional[float] = None) -> None:
-        trajs = as_ids(traj_ids, "traj_ids")
-        steps = as_steps(sample_step, "sample_step", len(trajs)).tolist()
+        # Owned copies: each caller array is read once, as the native wrapper's copies are.
+        trajs = as_ids(traj_ids, "traj_ids", copy=True)
+        steps = as_steps(sample_step, "sample_step", len(trajs), copy=True).tolist()
         groups_arr = None
         if group_ids is not None:
-            groups_arr = as_ids(group_ids, "group_ids")
+            groups_arr = as_ids(group_ids, "group_ids", copy=True)
             same_length(trajs, "traj_ids", groups_arr, "group_ids")
         timeout = as_timeout(timeout)
         n = len(trajs)
@@ -281,6 +320,9 @@ class ReferenceBuffer:
             if n == 0:
                 return
             self._check_fits(n, "put fewer")
+            dup = self._first_duplicate(traj_list)
+            if dup is not None:
+                raise ValueError(f"traj_ids: trajectory {dup} appears twice; put each trajectory once")
             if groups_arr is None:
                 groups = {i: [i] for i in range(n)}  # each trajectory is its own group
                 key_of = traj_list
@@ -293,8 +335,10 @@ class ReferenceBuffer:
                             raise ValueError(f"sample_step: group {g} has entries stamped {step_of(members[0])} "
                                              f"and {step_of(i)}; a group shares one sample_step")
             deadline = time.monotonic() + (timeout or 0.0)
-            while not self._wait_for_room(n, timeout, "put", deadline):
-                pass
+            while True:  # after a wait, validate again: another thread may have put one of these ids
+                self._check_not_live(traj_list)
+                if self._wait_for_room(n, timeout, "put", deadline):
+                    break
             now = time.time_ns()
             for members in groups.values():
                 gid = key_of[members[0]]
@@ -393,6 +437,8 @@ class ReferenceBuffer:
             group = self._groups.popleft()
             self._size -= len(group)
             if self._is_stale(group, current_step):
+                for rec in group:
+                    self._note_left(rec["traj_id"], _DROPPED_STALE)
                 continue
             for rec in group:
                 rec["uses"] += 1
@@ -407,6 +453,8 @@ class ReferenceBuffer:
                 keep.append(group)  # reused entries keep their place at the front
             else:
                 retired += len(group)
+                for rec in group:
+                    self._note_left(rec["traj_id"], _RETIRED)
         for group in reversed(keep):
             self._groups.appendleft(group)
             self._size += len(group)
@@ -432,6 +480,10 @@ class ReferenceBuffer:
             self._check_clock(current_step)
             self._clock = current_step
             cutoff = current_step - self.config.max_age
+            for group in self._groups:
+                if group[0]["sample_step"] < cutoff:
+                    for rec in group:
+                        self._note_left(rec["traj_id"], _DROPPED_STALE)
             fresh = deque(g for g in self._groups if g[0]["sample_step"] >= cutoff)
             removed = self._size - sum(len(g) for g in fresh)
             self._groups, self._size = fresh, self._size - removed
@@ -444,6 +496,14 @@ class ReferenceBuffer:
         return removed
 
     # -- introspection, lifecycle, checkpoints ---------------------------------------------
+    def released(self) -> Released:
+        with self._cond:
+            if self._released is None:
+                raise ValueError(NOT_TRACKED)
+            records, self._released = list(self._released), deque()
+        ids = np.array([i for i, _ in records], dtype=np.int64)
+        return Released(ids, np.array([c for _, c in records], dtype=np.int8))
+
     def ledger(self) -> Dict[str, int]:
         with self._cond:
             self._expire_due()
@@ -452,7 +512,8 @@ class ReferenceBuffer:
                     "put_total": c["put_total"], "sampled_total": c["put_total"], "taken": c["taken"],
                     "retired": c["retired"], "dropped_stale": c["dropped_stale"], "evicted": c["evicted"],
                     "in_flight": len(self._in_flight), "buffer_left": self._size,
-                    "max_age_changes": c["max_age_changes"], "expired": c["expired"]}
+                    "max_age_changes": c["max_age_changes"], "expired": c["expired"],
+                    "released_overflow": self._released_overflow}
 
     def __len__(self) -> int:
         return self._size
@@ -487,6 +548,15 @@ class ReferenceBuffer:
             self._closed = True
             self._cond.notify_all()
 
+    def __copy__(self) -> "ReferenceBuffer":
+        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
+
+    def __deepcopy__(self, memo: Any) -> "ReferenceBuffer":
+        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
+
     def __enter__(self) -> "ReferenceBuffer":
         return self
 
@@ -518,6 +588,13 @@ class ReferenceBuffer:
             self._check_open()
             s = state.unpack(state_dict, self.config.capacity, self.config.max_uses)
             cols = {k: v.tolist() for k, v in s["entries"].items()}
+            live = None
+            if self._live is not None:
+                live = set(cols["traj_id"])
+                if len(live) != len(cols["traj_id"]):
+                    dup = self._first_duplicate(cols["traj_id"])
+                    raise ValueError(f"state_dict: trajectory {dup} is ready twice, which unique_ids=True forbids; "
+                                     "load it into a buffer without unique_ids")
             groups: deque = deque()
             i = 0
             while i < len(cols["traj_id"]):
@@ -525,6 +602,7 @@ class ReferenceBuffer:
                 groups.append([{k: cols[k][j] for k in state.ENTRY_COLUMNS if k != "group_len"} for j in range(i, i + n)])
                 i += n
             self._groups, self._size = groups, len(cols["traj_id"])
+            self._live = live
             f = {k: v.tolist() for k, v in s["in_flight"].items()}
             now = self._lease_now()
             self._in_flight, self._leases = {}, {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict
+from typing import Any, Dict, Mapping, Sequence, Union
 
 import numpy as np
 import torch
@@ -21,7 +21,10 @@ LATER_LEDGER_KEYS = ("max_age_changes", "expired")
 ALL_LEDGER_KEYS = LEDGER_KEYS + LATER_LEDGER_KEYS
 
 
-def pack(config: Any, entries: Dict[str, np.ndarray], in_flight: Dict[str, np.ndarray], ledger: Dict[str, int],
+Column = Union[np.ndarray, Sequence[int]]
+
+
+def pack(config: Any, entries: Mapping[str, Column], in_flight: Mapping[str, Column], ledger: Mapping[str, int],
          clock: int, evicted_unreported: int) -> Dict[str, Any]:
     """Returns a state_dict from numpy columns in ring order (oldest first)."""
     return {

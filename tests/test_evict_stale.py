@@ -19,12 +19,17 @@ def _contents(buf):
     return {k: entries[k].tolist() for k in KEYS}
 
 
+def _assert_same_released(native, ref):
+    a, b = native.released(), ref.released()
+    assert a.ids.tolist() == b.ids.tolist() and a.reasons.tolist() == b.reasons.tolist()
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_compaction_matches_the_reference_across_the_wrap_point(seed):
     rng = np.random.default_rng(seed)
     capacity = int(rng.integers(40, 400))
-    native = pfb.StalenessBuffer(capacity, max_age=3, max_uses=2)
-    ref = pfb.ReferenceBuffer(capacity, max_age=3, max_uses=2)
+    native = pfb.StalenessBuffer(capacity, max_age=3, max_uses=2, track_released=True)
+    ref = pfb.ReferenceBuffer(capacity, max_age=3, max_uses=2, track_released=True)
     step = 10
     for _ in range(6):
         n = int(rng.integers(1, capacity))
@@ -36,6 +41,7 @@ def test_compaction_matches_the_reference_across_the_wrap_point(seed):
             buf.take(take, step)  # moves the head, so the live region wraps around the ring
         assert native.evict_stale(step) == ref.evict_stale(step)
         assert _contents(native) == _contents(ref)
+        _assert_same_released(native, ref)  # the compaction (SIMD where the CPU has it) reported the stale ids
         step += int(rng.integers(0, 3))
     assert_balanced(native)
     assert native.ledger() == ref.ledger()
@@ -43,7 +49,8 @@ def test_compaction_matches_the_reference_across_the_wrap_point(seed):
 
 def test_survivors_that_are_sorted_are_then_cut_by_binary_search():
     stamps = np.array([5, 1, 6, 0, 7, 8, 2, 9] * 100)  # out of order; the ones kept at step 9 are not sorted
-    native, ref = pfb.StalenessBuffer(1000, max_age=2), pfb.ReferenceBuffer(1000, max_age=2)
+    native = pfb.StalenessBuffer(1000, max_age=2, track_released=True)
+    ref = pfb.ReferenceBuffer(1000, max_age=2, track_released=True)
     for buf in (native, ref):
         buf.put(np.arange(len(stamps)), stamps)
     assert native.evict_stale(9) == ref.evict_stale(9) == 500  # keeps 7, 8, 9 per block
@@ -52,6 +59,9 @@ def test_survivors_that_are_sorted_are_then_cut_by_binary_search():
     assert _contents(native) == _contents(ref)
     assert native.evict_stale(12) == ref.evict_stale(12) == 100  # the binary-search cut
     assert len(native) == len(ref) == 0
+    released = native.released()
+    assert sorted(released.ids.tolist()) == list(range(len(stamps))) and set(released.reasons.tolist()) == {1}
+    assert released.ids.tolist() == ref.released().ids.tolist()
 
 
 def test_the_scalar_pass_matches_too():
@@ -61,7 +71,8 @@ import numpy as np, pyfast_buffer as pfb
 for seed in range(20):
     rng = np.random.default_rng(seed)
     cap = int(rng.integers(40, 300))
-    pair = (pfb.StalenessBuffer(cap, max_age=2), pfb.ReferenceBuffer(cap, max_age=2))
+    pair = (pfb.StalenessBuffer(cap, max_age=2, track_released=True),
+            pfb.ReferenceBuffer(cap, max_age=2, track_released=True))
     for step in (8, 9, 11):
         n = int(rng.integers(1, cap)); stamps = rng.integers(step - 6, step + 1, size=n); k = int(rng.integers(1, 30))
         for buf in pair:
@@ -71,6 +82,9 @@ for seed in range(20):
         entries = [buf.state_dict()["entries"] for buf in pair]
         for key in ("traj_id", "group_id", "sample_step", "uses", "group_len"):
             assert entries[0][key].tolist() == entries[1][key].tolist(), key
+        released = [buf.released() for buf in pair]
+        assert released[0].ids.tolist() == released[1].ids.tolist(), "released ids"
+        assert released[0].reasons.tolist() == released[1].reasons.tolist(), "released reasons"
 print("ok")
 """
     env = {**os.environ, "PYFAST_BUFFER_NO_SIMD": "1"}

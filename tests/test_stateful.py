@@ -8,6 +8,8 @@ both buffers at once: which prompts expire is then a function of the calls alone
 the test machine took between them, so the comparison stays exact and the test cannot flake.
 """
 
+from collections import Counter
+
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -24,15 +26,19 @@ class NativeMatchesReference(RuleBasedStateMachine):
         max_uses=st.integers(1, 3),
         on_full=st.sampled_from(["evict_oldest", "error", "block"]),
         sync=st.sampled_from([None, 1, 2]),
+        unique=st.booleans(),
     )
-    def build(self, capacity, max_age, strategy, max_uses, on_full, sync):
+    def build(self, capacity, max_age, strategy, max_uses, on_full, sync, unique):
         kwargs = dict(capacity=capacity, max_age=max_age, strategy=strategy, max_uses=max_uses, on_full=on_full,
-                      parameter_sync_step=sync)
+                      parameter_sync_step=sync, track_released=True, unique_ids=unique)
         self.native = pfb.StalenessBuffer(**kwargs)
         self.ref = pfb.ReferenceBuffer(**kwargs)
         self.next_traj = 0
         self.next_prompt = 0
         self.lease_clock = 0
+        self.entered = Counter()  # trajectory ids that entered the ring (an id may come back after it left)
+        self.released = Counter()  # trajectory ids reported released
+        self.prompt_records = Counter()  # reason code -> prompt records (failed, expired)
         for buf in (self.native, self.ref):
             buf._set_lease_clock(0)
 
@@ -93,20 +99,25 @@ class NativeMatchesReference(RuleBasedStateMachine):
         prompts = data.draw(st.permutations(prompts))
         trajs = list(range(self.next_traj, self.next_traj + len(prompts)))
         self.next_traj += len(prompts)
-        self.both(lambda b: b.complete(trajs, prompts))
+        if self.both(lambda b: b.complete(trajs, prompts)):
+            self.entered.update(trajs)
 
     @rule(prompt=st.integers(0, 30))
     def fail(self, prompt):
         self.both(lambda b: b.fail([prompt]))
 
-    @rule(n=st.integers(1, 4), lag=st.integers(0, 4), grouped=st.booleans(), per_entry=st.booleans())
-    def put(self, n, lag, grouped, per_entry):
+    @rule(n=st.integers(1, 4), lag=st.integers(0, 4), grouped=st.booleans(), per_entry=st.booleans(),
+          reuse_old=st.booleans())
+    def put(self, n, lag, grouped, per_entry, reuse_old):
         trajs = list(range(self.next_traj, self.next_traj + n))
+        if reuse_old and self.next_traj:
+            trajs[0] = self.next_traj - 1  # may still be ready: unique_ids=True must then refuse it in both
         self.next_traj += n
         step = max(0, self.clock + 1 - lag)
         groups = [t // 2 for t in trajs] if grouped else None
         stamps = [step] * n if per_entry else step
-        self.both(lambda b: b.put(trajs, stamps, group_ids=groups))
+        if self.both(lambda b: b.put(trajs, stamps, group_ids=groups)):
+            self.entered.update(trajs)
 
     @rule(batch_size=st.integers(1, 6), advance=st.integers(-1, 2), timeout=st.sampled_from([None, None, 0]))
     def take(self, batch_size, advance, timeout):
@@ -137,13 +148,26 @@ class NativeMatchesReference(RuleBasedStateMachine):
         self.native.load_state_dict(sd)
 
     @invariant()
-    def same_ledger_and_balanced(self):
+    def same_ledger_balanced_and_every_id_accounted(self):
         if not hasattr(self, "native"):
             return
-        assert self.native.ledger() == self.ref.ledger()
+        led = self.native.ledger()
+        assert led == self.ref.ledger()
         assert len(self.native) == len(self.ref) and self.native.in_flight == self.ref.in_flight
         assert_balanced(self.native)
         assert_balanced(self.ref)
+        # Every id reported once, in the same order by both; each trajectory that entered has left or is ready.
+        native, ref = self.native.released(), self.ref.released()
+        assert native.ids.tolist() == ref.ids.tolist() and native.reasons.tolist() == ref.reasons.tolist()
+        for id_, code in zip(native.ids.tolist(), native.reasons.tolist()):
+            if code <= 2:
+                self.released[id_] += 1
+            else:
+                self.prompt_records[code] += 1
+        ready = Counter(self.native.state_dict()["entries"]["traj_id"].tolist())
+        assert self.released + ready == self.entered
+        assert self.prompt_records[3] + self.prompt_records[4] == led["failed"]
+        assert self.prompt_records[4] == led["expired"] and led["released_overflow"] == 0
 
 
 NativeMatchesReference.TestCase.settings = settings(stateful_step_count=40)
