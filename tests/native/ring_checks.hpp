@@ -22,7 +22,8 @@ using pyfast_buffer::RingState;
   std::abort();
 }
 
-/// Returns true iff every counter of the two ledgers is equal.
+/// Returns true iff every counter of the two ledgers is equal, released_overflow aside (it describes one
+/// object's release log, not the state, and import_state keeps the importer's).
 inline bool same_ledger(const Ledger& a, const Ledger& b) {
   return a.dispatched == b.dispatched && a.completed == b.completed && a.failed == b.failed &&
          a.put_total == b.put_total && a.taken == b.taken && a.retired == b.retired &&
