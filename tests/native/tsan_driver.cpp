@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <functional>
 #include <random>
 #include <string>
@@ -51,6 +52,27 @@ void check_snapshot(const pfb::RingState& s, const pfb::RingConfig& config, cons
   if (!broken.empty()) chk::fail_check(std::string(who) + ": inconsistent snapshot: " + broken + "\n" + chk::describe(s));
 }
 
+// Every trajectory that entered and is not ready was released once, and the records agree with the ledger.
+void check_released(pfb::StalenessRing& ring, const pfb::RingState& final_state, std::vector<int64_t>& trajs,
+                    int64_t (&by_reason)[5]) {
+  const pfb::Released rest = ring.take_released();
+  for (size_t i = 0; i < rest.ids.size(); ++i) {
+    ++by_reason[rest.reasons[i]];
+    if (rest.reasons[i] <= static_cast<int8_t>(pfb::ReleaseReason::kEvicted)) trajs.push_back(rest.ids[i]);
+  }
+  const pfb::Ledger& l = final_state.ledger;
+  if (l.released_overflow != 0) return;  // the default bound is large; if it did overflow, counts are partial
+  std::vector<int64_t> all = trajs;
+  all.insert(all.end(), final_state.traj_id.begin(), final_state.traj_id.end());
+  std::sort(all.begin(), all.end());
+  if (std::adjacent_find(all.begin(), all.end()) != all.end())
+    chk::fail_check("a trajectory id was released twice, or released and still ready");
+  if (static_cast<int64_t>(all.size()) != l.put_total || by_reason[0] != l.retired ||
+      by_reason[1] != l.dropped_stale || by_reason[2] != l.evicted || by_reason[3] + by_reason[4] != l.failed ||
+      by_reason[4] != l.expired)
+    chk::fail_check("released-id records disagree with the ledger: " + chk::describe(final_state));
+}
+
 void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
   pfb::RingConfig config;
   config.capacity = 64;
@@ -59,7 +81,14 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
   config.max_uses = 1 + round % 2;
   config.on_full = static_cast<pfb::OnFull>(round % 3);
   config.parameter_sync_step = round % 4;
+  // Odd rounds track released ids (drained concurrently, accounted for at the end) and refuse live
+  // duplicates; they skip the imports into the live ring, which replace ids instead of releasing them.
+  const bool tracked = round % 2 == 1;
+  config.track_released = tracked;
+  config.unique_ids = tracked;
   pfb::StalenessRing ring(config, nullptr);
+  std::vector<int64_t> released_trajs;  // only the drainer thread appends, then the main thread reads
+  int64_t released_by_reason[5] = {0, 0, 0, 0, 0};
   // Runs without the lock from any blocked thread; interrupts only the waiter's takes (see below).
   ring.set_interrupt_check([] {
     if (interrupt_me) throw Interrupted{};
@@ -159,7 +188,14 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
       if (!l.balanced()) chk::fail_check("ledger() returned an unbalanced ledger");
       (void)ring.size(), (void)ring.in_flight(), (void)ring.max_age(), (void)ring.debug_string();
       side.import_state(s);
-      if (++n % 8 == 0) {
+      if (tracked) {
+        const pfb::Released rel = ring.take_released();
+        for (size_t i = 0; i < rel.ids.size(); ++i) {
+          ++released_by_reason[rel.reasons[i]];
+          if (rel.reasons[i] <= static_cast<int8_t>(pfb::ReleaseReason::kEvicted)) released_trajs.push_back(rel.ids[i]);
+        }
+      }
+      if (!tracked && ++n % 8 == 0) {
         try {
           ring.import_state(s);  // rolls the ring back a little: producers must cope
           tally.imports++;
@@ -201,6 +237,7 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
 
   const pfb::RingState final_state = ring.export_state();
   check_snapshot(final_state, config, "after close");
+  if (tracked) check_released(ring, final_state, released_trajs, released_by_reason);
   pfb::StalenessRing fresh(config, nullptr);
   fresh.set_lease_clock(int64_t{1} << 50);  // frozen, so only the leases that had passed expire on import
   fresh.import_state(final_state);
