@@ -61,7 +61,7 @@ const char* blocked_by_name(pfb::BlockedBy b) {
 py::int_ to_pyint(pfb::Int128 v) {
   if (v >= INT64_MIN && v <= INT64_MAX) return py::int_(static_cast<int64_t>(v));
   const bool negative = v < 0;
-  const auto magnitude = static_cast<unsigned __int128>(negative ? -v : v);
+  const pfb::Int128 magnitude = negative ? -v : v;  // |v| < 2**127: ages sums are far below
   py::object high = py::int_(static_cast<uint64_t>(magnitude >> 64));
   py::object out = high.attr("__lshift__")(64).attr("__or__")(py::int_(static_cast<uint64_t>(magnitude)));
   return py::int_(negative ? out.attr("__neg__")() : out);

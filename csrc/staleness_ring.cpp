@@ -68,12 +68,39 @@ void check_timeout(std::optional<double> timeout) {
   if (timeout) checked_seconds_ns(*timeout, "timeout", true);
 }
 
-// Returns the first id that occurs twice in ids[0..n), if any.
+// Returns the first id (in call order) that occurs twice in ids[0..n), if any. An open-addressing table
+// of one flat array: no allocation per id, so the check costs a few ns per id on every put and dispatch.
 std::optional<int64_t> first_duplicate(const int64_t* ids, int64_t n) {
-  std::unordered_set<int64_t> seen;
-  seen.reserve(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    if (!seen.insert(ids[i]).second) return ids[i];
+  if (n < 2) return std::nullopt;
+  if (n <= 16) {  // small calls: a quadratic scan beats building a table
+    for (int64_t i = 1; i < n; ++i)
+      for (int64_t j = 0; j < i; ++j)
+        if (ids[j] == ids[i]) return ids[i];
+    return std::nullopt;
+  }
+  constexpr int64_t kEmpty = std::numeric_limits<int64_t>::min();  // the id kEmpty itself is tracked apart
+  size_t slots = 32;
+  while (slots < 2 * static_cast<size_t>(n)) slots <<= 1;  // load factor <= 1/2
+  std::vector<int64_t> table(slots, kEmpty);
+  const size_t mask = slots - 1;
+  const int shift = 64 - __builtin_ctzll(slots);
+  bool seen_empty_id = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    if (id == kEmpty) {
+      if (seen_empty_id) return id;
+      seen_empty_id = true;
+      continue;
+    }
+    size_t at = static_cast<size_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> shift);
+    for (;; at = (at + 1) & mask) {
+      if (table[at] == kEmpty) {
+        table[at] = id;
+        break;
+      }
+      if (table[at] == id) return id;
+    }
+  }
   return std::nullopt;
 }
 

@@ -140,7 +140,9 @@ class StalenessRing {
   /// may throw to abort that call, which then changes nothing. Set it before the ring is shared.
   void set_interrupt_check(std::function<void()> check) { interrupt_check_ = std::move(check); }
 
-  /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step.
+  /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step; throws
+  /// InvalidArgument, changing nothing, if a trajectory id repeats, a prompt is not in flight, or (unique_ids) an
+  /// id is already ready; with on_full=block and a timeout, waits for room (interruptible, see set_interrupt_check).
   void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
                 std::optional<double> timeout);
 
@@ -148,13 +150,15 @@ class StalenessRing {
   void fail(const int64_t* prompt_ids, int64_t n);
 
   /// Dispatch + complete in one call; null `group_ids` makes each trajectory its own group, and
-  /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory.
+  /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory; refuses repeated ids (and,
+  /// with unique_ids, ready ones) with InvalidArgument, changing nothing; waits for room as complete does.
   void put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
            int64_t n_steps, int64_t n, std::optional<double> timeout);
 
   /// Takes up to `batch_size` entries under the strategy into `out` (room for kBatchColumns *
   /// batch_size int64), column f of a k-entry batch at out[f*k, f*k+k) so it is contiguous; without
-  /// a timeout it never blocks, with one it waits for a full batch or throws Timeout naming the cause.
+  /// a timeout it never blocks, with one it waits for a full batch or throws Timeout naming the cause, waking
+  /// at least every kInterruptCheckMs (when an interrupt check is set) and at the earliest lease deadline.
   TakeStats take(int64_t batch_size, int64_t current_step, std::optional<double> timeout, int64_t* out);
 
   /// Drops every ready entry with age > max_age: a binary search when stamps are non-decreasing in
