@@ -14,7 +14,9 @@ build=build/asan
 stage=build/asan-pkg   # pyfast_buffer's Python sources plus the sanitized _core
 "$py" -c "import pybind11" 2>/dev/null || "$py" -m pip install --quiet "pybind11>=2.12"
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="$flags" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined -shared-libasan" \
   -DSKBUILD_PROJECT_NAME=pyfast_buffer -DSKBUILD_PROJECT_VERSION=0.0.0 \

@@ -279,7 +279,8 @@ class Session {
       case kAdvanceLeaseClock: return advance_lease_clock();
       case kClose:
         // Rare: a closed ring answers every later call with Closed.
-        if (in_.ConsumeIntegralInRange<int>(0, 15) == 0) both("close", [](pfb::StalenessRing& r, Result&) { r.close(); }, nullptr);
+        if (in_.ConsumeIntegralInRange<int>(0, 15) == 0)
+          both("close", [](pfb::StalenessRing& r, Result&) { r.close(); }, nullptr);
         return;
       default: return;
     }
@@ -299,8 +300,8 @@ class Session {
            expect_ledger(after, l, "dispatch");
            for (const int64_t id : ids) {
              const size_t i = index_of(after.in_flight_prompt, id);
-             if (i == after.in_flight_prompt.size() || after.in_flight_step[i] != s || after.in_flight_held_ns[i] != 0 ||
-                 after.in_flight_lease_left_ns[i] != (lease ? to_ns(*lease) : -1))
+             if (i == after.in_flight_prompt.size() || after.in_flight_step[i] != s ||
+                 after.in_flight_held_ns[i] != 0 || after.in_flight_lease_left_ns[i] != (lease ? to_ns(*lease) : -1))
                chk::fail_check("dispatch: prompt " + std::to_string(id) + " not in flight as dispatched: " +
                                chk::describe(after));
            }
@@ -501,7 +502,8 @@ class Session {
            for (size_t i = 0; i < after.in_flight_prompt.size(); ++i) {
              const bool renewed = index_of(ids, after.in_flight_prompt[i]) < ids.size();
              const int64_t left = renewed ? to_ns(lease) : before.in_flight_lease_left_ns[i];
-             if (after.in_flight_lease_left_ns[i] != left) chk::fail_check("renew: wrong lease: " + chk::describe(after));
+             if (after.in_flight_lease_left_ns[i] != left)
+               chk::fail_check("renew: wrong lease: " + chk::describe(after));
            }
          });
   }
@@ -539,13 +541,15 @@ class Session {
              const int64_t left = before.in_flight_lease_left_ns[i];
              if (closed || left < 0 || left > delta) kept.push_back(before.in_flight_prompt[i]);
            }
-           if (after.in_flight_prompt != kept) chk::fail_check("lease expiry failed the wrong prompts: " +
-                                                               chk::describe(before) + "\nafter " + chk::describe(after));
+           if (after.in_flight_prompt != kept)
+             chk::fail_check("lease expiry failed the wrong prompts: " + chk::describe(before) + "\nafter " +
+                             chk::describe(after));
            for (size_t i = 0, j = 0; i < before.in_flight_prompt.size(); ++i) {
              if (j == kept.size() || before.in_flight_prompt[i] != kept[j]) continue;
              const int64_t left = before.in_flight_lease_left_ns[i];
+             const int64_t left_now = left < 0 ? -1 : std::max<int64_t>(left - delta, 0);  // closed: kept at 0
              if (after.in_flight_held_ns[j] != before.in_flight_held_ns[i] + delta ||
-                 after.in_flight_lease_left_ns[j] != (left < 0 ? -1 : std::max<int64_t>(left - delta, 0)))  // closed: kept at 0
+                 after.in_flight_lease_left_ns[j] != left_now)
                chk::fail_check("lease clock: held/left did not move with the clock: " + chk::describe(after));
              ++j;
            }
@@ -579,7 +583,8 @@ class Session {
   // yields passes every check (both enforced by both()).
   void corrupt_import() {
     pfb::RingState s = a_.export_state();
-    const int64_t delta = in_.PickValueInArray<int64_t>({1, -1, 2, -2, 1000, kMaxStep, std::numeric_limits<int64_t>::min()});
+    const int64_t delta =
+        in_.PickValueInArray<int64_t>({1, -1, 2, -2, 1000, kMaxStep, std::numeric_limits<int64_t>::min()});
     // K1 (ledger counters): only small changes unless the known bug is wanted.
     const int64_t small_delta = PFB_FUZZ_HIT_KNOWN_BUGS || (delta > -1000 && delta <= 1000) ? delta : 1;
     const size_t n = s.traj_id.size(), m = s.in_flight_prompt.size();
@@ -606,7 +611,8 @@ class Session {
       case 17: if (m) s.in_flight_held_ns.pop_back(); break;
       case 12:
         if (m) s.in_flight_prompt.push_back(s.in_flight_prompt[0]), s.in_flight_step.push_back(s.in_flight_step[0]),
-            s.in_flight_dispatch_ns.push_back(0), s.in_flight_lease_left_ns.push_back(-1), s.in_flight_held_ns.push_back(0);
+            s.in_flight_dispatch_ns.push_back(0), s.in_flight_lease_left_ns.push_back(-1),
+            s.in_flight_held_ns.push_back(0);
         break;
       default:
         if (n) {  // drop the last entry everywhere

@@ -71,7 +71,8 @@ inline std::string describe(const RingState& s) {
   out << "] ledger(dispatched=" << l.dispatched << " completed=" << l.completed << " failed=" << l.failed
       << " put_total=" << l.put_total << " taken=" << l.taken << " retired=" << l.retired
       << " dropped_stale=" << l.dropped_stale << " evicted=" << l.evicted << " in_flight=" << l.in_flight
-      << " buffer_left=" << l.buffer_left << " max_age_changes=" << l.max_age_changes << " expired=" << l.expired << ") evicted_unreported=" << s.evicted_unreported;
+      << " buffer_left=" << l.buffer_left << " max_age_changes=" << l.max_age_changes << " expired=" << l.expired
+      << ") evicted_unreported=" << s.evicted_unreported;
   return out.str();
 }
 

@@ -49,7 +49,8 @@ struct Interrupted {};
 
 void check_snapshot(const pfb::RingState& s, const pfb::RingConfig& config, const char* who) {
   const std::string broken = chk::structure_error(s, config);
-  if (!broken.empty()) chk::fail_check(std::string(who) + ": inconsistent snapshot: " + broken + "\n" + chk::describe(s));
+  if (!broken.empty())
+    chk::fail_check(std::string(who) + ": inconsistent snapshot: " + broken + "\n" + chk::describe(s));
 }
 
 // Every trajectory that entered and is not ready was released once, and the records agree with the ledger.
