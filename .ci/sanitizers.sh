@@ -53,7 +53,7 @@ set +e
 # From /tmp: `python -m` puts the working directory first on sys.path, and the source tree's package
 # (no compiled _core) would shadow the stage.
 tests=()
-for name in put_take bad_input stateful state_dict evict_stale wait on_full concurrency leases max_age; do
+for name in put_take bad_input stateful state_dict evict_stale wait on_full concurrency leases max_age released; do
   tests+=("$root/tests/test_$name.py")
 done
 (cd /tmp && LD_PRELOAD="$asan_rt" "$py" -m pytest -q -p no:cacheprovider --rootdir "$root" "${tests[@]}" 2>&1) |

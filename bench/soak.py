@@ -3,11 +3,13 @@ process's resident memory and the ledger are reported at fixed intervals.
 
     python bench/soak.py --seconds 600                   # ten minutes, native buffer, defaults below
     python bench/soak.py --seconds 60 --impl reference --strategy wait --json soak.json
+    python bench/soak.py --seconds 600 --lease 0.5 --lost-rate 0.01 --track-released   # leases, released ids
 
 A healthy run keeps RSS flat after the warm-up (the ring is allocated once; batches are freed when
 dropped) and the ledger balanced at every report. Exit status 1 if the ledger ever fails to balance,
-if a worker raised, if the consumer's count of taken trajectories differs from the ledger's, or if RSS
-grew by more than --max-rss-growth-mb after the warm-up (when given).
+if a worker raised, if the consumer's count of taken trajectories differs from the ledger's, if (with
+--track-released) the released-id records do not account for every trajectory and failed prompt exactly
+as the ledger does, or if RSS grew by more than --max-rss-growth-mb after the warm-up (when given).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 import pyfast_buffer as pfb
 
 # Ledger keys printed in each report, in order.
-LEDGER_KEYS = ("dispatched", "completed", "failed", "in_flight", "put_total", "taken", "retired", "dropped_stale",
-               "evicted", "buffer_left")
+LEDGER_KEYS = ("dispatched", "completed", "failed", "expired", "in_flight", "put_total", "taken", "retired",
+               "dropped_stale", "evicted", "buffer_left")
 
 
 def rss_mb() -> float:
@@ -68,6 +72,7 @@ class SoakResult:
     errors: list[str] = field(default_factory=list)
     consumer_taken: int = 0
     checkpoints: int = 0
+    released: dict[str, int] = field(default_factory=dict)  # records drained per reason, with --track-released
 
 
 class Soak:
@@ -75,14 +80,15 @@ class Soak:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.result = SoakResult(args=vars(args))
         impl = pfb.StalenessBuffer if args.impl == "native" else pfb.ReferenceBuffer
         self.buf = impl(args.capacity, max_age=args.max_age, strategy=args.strategy, max_uses=args.max_uses,
-                        on_full=args.on_full)
+                        on_full=args.on_full, track_released=args.track_released)
+        self.result.released = dict.fromkeys(pfb.RELEASE_REASONS, 0)
         self.shadow = impl(args.capacity, max_age=args.max_age, strategy=args.strategy, max_uses=args.max_uses,
                            on_full=args.on_full)
         self.step = 0  # the trainer step; only the consumer advances it
         self.stop = threading.Event()
-        self.result = SoakResult(args=vars(args))
         self.lock = threading.Lock()  # guards result.errors
 
     def _record_error(self, who: str, exc: BaseException) -> None:
@@ -99,9 +105,11 @@ class Soak:
                 base = (k + 1) << 40
                 prompts = [base + i + j for j in range(args.prompts_per_call)]
                 i += args.prompts_per_call
-                self.buf.dispatch(prompts, self.step)
+                self.buf.dispatch(prompts, self.step, lease=args.lease)
                 failed = {p for p in prompts if rng.random() < args.fail_rate}
-                done = [p for p in prompts if p not in failed]
+                # Lost prompts are never finished, as if their worker died: only a lease ends them.
+                lost = {p for p in prompts if args.lease is not None and rng.random() < args.lost_rate}
+                done = [p for p in prompts if p not in failed and p not in lost]
                 if failed:
                     self.buf.fail(sorted(failed))
                 if done:
@@ -111,10 +119,29 @@ class Soak:
                         self.buf.complete(trajs, owners, timeout=1.0)
                     except TimeoutError:
                         self.buf.fail(done)  # on_full="block" and the consumer is slow: give them up
+                    except ValueError:
+                        if args.lease is None:
+                            raise
+                        # A lease passed while this producer was blocked: those prompts expired; finish the rest.
+                        self._finish_live(done, args.group_size)
         except pfb.BufferClosedError:
             pass
         except Exception as exc:  # noqa: BLE001 - reported in the result
             self._record_error(f"producer {k}", exc)
+
+    def _finish_live(self, prompts: list[int], group_size: int) -> None:
+        """Completes those of `prompts` still in flight one by one (the others expired meanwhile)."""
+        for p in prompts:
+            try:
+                self.buf.complete([p * group_size + g for g in range(group_size)], [p] * group_size, timeout=1.0)
+            except (ValueError, TimeoutError):
+                pass
+
+    def drain_released(self) -> None:
+        """Counts the released-id records kept since the previous call, per reason."""
+        rel = self.buf.released()
+        for code, count in zip(*np.unique(rel.reasons, return_counts=True)):
+            self.result.released[pfb.RELEASE_REASONS[int(code)]] += int(count)
 
     def consumer(self) -> None:
         taken = 0
@@ -126,6 +153,8 @@ class Soak:
                     continue
                 taken += len(batch)
                 self.step += 1
+                if self.args.track_released:
+                    self.drain_released()
                 if self.step % 16 == 0:
                     self.buf.evict_stale(self.step)
         except pfb.BufferClosedError:
@@ -149,7 +178,7 @@ class Soak:
         ledger = self.buf.ledger()
         rep = Report(round(time.monotonic() - start, 1), round(rss_mb(), 1), ledger, balanced(ledger))
         self.result.reports.append(rep)
-        cells = " ".join(f"{ledger[k]:>11}" for k in LEDGER_KEYS)
+        cells = " ".join(f"{ledger.get(k, 0):>11}" for k in LEDGER_KEYS)
         print(f"{rep.seconds:>8.1f} {rep.rss_mb:>9.1f} {cells} {'yes' if rep.balanced else 'NO':>8}", flush=True)
         return rep
 
@@ -174,6 +203,8 @@ class Soak:
             t.join(30)
         if any(t.is_alive() for t in workers):
             self.result.errors.append("a worker did not stop within 30 s of close()")
+        if args.track_released:
+            self.drain_released()
         self.report(start)
         return self.result
 
@@ -185,6 +216,14 @@ def verdict(result: SoakResult, warmup: float, max_growth: float | None) -> list
     if not all(r.balanced for r in reps):
         problems.append("the ledger failed to balance at " + ", ".join(f"{r.seconds}s" for r in reps if not r.balanced))
     final = reps[-1].ledger
+    if result.args["track_released"]:
+        print(f"released-id records drained: {result.released}; overflow {final.get('released_overflow', 0)}")
+    if result.released and result.args["track_released"] and final.get("released_overflow", 0) == 0:
+        rel = result.released
+        expected = {"retired": final["retired"], "dropped_stale": final["dropped_stale"], "evicted": final["evicted"],
+                    "failed": final["failed"] - final["expired"], "expired": final["expired"]}
+        if rel != expected:
+            problems.append(f"released-id records {rel} do not match the ledger {expected}")
     if result.consumer_taken != final["taken"]:
         problems.append(f"the consumer counted {result.consumer_taken} taken, the ledger {final['taken']}")
     after_warmup = [r for r in reps if r.seconds >= warmup] or reps[-1:]
@@ -217,6 +256,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--on-full", choices=("evict_oldest", "block", "error"), default="evict_oldest")
     p.add_argument("--checkpoint-every", type=float, default=2.0,
                    help="seconds between state_dict -> load_state_dict round trips into a second buffer (0: none)")
+    p.add_argument("--lease", type=float, default=None, help="dispatch with this lease in seconds (default none)")
+    p.add_argument("--lost-rate", type=float, default=0.0,
+                   help="with --lease: fraction of prompts never finished, left for the lease to expire")
+    p.add_argument("--track-released", action="store_true",
+                   help="drain released() after every batch and check the records against the ledger")
     p.add_argument("--max-rss-growth-mb", type=float, default=None, help="fail if RSS grows more after the warm-up")
     p.add_argument("--json", default=None, help="also write the time series and verdict to this file")
     args = p.parse_args(argv)
