@@ -12,9 +12,9 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <type_traits>
-#include <set>
 #include <unordered_set>
 #include <vector>
 
