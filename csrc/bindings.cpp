@@ -99,7 +99,8 @@ py::array_t<T> to_numpy(std::vector<T>&& v) {
 }
 
 template <class T>
-std::vector<T> from_numpy(const py::dict& d, const char* key, std::optional<std::pair<size_t, T>> fallback = std::nullopt) {
+std::vector<T> from_numpy(const py::dict& d, const char* key,
+                          std::optional<std::pair<size_t, T>> fallback = std::nullopt) {
   if (fallback && !d.contains(key)) return std::vector<T>(fallback->first, fallback->second);
   auto a = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(d[key]);
   if (!a || a.ndim() != 1) throw pfb::InvalidArgument(std::string("state_dict: '") + key + "' must be a 1-d integer array");

@@ -171,7 +171,8 @@ void StalenessRing::check_not_live(const int64_t* traj_ids, int64_t n) const {
   if (!config_.unique_ids) return;
   for (int64_t i = 0; i < n; ++i)
     if (live_ids_.count(traj_ids[i]))
-      throw InvalidArgument(concat("traj_ids: trajectory ", traj_ids[i], " is already in the buffer and unique_ids=True",
+      throw InvalidArgument(concat("traj_ids: trajectory ", traj_ids[i],
+                                   " is already in the buffer and unique_ids=True",
                                    "; give every trajectory a fresh id (or pass unique_ids=False)"));
 }
 
@@ -233,7 +234,8 @@ StalenessRing::SteadyTime StalenessRing::next_wake(SteadyTime deadline) const {
   if (interrupt_check_) wake = std::min(wake, SteadyClock::now() + std::chrono::milliseconds(kInterruptCheckMs));
   const int64_t lease = in_flight_.earliest_deadline();
   if (lease != kNoLease && !manual_lease_clock_)  // the real lease clock is the steady clock
-    wake = std::min(wake, SteadyTime(std::chrono::duration_cast<SteadyClock::duration>(std::chrono::nanoseconds(lease))));
+    wake = std::min(wake, SteadyTime(std::chrono::duration_cast<SteadyClock::duration>(
+                              std::chrono::nanoseconds(lease))));
   return wake;
 }
 
@@ -281,7 +283,8 @@ void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if (!in_flight_.contains(prompt_ids[i]))
       throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
-                                   " is not in flight; dispatch it first (it may already be completed, failed or expired)"));
+                                   " is not in flight; dispatch it first (it may already be "
+                                   "completed, failed or expired)"));
   for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]);
   if (release_log_)
     for (int64_t i = 0; i < n; ++i) note_left(prompt_ids[i], ReleaseReason::kFailed);
@@ -428,7 +431,8 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
       const int64_t prompt = prompt_ids[groups.order[groups.bounds[g]]];
       if (!in_flight_.contains(prompt))
         throw InvalidArgument(concat("prompt_ids: prompt ", prompt,
-                                     " is not in flight; dispatch it first (it may already be completed, failed or expired)"));
+                                     " is not in flight; dispatch it first (it may already be "
+                                     "completed, failed or expired)"));
     }
     check_not_live(traj_ids, n);
     if (wait_for_room(lock, n, timeout, "complete", deadline)) break;

@@ -19,8 +19,8 @@ AGE_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
 #: New fields are only ever appended.
 LOG_FORMAT = "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d"
 
-# (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight, sampled_total,
-#  max_age, expired)
+# (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight,
+#  sampled_total, max_age, expired)
 Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int]
 _HIST_KEYS = tuple(f"age_hist/{b}" for b in AGE_BUCKETS)
 
@@ -32,7 +32,8 @@ def age_bucket(age: int) -> int:
 
 def make_metrics(stats: Stats) -> Dict[str, Any]:
     """Returns the stable metrics dict of one take or evict_stale, and logs its record."""
-    taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled, max_age, expired = stats
+    taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled, max_age, expired = (
+        stats)
     metrics: Dict[str, Any] = {
         "taken": taken,
         "dropped_stale": dropped,

@@ -216,7 +216,8 @@ class StalenessBuffer:
         flat["group_len"] = flat["group_len"].astype(np.int32)
         flat.update(in_flight_prompt=s["in_flight"]["prompt_id"], in_flight_step=s["in_flight"]["sample_step"],
                     in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"],
-                    in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"], in_flight_held_ns=s["in_flight"]["held_ns"],
+                    in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"],
+                    in_flight_held_ns=s["in_flight"]["held_ns"],
                     ledger=s["ledger"], clock=s["clock"],
                     evicted_unreported=s["evicted_unreported"])
         self._ring.import_state(flat)

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+import pyfast_buffer as pfb
 from _helpers import assert_balanced
 
 N = 4096  # ids per call: large enough that in-place numpy/torch loops run without the GIL
+BIG = 65536  # native dispatch/fail: a GIL-free window long enough that an unowned input is caught every run
 ROUNDS = 120
 
 
@@ -78,7 +80,9 @@ def fail_everything_in_flight(buf) -> None:
 
 def test_dispatch_and_fail_against_a_rewriter(impl):
     buf = impl(8)
-    ids = np.arange(N, dtype=np.int64)
+    # Reading the caller's array without the GIL (the bug this guards) unbalanced the ledger within a few rounds
+    # at this size; the twin's per-id Python loop would take seconds at it, and it reads its copy in one go.
+    ids = np.arange(BIG if impl is pfb.StalenessBuffer else N, dtype=np.int64)
     with Rewriter(ids):
         for i in range(ROUNDS):
             checked_call(buf, lambda: buf.dispatch(ids, 0))

@@ -140,7 +140,8 @@ def test_concurrent_setters_and_takers_keep_the_ledger_balanced(impl):
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=setter)] + [threading.Thread(target=worker, args=(k * 10_000,)) for k in range(2)]
+    threads = [threading.Thread(target=setter)]
+    threads += [threading.Thread(target=worker, args=(k * 10_000,)) for k in range(2)]
     for t in threads:
         t.start()
     for t in threads[1:]:

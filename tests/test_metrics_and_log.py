@@ -69,5 +69,6 @@ def test_log_line_format(impl, caplog):
     buf = impl(4)
     buf.put([1], 0)
     buf.take(1, 0)
-    assert caplog.records[-1].getMessage() == "dropped_stale=0 taken=1 buffer_left=0 sampled_total=1 retired=1 evicted=0 max_age=7 expired=0"
+    assert caplog.records[-1].getMessage() == (
+        "dropped_stale=0 taken=1 buffer_left=0 sampled_total=1 retired=1 evicted=0 max_age=7 expired=0")
     assert caplog.records[-1].getMessage().startswith(pfb.LOG_FORMAT.split(" retired")[0] % (0, 1, 0, 1))
