@@ -4,13 +4,13 @@
 // the interrupt check aborts, against a close() at a random moment. Every snapshot taken
 // meanwhile must satisfy ring_checks.hpp. Exits 0 when every round ends cleanly; a failed check aborts,
 // and under TSan any data race or lock-order report fails the run (TSAN_OPTIONS=halt_on_error=1).
-// Usage: tsan_driver [rounds=40] [round_ms=40] [seed=1]
+// Usage: tsan_driver [rounds=40] [round_ms=40] [seed=1]   (.ci/tsan.sh runs 60 rounds)
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <functional>
 #include <random>
 #include <string>
