@@ -61,12 +61,8 @@ for name in put_take bad_input stateful state_dict evict_stale wait on_full conc
   tests+=("$root/tests/test_$name.py")
 done
 # native_only_plugin drops the cases that run only the pure-Python twin: nothing for ASan to see, half the time.
-# Deselected (node id relative to the rootdir): a race in the test, not the core. Its workers compare
-# ledger()["buffer_left"] with a separate len(buf) while the other worker puts; ASan's timing makes it fail
-# about one run in three. Remove once the test is fixed.
-racy="tests/test_max_age.py::test_concurrent_setters_and_takers_keep_the_ledger_balanced"
 (cd /tmp && LD_PRELOAD="$asan_rt" "$py" -m pytest -q -p no:cacheprovider -p native_only_plugin --rootdir "$root" \
-  --deselect "$racy[native]" "${tests[@]}" 2>&1) | tee "$log"
+  "${tests[@]}" 2>&1) | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
 if compgen -G "$reports/*" >/dev/null; then

@@ -22,14 +22,9 @@
 #include "scalar_switch.hpp"
 #include "staleness_ring.hpp"
 
-// Known core bugs that CI steers around until csrc fixes them (docs/reliability-ci.md lists them with
-// reproducers); build with -DPFB_FUZZ_HIT_KNOWN_BUGS=1 to let the fuzzer reach them again.
-//   K1: import_state accepts ledger counters near INT64_MAX; the next put/complete overflows them.
-// (K2, take's int64 age sum overflowing at steps near INT64_MAX, was fixed on branch issue10: huge steps
-// are always fuzzed now.)
-#ifndef PFB_FUZZ_HIT_KNOWN_BUGS
-#define PFB_FUZZ_HIT_KNOWN_BUGS 0
-#endif
+// Core bugs this fuzzer found are fixed and fuzzed as any other input (docs/reliability-ci.md lists them):
+//   K1: import_state accepted ledger counters near INT64_MAX; now bounded by Ledger::kMaxCounter.
+//   K2: take's int64 age sum overflowed at steps near INT64_MAX; now summed in 128 bits.
 
 namespace pfb = pyfast_buffer;
 namespace chk = pyfast_buffer_checks;
@@ -585,8 +580,6 @@ class Session {
     pfb::RingState s = a_.export_state();
     const int64_t delta =
         in_.PickValueInArray<int64_t>({1, -1, 2, -2, 1000, kMaxStep, std::numeric_limits<int64_t>::min()});
-    // K1 (ledger counters): only small changes unless the known bug is wanted.
-    const int64_t small_delta = PFB_FUZZ_HIT_KNOWN_BUGS || (delta > -1000 && delta <= 1000) ? delta : 1;
     const size_t n = s.traj_id.size(), m = s.in_flight_prompt.size();
     auto at = [&](size_t size) { return in_.ConsumeIntegralInRange<size_t>(0, size - 1); };
     switch (in_.ConsumeIntegralInRange<int>(0, 17)) {
@@ -600,14 +593,14 @@ class Session {
       case 7: s.clock = wrap_add(s.clock, delta); break;
       case 8: s.evicted_unreported = wrap_add(s.evicted_unreported, delta); break;
       case 9:  // still balanced, but are the counters in range?
-        s.ledger.put_total = wrap_add(s.ledger.put_total, small_delta);
-        s.ledger.evicted = wrap_add(s.ledger.evicted, small_delta);
+        s.ledger.put_total = wrap_add(s.ledger.put_total, delta);
+        s.ledger.evicted = wrap_add(s.ledger.evicted, delta);
         break;
-      case 10: s.ledger.dispatched = wrap_add(s.ledger.dispatched, small_delta); break;
+      case 10: s.ledger.dispatched = wrap_add(s.ledger.dispatched, delta); break;
       case 11: if (n) s.uses.pop_back(); break;
       case 14: if (m) { auto& v = s.in_flight_lease_left_ns[at(m)]; v = wrap_add(v, delta); } break;
       case 15: if (m) { auto& v = s.in_flight_held_ns[at(m)]; v = wrap_add(v, delta); } break;
-      case 16: s.ledger.expired = wrap_add(s.ledger.expired, small_delta); break;
+      case 16: s.ledger.expired = wrap_add(s.ledger.expired, delta); break;
       case 17: if (m) s.in_flight_held_ns.pop_back(); break;
       case 12:
         if (m) s.in_flight_prompt.push_back(s.in_flight_prompt[0]), s.in_flight_step.push_back(s.in_flight_step[0]),
