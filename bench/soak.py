@@ -15,6 +15,7 @@ as the ledger does, or if RSS grew by more than --max-rss-growth-mb after the wa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -30,8 +31,19 @@ import numpy as np
 import pyfast_buffer as pfb
 
 # Ledger keys printed in each report, in order.
-LEDGER_KEYS = ("dispatched", "completed", "failed", "expired", "in_flight", "put_total", "taken", "retired",
-               "dropped_stale", "evicted", "buffer_left")
+LEDGER_KEYS = (
+    "dispatched",
+    "completed",
+    "failed",
+    "expired",
+    "in_flight",
+    "put_total",
+    "taken",
+    "retired",
+    "dropped_stale",
+    "evicted",
+    "buffer_left",
+)
 
 
 def rss_mb() -> float:
@@ -48,9 +60,10 @@ def rss_mb() -> float:
 
 def balanced(ledger: dict[str, int]) -> bool:
     """Returns True iff both ledger identities of DESIGN.md hold."""
-    return (ledger["put_total"] == ledger["retired"] + ledger["dropped_stale"] + ledger["evicted"]
-            + ledger["buffer_left"]
-            and ledger["dispatched"] == ledger["completed"] + ledger["failed"] + ledger["in_flight"])
+    return (
+        ledger["put_total"] == ledger["retired"] + ledger["dropped_stale"] + ledger["evicted"] + ledger["buffer_left"]
+        and ledger["dispatched"] == ledger["completed"] + ledger["failed"] + ledger["in_flight"]
+    )
 
 
 @dataclass
@@ -82,11 +95,18 @@ class Soak:
         self.args = args
         self.result = SoakResult(args=vars(args))
         impl = pfb.StalenessBuffer if args.impl == "native" else pfb.ReferenceBuffer
-        self.buf = impl(args.capacity, max_age=args.max_age, strategy=args.strategy, max_uses=args.max_uses,
-                        on_full=args.on_full, track_released=args.track_released)
+        self.buf = impl(
+            args.capacity,
+            max_age=args.max_age,
+            strategy=args.strategy,
+            max_uses=args.max_uses,
+            on_full=args.on_full,
+            track_released=args.track_released,
+        )
         self.result.released = dict.fromkeys(pfb.RELEASE_REASONS, 0)
-        self.shadow = impl(args.capacity, max_age=args.max_age, strategy=args.strategy, max_uses=args.max_uses,
-                           on_full=args.on_full)
+        self.shadow = impl(
+            args.capacity, max_age=args.max_age, strategy=args.strategy, max_uses=args.max_uses, on_full=args.on_full
+        )
         self.step = 0  # the trainer step; only the consumer advances it
         self.stop = threading.Event()
         self.lock = threading.Lock()  # guards result.errors
@@ -126,16 +146,14 @@ class Soak:
                         self._finish_live(done, args.group_size)
         except pfb.BufferClosedError:
             pass
-        except Exception as exc:  # noqa: BLE001 - reported in the result
+        except Exception as exc:
             self._record_error(f"producer {k}", exc)
 
     def _finish_live(self, prompts: list[int], group_size: int) -> None:
         """Completes those of `prompts` still in flight one by one (the others expired meanwhile)."""
         for p in prompts:
-            try:
+            with contextlib.suppress(ValueError, TimeoutError):
                 self.buf.complete([p * group_size + g for g in range(group_size)], [p] * group_size, timeout=1.0)
-            except (ValueError, TimeoutError):
-                pass
 
     def drain_released(self) -> None:
         """Counts the released-id records kept since the previous call, per reason."""
@@ -159,7 +177,7 @@ class Soak:
                     self.buf.evict_stale(self.step)
         except pfb.BufferClosedError:
             pass
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._record_error("consumer", exc)
         finally:
             self.result.consumer_taken = taken
@@ -171,7 +189,7 @@ class Soak:
                 self.result.checkpoints += 1
         except pfb.BufferClosedError:
             pass
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._record_error("checkpointer", exc)
 
     def report(self, start: float) -> Report:
@@ -220,8 +238,13 @@ def verdict(result: SoakResult, warmup: float, max_growth: float | None) -> list
         print(f"released-id records drained: {result.released}; overflow {final.get('released_overflow', 0)}")
     if result.released and result.args["track_released"] and final.get("released_overflow", 0) == 0:
         rel = result.released
-        expected = {"retired": final["retired"], "dropped_stale": final["dropped_stale"], "evicted": final["evicted"],
-                    "failed": final["failed"] - final["expired"], "expired": final["expired"]}
+        expected = {
+            "retired": final["retired"],
+            "dropped_stale": final["dropped_stale"],
+            "evicted": final["evicted"],
+            "failed": final["failed"] - final["expired"],
+            "expired": final["expired"],
+        }
         if rel != expected:
             problems.append(f"released-id records {rel} do not match the ledger {expected}")
     if result.consumer_taken != final["taken"]:
@@ -230,9 +253,11 @@ def verdict(result: SoakResult, warmup: float, max_growth: float | None) -> list
     base = after_warmup[0].rss_mb
     peak = max(r.rss_mb for r in after_warmup)
     growth = after_warmup[-1].rss_mb - base
-    print(f"\nRSS after the {warmup:g} s warm-up: {base:.1f} MiB, peak {peak:.1f}, end {after_warmup[-1].rss_mb:.1f} "
-          f"(growth {growth:+.1f} MiB); {final['taken']} trajectories taken in {reps[-1].seconds:g} s "
-          f"({final['taken'] / max(reps[-1].seconds, 1e-9):.0f}/s), {result.checkpoints} state_dict round trips")
+    print(
+        f"\nRSS after the {warmup:g} s warm-up: {base:.1f} MiB, peak {peak:.1f}, end {after_warmup[-1].rss_mb:.1f} "
+        f"(growth {growth:+.1f} MiB); {final['taken']} trajectories taken in {reps[-1].seconds:g} s "
+        f"({final['taken'] / max(reps[-1].seconds, 1e-9):.0f}/s), {result.checkpoints} state_dict round trips"
+    )
     if max_growth is not None and growth > max_growth:
         problems.append(f"RSS grew by {growth:.1f} MiB after the warm-up, more than --max-rss-growth-mb={max_growth}")
     return problems
@@ -254,13 +279,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=("drop", "wait"), default="drop")
     p.add_argument("--max-uses", type=int, default=1)
     p.add_argument("--on-full", choices=("evict_oldest", "block", "error"), default="evict_oldest")
-    p.add_argument("--checkpoint-every", type=float, default=2.0,
-                   help="seconds between state_dict -> load_state_dict round trips into a second buffer (0: none)")
+    p.add_argument(
+        "--checkpoint-every",
+        type=float,
+        default=2.0,
+        help="seconds between state_dict -> load_state_dict round trips into a second buffer (0: none)",
+    )
     p.add_argument("--lease", type=float, default=None, help="dispatch with this lease in seconds (default none)")
-    p.add_argument("--lost-rate", type=float, default=0.0,
-                   help="with --lease: fraction of prompts never finished, left for the lease to expire")
-    p.add_argument("--track-released", action="store_true",
-                   help="drain released() after every batch and check the records against the ledger")
+    p.add_argument(
+        "--lost-rate",
+        type=float,
+        default=0.0,
+        help="with --lease: fraction of prompts never finished, left for the lease to expire",
+    )
+    p.add_argument(
+        "--track-released",
+        action="store_true",
+        help="drain released() after every batch and check the records against the ledger",
+    )
     p.add_argument("--max-rss-growth-mb", type=float, default=None, help="fail if RSS grows more after the warm-up")
     p.add_argument("--json", default=None, help="also write the time series and verdict to this file")
     args = p.parse_args(argv)
