@@ -125,6 +125,10 @@ const RingConfig& validated(const RingConfig& config, const ColumnPointers* borr
   if (borrowed && !borrowed->complete()) throw InvalidArgument("borrowed columns: every column must be set");
   if (config.release_bound < 0)
     throw InvalidArgument(concat("release_bound=", config.release_bound, " must be > 0 (or 0 for the default)"));
+  if (config.max_attempts < 0 || config.max_attempts > std::numeric_limits<int32_t>::max())
+    throw InvalidArgument(concat("max_attempts=", config.max_attempts, " must be >= 1 (or 0 for no cap)"));
+  if (config.attempts_bound < 0)
+    throw InvalidArgument(concat("attempts_bound=", config.attempts_bound, " must be > 0 (or 0 for the default)"));
   return config;
 }
 
@@ -143,7 +147,9 @@ RingColumns make_columns(int64_t capacity, const ColumnPointers* borrowed) {
 StalenessRing::StalenessRing(const RingConfig& config, const ColumnPointers* borrowed)
     : config_(validated(config, borrowed)),
       columns_(make_columns(config.capacity, borrowed)),
-      max_age_(config.max_age) {
+      max_age_(config.max_age),
+      attempts_(config.attempts_bound > 0 ? config.attempts_bound : default_attempts_bound(config.capacity)) {
+  source_max_age_.fill(-1);
   if (config_.track_released)
     release_log_ = std::make_unique<ReleaseLog>(config_.release_bound > 0 ? config_.release_bound
                                                                           : default_release_bound(config_.capacity));
@@ -164,9 +170,10 @@ void StalenessRing::note_walked(int64_t walked, int64_t current_step) {
   const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
                                                               : std::numeric_limits<int64_t>::min();
   const ColumnPointers& c = columns_.get();
+  const bool per_entry = per_entry_cutoffs();
   for (int64_t i = 0; i < walked; ++i) {
     const int64_t p = phys(i);
-    if (c.sample_step[p] < cutoff)
+    if (per_entry ? stale_at(p) : c.sample_step[p] < cutoff)
       note_left(c.traj_id[p], ReleaseReason::kDroppedStale);
     else if (c.uses[p] >= config_.max_uses)
       note_left(c.traj_id[p], ReleaseReason::kRetired);
@@ -217,6 +224,7 @@ int64_t StalenessRing::expire_due() {
 void StalenessRing::expire_prompts(const std::vector<int64_t>& prompts) {
   for (const int64_t prompt : prompts) {
     in_flight_.erase(prompt);
+    attempts_.on_failed(prompt);
     if (release_log_) note_left(prompt, ReleaseReason::kExpired);
   }
   const auto n = static_cast<int64_t>(prompts.size());
@@ -246,7 +254,13 @@ StalenessRing::SteadyTime StalenessRing::next_wake(SteadyTime deadline) const {
 }
 
 bool StalenessRing::wait_blocked(int64_t current_step) const {
-  return in_flight_.size() > 0 && current_step - in_flight_.oldest_step() >= max_age_;
+  if (in_flight_.size() == 0) return false;
+  if (overrides_ == 0) return current_step - in_flight_.oldest_step() >= max_age_;
+  // Per-source bounds: one pass over the in-flight prompts, each against its own source's max_age.
+  return in_flight_.any_of([&](int64_t step, int64_t meta) {
+    const int64_t own = source_max_age_[static_cast<size_t>(meta_slot(meta))];
+    return current_step - step >= (own >= 0 ? own : max_age_);
+  });
 }
 
 std::string StalenessRing::wait_blocked_message(int64_t current_step) const {
@@ -260,12 +274,24 @@ std::string StalenessRing::wait_blocked_message(int64_t current_step) const {
   return out.str();
 }
 
-void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step, std::optional<double> lease) {
+void StalenessRing::check_slots(const int32_t* slots, int64_t n_slots, int64_t n, const char* what) const {
+  if (!slots) return;
+  if (n_slots != 1 && n_slots != n)
+    throw InvalidArgument(concat("source: ", n_slots, " tags for ", n, " ", what, "; pass one int or one per ", what));
+  for (int64_t i = 0; i < n_slots; ++i)
+    if (slots[i] < 0 || slots[i] >= kSourceSlots)
+      throw InvalidArgument(concat("source=", slots[i] - 1, " is out of range; pass a source in [0, ", kMaxSource,
+                                   "] (or None for untagged)"));
+}
+
+void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step, std::optional<double> lease,
+                             const int32_t* slots, int64_t n_slots) {
   const int64_t lease_ns = lease ? checked_seconds_ns(*lease, "lease", false) : 0;
   Lock lock(mutex_);
   check_open();
   expire_due();
   if (sample_step < 0) throw InvalidArgument(concat("step=", sample_step, " is negative; steps are ints >= 0"));
+  check_slots(slots, n_slots, n, "prompts");
   if (auto dup = first_duplicate(prompt_ids, n))
     throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; dispatch each prompt once"));
   for (int64_t i = 0; i < n; ++i)
@@ -275,7 +301,15 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
                                    "); complete or fail it before dispatching it again"));
   const int64_t stamp = now_ns(), since = lease_now();
   const int64_t deadline = lease ? add_saturating(since, lease_ns) : kNoLease;
-  for (int64_t i = 0; i < n; ++i) in_flight_.insert(prompt_ids[i], {sample_step, stamp, since, deadline});
+  if (!bias_ && n > 0) bias_ = std::make_unique<BiasMonitor>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = slots ? slots[n_slots == 1 ? 0 : i] : 0;
+    const int32_t attempt = attempts_.on_dispatch(prompt_ids[i], slot);
+    const bool protect = config_.max_attempts > 0 && attempt >= config_.max_attempts;
+    in_flight_.insert(prompt_ids[i], {sample_step, stamp, since, deadline, make_meta(-1, slot, protect, true)});
+    ++source_counts_[static_cast<size_t>(slot)].dispatched;
+    tagged_ |= slot != 0;
+  }
   ledger_.dispatched += n;
   clock_ = std::max(clock_, sample_step);
 }
@@ -291,7 +325,7 @@ void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
       throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
                                    " is not in flight; dispatch it first (it may already be "
                                    "completed, failed or expired)"));
-  for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]);
+  for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]), attempts_.on_failed(prompt_ids[i]);
   if (release_log_)
     for (int64_t i = 0; i < n; ++i) note_left(prompt_ids[i], ReleaseReason::kFailed);
   ledger_.failed += n;
@@ -401,19 +435,21 @@ namespace {
 // tell the compiler the column stores cannot change the inputs, so nothing is reloaded per entry.
 inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int64_t* __restrict traj_ids,
                         const int64_t* __restrict group_ids, const int64_t* __restrict order, int64_t group_id,
-                        int64_t step, int64_t version, int64_t dispatch_ns, int64_t complete_ns, int32_t group_len) {
+                        int64_t step, int64_t version, int64_t dispatch_ns, int64_t complete_ns, int32_t group_len,
+                        int64_t meta) {
   int64_t* __restrict traj = c.traj_id + p;
   int64_t* __restrict group = c.group_id + p;
   if (n < 16) {  // a GRPO-sized group: one fused pass beats eight short column loops
     int64_t *__restrict step_col = c.sample_step + p, *__restrict version_col = c.policy_version + p;
     int64_t *__restrict dispatch_col = c.dispatch_ns + p, *__restrict complete_col = c.complete_ns + p;
+    int64_t* __restrict meta_col = c.meta + p;
     int32_t *__restrict uses_col = c.uses + p, *__restrict len_col = c.group_len + p;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t src = order ? order[j] : j;
       traj[j] = traj_ids[src];
       group[j] = group_ids ? group_ids[src] : group_id;
       step_col[j] = step, version_col[j] = version, dispatch_col[j] = dispatch_ns, complete_col[j] = complete_ns;
-      uses_col[j] = 0, len_col[j] = group_len;
+      meta_col[j] = meta, uses_col[j] = 0, len_col[j] = group_len;
     }
     return;
   }
@@ -434,6 +470,7 @@ inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int
   std::fill_n(c.policy_version + p, n, version);
   std::fill_n(c.dispatch_ns + p, n, dispatch_ns);
   std::fill_n(c.complete_ns + p, n, complete_ns);
+  std::fill_n(c.meta + p, n, meta);
   std::fill_n(c.uses + p, n, 0);
   std::fill_n(c.group_len + p, n, group_len);
 }
@@ -441,7 +478,7 @@ inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int
 
 void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
                                  int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
-                                 int64_t complete_ns) {
+                                 int64_t complete_ns, int64_t meta) {
   const ColumnPointers c = columns_.get();  // local copies: the column stores cannot alias them
   const int64_t cap = config_.capacity;
   int64_t p = head_ + size_;
@@ -457,12 +494,12 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
   // At most two contiguous runs: up to the end of the columns, then from row 0.
   const int64_t first = std::min(len, cap - p);
   write_group(c, p, first, traj_ids, group_ids, order, group_id, sample_step, version, dispatch_ns, complete_ns,
-              static_cast<int32_t>(len));
+              static_cast<int32_t>(len), meta);
   if (first < len) {
     const int64_t rest = len - first;
     write_group(c, 0, rest, order ? traj_ids : traj_ids + first, group_ids && !order ? group_ids + first : group_ids,
                 order ? order + first : nullptr, group_id, sample_step, version, dispatch_ns, complete_ns,
-                static_cast<int32_t>(len));
+                static_cast<int32_t>(len), meta);
   }
   size_ += len;
   if (config_.unique_ids)
@@ -471,7 +508,7 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
 
 void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds,
                                 int64_t n_groups, const int64_t* sample_steps, int64_t n_steps, int64_t n,
-                                int64_t stamp) {
+                                int64_t stamp, const int32_t* slots, int64_t n_slots) {
   const ColumnPointers c = columns_.get();  // local copies: the column stores cannot alias them
   const int64_t cap = config_.capacity, sync = config_.parameter_sync_step;
   const int64_t start = head_ + size_ >= cap ? head_ + size_ - cap : head_ + size_;
@@ -498,6 +535,11 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
     }
     std::fill_n(c.dispatch_ns + p, run, stamp);
     std::fill_n(c.complete_ns + p, run, stamp);
+    if (!slots || n_slots == 1) {
+      std::fill_n(c.meta + p, run, make_meta(-1, slots ? slots[0] : 0, false, false));
+    } else {
+      for (int64_t j = 0; j < run; ++j) c.meta[p + j] = make_meta(-1, slots[done + j], false, false);
+    }
     std::fill_n(c.uses + p, run, 0);
     if (!bounds) std::fill_n(c.group_len + p, run, 1);
     done += run;
@@ -546,6 +588,7 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
     head += len;
     head -= head >= cap ? cap : 0;
   }
+  if (bias_ || tagged_) observe_lost(evicted, true);
   if (leave_hooks()) note_prefix_left(evicted, ReleaseReason::kEvicted);
   remove_prefix(evicted);
   ledger_.evicted += evicted;
@@ -553,7 +596,7 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
 }
 
 void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
-                             std::optional<double> timeout) {
+                             std::optional<double> timeout, const int64_t* lengths) {
   check_timeout(timeout);
   Lock lock(mutex_);
   check_open();
@@ -564,6 +607,11 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
                                  "; raise capacity or complete fewer prompts per call"));
   if (auto dup = first_duplicate(traj_ids, n))
     throw InvalidArgument(concat("traj_ids: trajectory ", *dup, " appears twice; complete each trajectory once"));
+  if (lengths)
+    for (int64_t i = 0; i < n; ++i)
+      if (lengths[i] < 0 || lengths[i] >= kNoLength)
+        throw InvalidArgument(concat("lengths: ", lengths[i], " for trajectory ", traj_ids[i],
+                                     " is not a token count; pass ints in [0, 2**32 - 1)"));
   Groups groups;
   group_stably(prompt_ids, n, groups.order, groups.bounds);
   const size_t n_groups = groups.bounds.size() - 1;
@@ -587,8 +635,22 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
     const int64_t len = groups.bounds[g + 1] - groups.bounds[g];
     const int64_t prompt = prompt_ids[members[0]];
     const InFlightPrompt rec = in_flight_.at(prompt);
-    append_group(traj_ids, nullptr, members, len, prompt, rec.sample_step, rec.dispatch_ns, stamp);
+    append_group(traj_ids, nullptr, members, len, prompt, rec.sample_step, rec.dispatch_ns, stamp, rec.meta);
     in_flight_.erase(prompt);
+    // What the bound does to the data: the group's lengths, its rollout latency, its prompt's record.
+    const int64_t latency_us = std::max<int64_t>(stamp - rec.dispatch_ns, 0) / 1000;
+    bias_->add(Fate::kGenerated, Quantity::kLatency, latency_us, len);
+    if (lengths) {
+      int64_t* meta = columns_.get().meta;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t length = lengths[members[j]];
+        meta[phys(size_ - len + j)] = (rec.meta & ~kNoLength) | length;
+        bias_->add(Fate::kGenerated, Quantity::kLength, length);
+      }
+    }
+    attempts_.on_complete(prompt);
+    if (rec.meta & kMetaProtected) attempts_.count_protected(), protected_seen_ = true;
+    source_counts_[static_cast<size_t>(meta_slot(rec.meta))].generated += len;
   }
   ledger_.completed += static_cast<int64_t>(n_groups);
   ledger_.put_total += n;
@@ -597,7 +659,8 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
 }
 
 void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
-                        int64_t n_steps, int64_t n, std::optional<double> timeout) {
+                        int64_t n_steps, int64_t n, std::optional<double> timeout, const int32_t* slots,
+                        int64_t n_slots) {
   check_timeout(timeout);
   Lock lock(mutex_);
   check_open();
@@ -610,6 +673,7 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
                                  "; raise capacity or put fewer per call"));
   if (auto dup = first_duplicate(traj_ids, n))
     throw InvalidArgument(concat("traj_ids: trajectory ", *dup, " appears twice; put each trajectory once"));
+  check_slots(slots, n_slots, n, "trajectories");
   int64_t max_step = -1;
   for (int64_t i = 0; i < n_steps; ++i) {
     if (sample_steps[i] < 0)
@@ -628,6 +692,13 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
                                        sample_steps[first], " and ", sample_steps[groups.order[k]],
                                        "; a group shares one sample_step"));
     }
+    for (size_t g = 0; g + 1 < groups.bounds.size() && slots && n_slots > 1; ++g) {
+      const int64_t first = groups.order[groups.bounds[g]];
+      for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
+        if (slots[groups.order[k]] != slots[first])
+          throw InvalidArgument(concat("source: group ", group_ids[first], " has entries tagged ", slots[first] - 1,
+                                       " and ", slots[groups.order[k]] - 1, "; a group shares one source"));
+    }
   }
   std::optional<SteadyTime> deadline;
   do {  // after a wait, validate again: another thread may have put one of these ids
@@ -639,14 +710,28 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   if (group_ids) n_groups = static_cast<int64_t>(groups.bounds.size()) - 1;
   if (contiguous) {  // ungrouped, or GRPO groups as they usually arrive: whole columns at once
     append_runs(traj_ids, group_ids, group_ids ? groups.bounds.data() : nullptr, n_groups, sample_steps, n_steps, n,
-                stamp);
+                stamp, slots, n_slots);
   } else {
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t* members = groups.order.data() + groups.bounds[g];
       const int64_t step = sample_steps[n_steps > 1 ? members[0] : 0];
-      append_group(traj_ids, group_ids, members, groups.bounds[g + 1] - groups.bounds[g], 0, step, stamp, stamp);
+      const int32_t slot = slots ? slots[n_slots > 1 ? members[0] : 0] : 0;
+      append_group(traj_ids, group_ids, members, groups.bounds[g + 1] - groups.bounds[g], 0, step, stamp, stamp,
+                   make_meta(-1, slot, false, false));
     }
   }
+  if (!slots || n_slots == 1) {  // the usual call: one source for all, O(1)
+    SourceCounts& counts = source_counts_[static_cast<size_t>(slots ? slots[0] : 0)];
+    counts.dispatched += n_groups, counts.generated += n;
+  } else {
+    for (int64_t i = 0; i < n; ++i) ++source_counts_[static_cast<size_t>(slots[i])].generated;
+    if (group_ids)
+      for (int64_t g = 0; g < n_groups; ++g) ++source_counts_[static_cast<size_t>(slots[groups.order[groups.bounds[g]]])].dispatched;
+    else
+      for (int64_t i = 0; i < n; ++i) ++source_counts_[static_cast<size_t>(slots[i])].dispatched;
+  }
+  if (slots)
+    for (int64_t i = 0; i < n_slots; ++i) tagged_ |= slots[i] != 0;
   ledger_.dispatched += n_groups;
   ledger_.completed += n_groups;
   ledger_.put_total += n;
@@ -670,12 +755,75 @@ int64_t StalenessRing::skip_stale(int64_t i, int64_t cutoff) const {
   return i;
 }
 
+void StalenessRing::fill_cutoffs(int64_t current_step) const {
+  // Per cut index (slot | protected << 8): the step below which an entry is stale; protected entries and
+  // every entry under wait never are. Only the slots that exist are written.
+  constexpr int64_t never = std::numeric_limits<int64_t>::min();
+  const bool drop = config_.strategy == Strategy::kDrop;
+  for (int slot = 0; slot < kSourceSlots; ++slot) {
+    const int64_t own = source_max_age_[static_cast<size_t>(slot)];
+    cutoffs_[static_cast<size_t>(slot)] = drop ? current_step - (own >= 0 ? own : max_age_) : never;
+    cutoffs_[static_cast<size_t>(slot | 256)] = never;
+  }
+}
+
+bool StalenessRing::stale_at(int64_t p) const {
+  const ColumnPointers& c = columns_.get();
+  return c.sample_step[p] < cutoffs_[static_cast<size_t>(meta_cut_index(c.meta[p]))];
+}
+
+void StalenessRing::plan_take_per_entry(int64_t batch_size, TakePlan& plan) const {
+  // Each group against its own source's cutoff (or none, when protected): one pass over whole groups, every
+  // comparison a load from the small cutoff table indexed by the group's meta bits.
+  const ColumnPointers& c = columns_.get();
+  const int64_t* __restrict steps = c.sample_step;
+  const int64_t* __restrict meta = c.meta;
+  const int32_t* __restrict group_len = c.group_len;
+  const int64_t* __restrict cut = cutoffs_.data();
+  const int64_t size = size_, cap = config_.capacity;
+  int64_t i = 0, taken = 0, p = head_, span_start = -1;
+  while (i < size) {
+    const int64_t len = group_len[p];
+    if (steps[p] < cut[meta_cut_index(meta[p])]) {
+      if (span_start >= 0) plan.spans.push_back({span_start, i - span_start}), span_start = -1;
+      plan.dropped += len;
+    } else {
+      if (len > batch_size)
+        throw InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", c.group_id[p], " of ", len,
+                                     " trajectories; raise batch_size to at least ", len,
+                                     " (a batch never splits a group)"));
+      if (taken + len > batch_size) {
+        plan.full = true;
+        break;
+      }
+      if (span_start < 0) span_start = i;
+      taken += len;
+    }
+    i += len;
+    p += len;
+    p -= p >= cap ? cap : 0;
+    if (taken == batch_size) {
+      plan.full = true;
+      break;
+    }
+  }
+  if (span_start >= 0 && i > span_start) plan.spans.push_back({span_start, i - span_start});
+  plan.taken = taken;
+  plan.walked = i;
+  plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
+}
+
 void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const {
   plan.walked = plan.taken = plan.dropped = 0;
   plan.full = false;
   plan.spans.clear();
   if (config_.strategy == Strategy::kWait && wait_blocked(current_step)) {
     plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
+    return;
+  }
+  if (per_entry_cutoffs()) {
+    fill_cutoffs(current_step);
+    plan_take_per_entry(batch_size, plan);
     return;
   }
   // Under drop, stale entries are skipped one by one: a group shares one stamp, so a stale group
@@ -762,6 +910,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   int64_t* const o_version = base + 5 * k_all;
   int64_t* const o_dispatch = base + 6 * k_all;
   int64_t* const o_complete = base + 7 * k_all;
+  int64_t* const o_source = base + 8 * k_all;
   const int32_t max_uses = static_cast<int32_t>(config_.max_uses);
   const ColumnPointers c = columns_.get();  // a local copy: the output writes cannot alias it
   int64_t k = 0, survivors = 0, age_max = 0;
@@ -790,6 +939,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
           o_traj[k] = c.traj_id[p], o_group[k] = c.group_id[p], o_step[k] = c.sample_step[p];
           o_age[k] = age, o_uses[k] = uses, o_version[k] = c.policy_version[p];
           o_dispatch[k] = c.dispatch_ns[p], o_complete[k] = c.complete_ns[p];
+          o_source[k] = meta_slot(c.meta[p]) - 1;
           if (age != run_age) flush(), run_age = age, run_count = 0;
           ++run_count;
           survivors += uses < max_uses;
@@ -803,6 +953,9 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       std::copy_n(c.policy_version + p0, run, o_version + k);
       std::copy_n(c.dispatch_ns + p0, run, o_dispatch + k);
       std::copy_n(c.complete_ns + p0, run, o_complete + k);
+      const int64_t* __restrict meta = c.meta + p0;
+      int64_t* __restrict source_out = o_source + k;
+      for (int64_t j = 0; j < run; ++j) source_out[j] = ((meta[j] >> kMetaSlotShift) & 0xFF) - 1;  // vectorisable
       const int64_t* __restrict step = c.sample_step + p0;
       int64_t* __restrict age_out = o_age + k;
       const uint64_t first = static_cast<uint64_t>(step[0]);
@@ -838,22 +991,26 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     }
   }
   flush();
-  if (leave_hooks()) note_walked(plan.walked, current_step);  // before survivors move: ring order intact
+  // Before survivors move, while ring order is intact: the data accounting, then the released-id hooks.
+  if (bias_ || tagged_) observe_walked(plan.walked, current_step, uses_unread, stats);
+  if (leave_hooks()) note_walked(plan.walked, current_step);
   stats.age_sum = age_sum;
   stats.age_max = age_max;
   if (survivors > 0) {
     // Reused entries keep their place: move them, in order, to the end of the walked prefix.
     const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
                                                                 : std::numeric_limits<int64_t>::min();
+    const bool per_entry = per_entry_cutoffs();
     int64_t write = plan.walked - 1;
     for (int64_t i = plan.walked - 1; i >= 0; --i) {
       const int64_t p = phys(i);
-      if (c.sample_step[p] < cutoff || c.uses[p] >= max_uses) continue;
+      if ((per_entry ? stale_at(p) : c.sample_step[p] < cutoff) || c.uses[p] >= max_uses) continue;
       const int64_t q = phys(write--);
       if (p == q) continue;
       c.traj_id[q] = c.traj_id[p], c.group_id[q] = c.group_id[p], c.sample_step[q] = c.sample_step[p];
       c.policy_version[q] = c.policy_version[p], c.dispatch_ns[q] = c.dispatch_ns[p];
-      c.complete_ns[q] = c.complete_ns[p], c.uses[q] = c.uses[p], c.group_len[q] = c.group_len[p];
+      c.complete_ns[q] = c.complete_ns[p], c.meta[q] = c.meta[p];
+      c.uses[q] = c.uses[p], c.group_len[q] = c.group_len[p];
     }
   }
   remove_prefix(plan.walked - survivors);
@@ -867,6 +1024,74 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   if (plan.walked > 0) room_cv_.notify_all();
 }
 
+namespace {
+// Rollout latency of the entry at physical row p, in microseconds (0 when the clock went back).
+inline int64_t latency_us(const ColumnPointers& c, int64_t p) {
+  return std::max<int64_t>(c.complete_ns[p] - c.dispatch_ns[p], 0) / 1000;
+}
+}  // namespace
+
+void StalenessRing::observe_walked(int64_t walked, int64_t current_step, bool first_use_always, TakeStats& stats) {
+  // One pass over the walked prefix, group by group (uses already counted by this take): per-source counts,
+  // the monitor's trained and lost sketches, and each observed group's prompt record.
+  const ColumnPointers& c = columns_.get();
+  const bool per_entry = per_entry_cutoffs();
+  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
+                                                              : std::numeric_limits<int64_t>::min();
+  std::array<std::array<int64_t, 2>, kSourceSlots> by_slot{};  // (taken, dropped) by this call
+  for (int64_t i = 0; i < walked;) {
+    const int64_t p = phys(i);
+    const int64_t len = c.group_len[p], m = c.meta[p];
+    const auto slot = static_cast<size_t>(meta_slot(m));
+    const bool stale = per_entry ? stale_at(p) : c.sample_step[p] < cutoff;
+    if (stale) {
+      by_slot[slot][1] += len;
+      observe_lost_group(p, false);
+    } else {
+      by_slot[slot][0] += len;
+      source_counts_[slot].taken += len;
+      if (first_use_always || c.uses[p] == 1) {  // its first take: trained
+        source_counts_[slot].trained += len;
+        if (meta_observed(m)) {
+          for (int64_t j = 0, q = p; j < len; ++j, q = q + 1 == config_.capacity ? 0 : q + 1) {
+            bias_->add(Fate::kTrained, Quantity::kLatency, latency_us(c, q));
+            if (meta_length(c.meta[q]) >= 0) bias_->add(Fate::kTrained, Quantity::kLength, meta_length(c.meta[q]));
+          }
+          attempts_.on_trained(c.group_id[p]);
+        }
+      }
+    }
+    i += len;
+  }
+  if (tagged_)
+    for (int slot = 0; slot < kSourceSlots; ++slot)
+      if (by_slot[slot][0] || by_slot[slot][1])
+        stats.sources.push_back({slot, by_slot[slot][0], by_slot[slot][1]});
+}
+
+void StalenessRing::observe_lost(int64_t count, bool evicted) {
+  // The first `count` ready entries are about to leave untrained-or-not: evicted (on_full) or dropped stale.
+  const ColumnPointers& c = columns_.get();
+  for (int64_t i = 0; i < count;) {
+    const int64_t p = phys(i);
+    observe_lost_group(p, evicted);
+    i += c.group_len[p];
+  }
+}
+
+void StalenessRing::observe_lost_group(int64_t p, bool evicted) {
+  const ColumnPointers& c = columns_.get();
+  const int64_t len = c.group_len[p], m = c.meta[p];
+  SourceCounts& counts = source_counts_[static_cast<size_t>(meta_slot(m))];
+  (evicted ? counts.evicted : counts.dropped) += len;
+  if (c.uses[p] != 0 || !meta_observed(m) || !bias_) return;
+  for (int64_t j = 0, q = p; j < len; ++j, q = q + 1 == config_.capacity ? 0 : q + 1) {
+    bias_->add(Fate::kLost, Quantity::kLatency, latency_us(c, q));
+    if (meta_length(c.meta[q]) >= 0) bias_->add(Fate::kLost, Quantity::kLength, meta_length(c.meta[q]));
+  }
+  attempts_.on_lost(c.group_id[p], len);
+}
+
 void StalenessRing::fill_state(TakeStats& stats) {
   stats.evicted = evicted_unreported_;
   evicted_unreported_ = 0;
@@ -875,6 +1100,7 @@ void StalenessRing::fill_state(TakeStats& stats) {
   stats.sampled_total = ledger_.put_total;
   stats.max_age = max_age_;
   stats.expired = ledger_.expired;
+  stats.attempts = attempts_.counters();
 }
 
 TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::optional<double> timeout,
@@ -915,6 +1141,7 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
   }
   clock_ = std::max(clock_, current_step);
   commit_take(plan, current_step, out, stats);
+  if (bias_) bias_->on_take();
   fill_state(stats);
   return stats;
 }
@@ -927,7 +1154,47 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   clock_ = current_step;
   const int64_t cutoff = current_step - max_age_;
   int64_t removed = 0;
-  if (sorted_) {
+  const bool observe = bias_ || tagged_;
+  if (per_entry_cutoffs()) {
+    // Per-source bounds or protected entries: stale entries are not a prefix; one scalar compaction pass,
+    // each group against its own cutoff (evict_stale applies the bounds under either strategy).
+    fill_cutoffs(current_step);
+    if (config_.strategy == Strategy::kWait)  // under wait fill_cutoffs drops nothing: use the bounds here
+      for (int slot = 0; slot < kSourceSlots; ++slot) {
+        const int64_t own = source_max_age_[static_cast<size_t>(slot)];
+        cutoffs_[static_cast<size_t>(slot)] = current_step - (own >= 0 ? own : max_age_);
+      }
+    const ColumnPointers c = columns_.get();
+    const int64_t cap = config_.capacity, total = size_;
+    int64_t write = head_, kept = 0;
+    for (int64_t i = 0; i < total;) {
+      const int64_t p0 = phys(i), len = c.group_len[p0];
+      const bool stale = stale_at(p0);
+      if (stale) {
+        if (observe) observe_lost_group(p0, false);
+        if (leave_hooks())
+          for (int64_t j = 0; j < len; ++j) note_left(c.traj_id[phys(i + j)], ReleaseReason::kDroppedStale);
+      }
+      for (int64_t j = 0; j < len && !stale; ++j) {
+        const int64_t r = phys(i + j);
+        if (r != write) {
+          c.traj_id[write] = c.traj_id[r], c.group_id[write] = c.group_id[r], c.sample_step[write] = c.sample_step[r];
+          c.policy_version[write] = c.policy_version[r], c.dispatch_ns[write] = c.dispatch_ns[r];
+          c.complete_ns[write] = c.complete_ns[r], c.meta[write] = c.meta[r];
+          c.uses[write] = c.uses[r], c.group_len[write] = c.group_len[r];
+        }
+        write = write + 1 == cap ? 0 : write + 1;
+        ++kept;
+      }
+      i += len;
+    }
+    bool sorted = true;
+    for (int64_t i = 1; i < kept && sorted; ++i) sorted = c.sample_step[phys(i)] >= c.sample_step[phys(i - 1)];
+    removed = size_ - kept;
+    size_ = kept;
+    sorted_ = sorted;
+    if (size_ == 0) head_ = 0;
+  } else if (sorted_) {
     const int64_t* steps = columns_.get().sample_step;
     // Stamps are non-decreasing in ring order: the stale entries are a prefix.
     int64_t lo = 0, hi = size_;
@@ -936,6 +1203,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
       if (steps[phys(mid)] < cutoff) lo = mid + 1; else hi = mid;
     }
     removed = lo;
+    if (observe) observe_lost(removed, false);
     if (leave_hooks()) note_prefix_left(removed, ReleaseReason::kDroppedStale);
     remove_prefix(removed);
   } else {
@@ -946,6 +1214,9 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     if (leave_hooks())  // report the stale ids before the compaction (scalar or SIMD) overwrites them
       for (int64_t i = 0; i < total; ++i)
         if (c.sample_step[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);
+    if (observe)  // likewise the data accounting, group by group
+      for (int64_t i = 0; i < total; i += c.group_len[phys(i)])
+        if (c.sample_step[phys(i)] < cutoff) observe_lost_group(phys(i), false);
     const bool simd = simd_compaction_available();
     int64_t read = head_, write = head_, kept = 0;
     for (int64_t done = 0; done < total;) {
@@ -968,6 +1239,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
         c.policy_version[write] = c.policy_version[read];
         c.dispatch_ns[write] = c.dispatch_ns[read];
         c.complete_ns[write] = c.complete_ns[read];
+        c.meta[write] = c.meta[read];
         c.uses[write] = c.uses[read];
         c.group_len[write] = c.group_len[read];
         kept += keep;
@@ -1022,6 +1294,46 @@ void StalenessRing::set_max_age(int64_t max_age) {
   ready_cv_.notify_all();  // under wait, a raised bound may unblock a waiting take
 }
 
+void StalenessRing::set_source_max_age(int32_t slot, int64_t max_age) {
+  if (slot < 1 || slot >= kSourceSlots)
+    throw InvalidArgument(concat("source_max_age: source ", slot - 1, " is out of range; use sources in [0, ",
+                                 kMaxSource, "]"));
+  if (max_age < -1)
+    throw InvalidArgument(concat("source_max_age: max_age=", max_age, " for source ", slot - 1, " must be >= 0"));
+  Lock lock(mutex_);
+  int64_t& own = source_max_age_[static_cast<size_t>(slot)];
+  if (own == max_age) return;
+  overrides_ += (max_age >= 0) - (own >= 0);
+  own = max_age;
+  lock.unlock();
+  ready_cv_.notify_all();  // under wait, a raised bound may unblock a waiting take
+}
+
+std::array<int64_t, kSourceSlots> StalenessRing::source_max_ages() const {
+  Lock lock(mutex_);
+  return source_max_age_;
+}
+
+std::vector<std::pair<int64_t, int64_t>> StalenessRing::starved(int64_t min_attempts) const {
+  Lock lock(mutex_);
+  return attempts_.starved_prompts(min_attempts);
+}
+
+AttemptCounters StalenessRing::attempt_counters() const {
+  Lock lock(mutex_);
+  return attempts_.counters();
+}
+
+std::array<SourceCounts, kSourceSlots> StalenessRing::source_counts() const {
+  Lock lock(mutex_);
+  return source_counts_;
+}
+
+std::unique_ptr<BiasMonitor> StalenessRing::bias() const {
+  Lock lock(mutex_);
+  return bias_ ? std::make_unique<BiasMonitor>(*bias_) : nullptr;
+}
+
 int64_t StalenessRing::size() const {
   Lock lock(mutex_);
   return size_;
@@ -1063,11 +1375,13 @@ RingState StalenessRing::export_state() {
   copy64(s.traj_id, c.traj_id), copy64(s.group_id, c.group_id), copy64(s.sample_step, c.sample_step);
   copy64(s.policy_version, c.policy_version), copy64(s.dispatch_ns, c.dispatch_ns);
   copy64(s.complete_ns, c.complete_ns), copy32(s.uses, c.uses), copy32(s.group_len, c.group_len);
+  copy64(s.meta, c.meta);
   const int64_t now = lease_now();
   for (const auto& [prompt, rec] : in_flight_.sorted_items()) {
     s.in_flight_prompt.push_back(prompt);
     s.in_flight_step.push_back(rec.sample_step);
     s.in_flight_dispatch_ns.push_back(rec.dispatch_ns);
+    s.in_flight_meta.push_back(rec.meta);
     s.in_flight_lease_left_ns.push_back(rec.deadline_ns == kNoLease ? -1 : std::max<int64_t>(rec.deadline_ns - now, 0));
     s.in_flight_held_ns.push_back(std::max<int64_t>(now - rec.since_ns, 0));
   }
@@ -1076,6 +1390,9 @@ RingState StalenessRing::export_state() {
   s.ledger.buffer_left = size_;
   s.clock = clock_;
   s.evicted_unreported = evicted_unreported_;
+  s.attempts = attempts_.export_records();
+  s.attempt_counters = attempts_.counters();
+  s.source_counts = source_counts_;
   return s;
 }
 
@@ -1083,7 +1400,8 @@ void StalenessRing::import_state(const RingState& s) {
   const int64_t n = static_cast<int64_t>(s.traj_id.size());
   const size_t un = s.traj_id.size();
   if (s.group_id.size() != un || s.sample_step.size() != un || s.policy_version.size() != un ||
-      s.dispatch_ns.size() != un || s.complete_ns.size() != un || s.uses.size() != un || s.group_len.size() != un)
+      s.dispatch_ns.size() != un || s.complete_ns.size() != un || s.uses.size() != un || s.group_len.size() != un ||
+      s.meta.size() != un)
     throw InvalidArgument("state_dict: the ready columns have different lengths; pass a state_dict made by state_dict()");
   if (n > config_.capacity)
     throw InvalidArgument(concat("state_dict: ", n, " ready entries exceed capacity=", config_.capacity,
@@ -1094,7 +1412,7 @@ void StalenessRing::import_state(const RingState& s) {
       throw InvalidArgument(concat("state_dict: entry ", i, " has group_len=", len, " that does not fit the ring"));
     for (int64_t j = i; j < i + len; ++j) {
       if (s.group_len[j] != len || s.sample_step[j] != s.sample_step[i] || s.group_id[j] != s.group_id[i] ||
-          s.uses[j] != s.uses[i])
+          s.uses[j] != s.uses[i] || meta_cut_index(s.meta[j]) != meta_cut_index(s.meta[i]))
         throw InvalidArgument(concat("state_dict: group at entry ", i, " is not contiguous and uniform"));
       if (s.sample_step[j] < 0 || s.sample_step[j] > s.clock)
         throw InvalidArgument(concat("state_dict: entry ", j, " has sample_step=", s.sample_step[j],
@@ -1107,7 +1425,7 @@ void StalenessRing::import_state(const RingState& s) {
   }
   const size_t m = s.in_flight_prompt.size();
   if (s.in_flight_step.size() != m || s.in_flight_dispatch_ns.size() != m || s.in_flight_lease_left_ns.size() != m ||
-      s.in_flight_held_ns.size() != m)
+      s.in_flight_held_ns.size() != m || s.in_flight_meta.size() != m)
     throw InvalidArgument("state_dict: the in-flight columns have different lengths");
   for (size_t i = 0; i < m; ++i)
     if (s.in_flight_lease_left_ns[i] < -1 || s.in_flight_held_ns[i] < 0)
@@ -1120,6 +1438,20 @@ void StalenessRing::import_state(const RingState& s) {
     if (s.in_flight_step[i] < 0 || s.in_flight_step[i] > s.clock)
       throw InvalidArgument(concat("state_dict: in-flight prompt ", s.in_flight_prompt[i], " has step ",
                                    s.in_flight_step[i], " outside [0, clock=", s.clock, "]"));
+  auto meta_ok = [](int64_t meta) {
+    return meta >= 0 && (meta >> kMetaSlotShift) < (int64_t{1} << 10) && meta_slot(meta) < kSourceSlots;
+  };
+  for (int64_t i = 0; i < n; ++i)
+    if (!meta_ok(s.meta[i]))
+      throw InvalidArgument(concat("state_dict: entry ", i, " has meta=", s.meta[i], "; it was edited or is corrupt"));
+  for (size_t i = 0; i < m; ++i)
+    if (!meta_ok(s.in_flight_meta[i]))
+      throw InvalidArgument(concat("state_dict: in-flight prompt ", s.in_flight_prompt[i], " has meta=",
+                                   s.in_flight_meta[i], "; it was edited or is corrupt"));
+  for (const AttemptRecord& r : s.attempts)
+    if (r.attempts < 0 || r.trained < 0 || r.pending < 0 || r.lost_trajs < 0 || r.slot < 0 || r.slot >= kSourceSlots)
+      throw InvalidArgument(concat("state_dict: the attempts record of prompt ", r.prompt_id,
+                                   " is out of range; it was edited or is corrupt"));
   std::unordered_set<int64_t> live;
   if (config_.unique_ids) {
     live.reserve(un);
@@ -1141,11 +1473,14 @@ void StalenessRing::import_state(const RingState& s) {
   Lock lock(mutex_);
   check_open();
   const ColumnPointers& c = columns_.get();
-  bool sorted = true;
+  bool sorted = true, protect = false, tagged = false;
   for (int64_t i = 0; i < n; ++i) {
     c.traj_id[i] = s.traj_id[i], c.group_id[i] = s.group_id[i], c.sample_step[i] = s.sample_step[i];
     c.policy_version[i] = s.policy_version[i], c.dispatch_ns[i] = s.dispatch_ns[i];
     c.complete_ns[i] = s.complete_ns[i], c.uses[i] = s.uses[i], c.group_len[i] = s.group_len[i];
+    c.meta[i] = s.meta[i];
+    protect |= (s.meta[i] & kMetaProtected) != 0;
+    tagged |= meta_slot(s.meta[i]) != 0;
     if (i > 0 && s.sample_step[i] < s.sample_step[i - 1]) sorted = false;
   }
   head_ = 0;
@@ -1158,8 +1493,16 @@ void StalenessRing::import_state(const RingState& s) {
     const int64_t left = s.in_flight_lease_left_ns[i];
     const int64_t held = std::min(s.in_flight_held_ns[i], now);
     in_flight_.insert(s.in_flight_prompt[i], {s.in_flight_step[i], s.in_flight_dispatch_ns[i], now - held,
-                                              left < 0 ? kNoLease : add_saturating(now, left)});
+                                              left < 0 ? kNoLease : add_saturating(now, left), s.in_flight_meta[i]});
+    tagged |= meta_slot(s.in_flight_meta[i]) != 0;
   }
+  attempts_.import_records(s.attempts, s.attempt_counters);
+  source_counts_ = s.source_counts;
+  protected_seen_ = protect;
+  tagged_ = tagged;
+  bool observed = m > 0 || !s.attempts.empty();
+  for (int64_t i = 0; i < n && !observed; ++i) observed = meta_observed(s.meta[i]);
+  if (!bias_ && observed) bias_ = std::make_unique<BiasMonitor>();
   ledger.released_overflow = ledger_.released_overflow;  // about this object's release log, not the state
   ledger_ = ledger;
   live_ids_.swap(live);

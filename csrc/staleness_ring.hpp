@@ -13,12 +13,15 @@
 #include <unordered_set>
 #include <vector>
 
+#include "entry_meta.hpp"
 #include "errors.hpp"
 #include "in_flight.hpp"
 #include "ledger.hpp"
 #include "monotonic_condition.hpp"
+#include "prompt_attempts.hpp"
 #include "release_log.hpp"
 #include "ring_columns.hpp"
+#include "value_sketch.hpp"
 
 namespace pyfast_buffer {
 
@@ -46,6 +49,8 @@ struct RingConfig {
   bool track_released = false;      // keep a ReleaseLog of every id that leaves (see take_released)
   int64_t release_bound = 0;        // records that log holds (> 0), or 0 for default_release_bound(capacity)
   bool unique_ids = false;          // refuse a trajectory id that is already ready in the ring
+  int64_t max_attempts = 0;         // > 0: the max_attempts-th attempt of a prompt is protected; 0: none
+  int64_t attempts_bound = 0;       // prompt records kept (> 0), or 0 for default_attempts_bound(capacity)
 };
 
 /// Ids that left the buffer since the previous take_released(), oldest first, with ReleaseReason codes.
@@ -68,8 +73,8 @@ inline int age_bucket(int64_t age) {
 }
 
 /// Number of int64 columns a take writes: traj_id, group_id, sample_step, age, uses,
-/// policy_version, dispatch_ns, complete_ns, in that order.
-constexpr int kBatchColumns = 8;
+/// policy_version, dispatch_ns, complete_ns, source (-1: untagged), in that order.
+constexpr int kBatchColumns = 9;
 
 /// Pointers to the output columns of one batch (see kBatchColumns for the order).
 struct BatchColumns {
@@ -81,6 +86,7 @@ struct BatchColumns {
   int64_t* policy_version;
   int64_t* dispatch_ns;
   int64_t* complete_ns;
+  int64_t* source;
 };
 
 /// What one take or evict_stale did, and the ring's state right after it.
@@ -98,18 +104,35 @@ struct TakeStats {
   int64_t sampled_total = 0;
   int64_t max_age = 0;  // the max_age in force for this call
   int64_t expired = 0;  // Ledger::expired after this call
+  AttemptCounters attempts;  // PromptAttempts counters after this call
+  // (slot, taken, dropped) of every source slot this call took or dropped from, when any entry is tagged
+  std::vector<std::array<int64_t, 3>> sources;
+};
+
+/// Cumulative counts of one source slot.
+struct SourceCounts {
+  int64_t dispatched = 0;  // prompts dispatched (put counts each group as one)
+  int64_t generated = 0;   // trajectories that entered the ring
+  int64_t taken = 0;       // uses handed out in batches
+  int64_t trained = 0;     // trajectories taken for the first time
+  int64_t dropped = 0;     // trajectories dropped stale
+  int64_t evicted = 0;     // trajectories evicted by on_full
 };
 
 /// The whole logical state in ring order (oldest first), as checkpoints store it.
 struct RingState {
   std::vector<int64_t> traj_id, group_id, sample_step, policy_version, dispatch_ns, complete_ns;
   std::vector<int32_t> uses, group_len;
-  std::vector<int64_t> in_flight_prompt, in_flight_step, in_flight_dispatch_ns;
+  std::vector<int64_t> meta;  // per entry (entry_meta.hpp)
+  std::vector<int64_t> in_flight_prompt, in_flight_step, in_flight_dispatch_ns, in_flight_meta;
   std::vector<int64_t> in_flight_lease_left_ns;  // lease time left when exported (>= 0), or -1 for no lease
   std::vector<int64_t> in_flight_held_ns;        // time in flight when exported (>= 0)
   Ledger ledger;
   int64_t clock = -1;               // largest step seen, -1 before any
   int64_t evicted_unreported = 0;   // evictions not yet reported by a take
+  std::vector<AttemptRecord> attempts;  // least recently touched first
+  AttemptCounters attempt_counters;
+  std::array<SourceCounts, kSourceSlots> source_counts{};
 };
 
 /// Thread-safe staleness-aware ring buffer; every public method takes the one internal lock.
@@ -123,8 +146,10 @@ class StalenessRing {
 
   /// Marks `n` prompts in flight since `sample_step`, each with a lease of `lease` seconds if given (> 0,
   /// finite, <= kMaxSeconds); throws InvalidArgument, changing nothing, if an id repeats or is in flight.
+  /// `slots` (null: all untagged) holds one source slot (0 untagged, s + 1 for source s) for all
+  /// (`n_slots` == 1) or one per prompt.
   void dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step,
-                std::optional<double> lease = std::nullopt);
+                std::optional<double> lease = std::nullopt, const int32_t* slots = nullptr, int64_t n_slots = 0);
 
   /// Gives each of `n` in-flight prompts a lease of `lease` seconds from now; throws InvalidArgument,
   /// changing nothing, if an id repeats or is not in flight.
@@ -144,8 +169,9 @@ class StalenessRing {
   /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step; throws
   /// InvalidArgument, changing nothing, if a trajectory id repeats, a prompt is not in flight, or (unique_ids) an
   /// id is already ready; with on_full=block and a timeout, waits for room (interruptible, see set_interrupt_check).
+  /// `lengths` (null: none) holds one response length (>= 0, < 2**32 - 1) per trajectory.
   void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
-                std::optional<double> timeout);
+                std::optional<double> timeout, const int64_t* lengths = nullptr);
 
   /// Marks `n` prompts failed; throws InvalidArgument if one repeats or is not in flight.
   void fail(const int64_t* prompt_ids, int64_t n);
@@ -153,8 +179,11 @@ class StalenessRing {
   /// Dispatch + complete in one call; null `group_ids` makes each trajectory its own group, and
   /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory; refuses repeated ids (and,
   /// with unique_ids, ready ones) with InvalidArgument, changing nothing; waits for room as complete does.
+  /// `slots` (null: untagged) holds one source slot for all (`n_slots` == 1) or one per trajectory; a group
+  /// shares one.
   void put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
-           int64_t n_steps, int64_t n, std::optional<double> timeout);
+           int64_t n_steps, int64_t n, std::optional<double> timeout, const int32_t* slots = nullptr,
+           int64_t n_slots = 0);
 
   /// Takes up to `batch_size` entries under the strategy into `out` (room for kBatchColumns *
   /// batch_size int64), column f of a k-entry batch at out[f*k, f*k+k) so it is contiguous; without
@@ -179,6 +208,27 @@ class StalenessRing {
   /// Sets max_age (>= 0, else InvalidArgument); the next take or evict_stale applies it to every ready
   /// entry, entries already dropped stay dropped; counts a change in Ledger::max_age_changes.
   void set_max_age(int64_t max_age);
+
+  /// Sets the max_age of source slot `slot` (1 .. kSourceSlots - 1) to `max_age` (>= 0), or back to the
+  /// ring's max_age with -1; throws InvalidArgument otherwise. Applies from the next take or evict_stale
+  /// (not counted in Ledger::max_age_changes, which counts set_max_age).
+  void set_source_max_age(int32_t slot, int64_t max_age);
+
+  /// Returns the max_age override of every source slot (-1: none), slot 0 first.
+  std::array<int64_t, kSourceSlots> source_max_ages() const;
+
+  /// Returns (prompt_id, attempts) of every remembered prompt with >= `min_attempts` attempts and nothing
+  /// trained, by prompt id.
+  std::vector<std::pair<int64_t, int64_t>> starved(int64_t min_attempts) const;
+
+  /// Returns the attempt counters.
+  AttemptCounters attempt_counters() const;
+
+  /// Returns the cumulative counts of every source slot, slot 0 first.
+  std::array<SourceCounts, kSourceSlots> source_counts() const;
+
+  /// Returns a copy of the bias monitor, or null before the first dispatch (nothing monitored yet).
+  std::unique_ptr<BiasMonitor> bias() const;
 
   /// Returns the number of ready entries.
   int64_t size() const;
@@ -245,9 +295,10 @@ class StalenessRing {
                      std::optional<SteadyTime>& deadline);
   void append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
                     int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
-                    int64_t complete_ns);
+                    int64_t complete_ns, int64_t meta);
   void append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds, int64_t n_groups,
-                   const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp);
+                   const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp, const int32_t* slots,
+                   int64_t n_slots);
   void remove_prefix(int64_t n);
   bool leave_hooks() const { return release_log_ != nullptr || config_.unique_ids; }
   void note_left(int64_t id, ReleaseReason reason);
@@ -255,6 +306,14 @@ class StalenessRing {
   void note_walked(int64_t walked, int64_t current_step);
   void check_not_live(const int64_t* traj_ids, int64_t n) const;
   void evict_oldest_groups(int64_t need);
+  bool per_entry_cutoffs() const { return overrides_ > 0 || protected_seen_; }
+  void fill_cutoffs(int64_t current_step) const;
+  bool stale_at(int64_t p) const;
+  void plan_take_per_entry(int64_t batch_size, TakePlan& plan) const;
+  void observe_walked(int64_t walked, int64_t current_step, bool first_use_always, TakeStats& stats);
+  void observe_lost(int64_t count, bool evicted);
+  void observe_lost_group(int64_t p, bool evicted);
+  void check_slots(const int32_t* slots, int64_t n_slots, int64_t n, const char* what) const;
 
   const RingConfig config_;  // as constructed; max_age_ below is the one in force
   RingColumns columns_;
@@ -274,6 +333,15 @@ class StalenessRing {
   std::unique_ptr<ReleaseLog> release_log_;    // null unless config_.track_released
   std::unordered_set<int64_t> live_ids_;       // ids ready in the ring, kept only with config_.unique_ids
   std::function<void()> interrupt_check_;
+  // What the bound does to the data (docs/data-bias.md): attempts, per-source bounds and counts, the monitor.
+  PromptAttempts attempts_;
+  std::unique_ptr<BiasMonitor> bias_;                // allocated at the first dispatch
+  std::array<int64_t, kSourceSlots> source_max_age_;  // -1: the ring's max_age
+  int64_t overrides_ = 0;                             // slots with an override
+  bool protected_seen_ = false;                       // a protected entry may be in the ring
+  bool tagged_ = false;                               // a tagged entry may be in the ring
+  std::array<SourceCounts, kSourceSlots> source_counts_{};
+  mutable std::array<int64_t, kCutoffEntries> cutoffs_{};  // per cut index: a cache fill_cutoffs writes
 };
 
 }  // namespace pyfast_buffer

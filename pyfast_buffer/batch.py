@@ -12,17 +12,37 @@ import torch
 logger = logging.getLogger("pyfast_buffer")
 
 #: Column order of ``Batch.columns``; the native core writes them in this order.
-FIELDS = ("traj_ids", "group_ids", "sample_step", "age", "uses", "policy_version", "dispatch_ns", "complete_ns")
+FIELDS = (
+    "traj_ids",
+    "group_ids",
+    "sample_step",
+    "age",
+    "uses",
+    "policy_version",
+    "dispatch_ns",
+    "complete_ns",
+    "source",
+)
 #: Labels of the fixed age-histogram buckets (ages in trainer steps).
 AGE_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
 #: The log record of every take and evict_stale: dropped_stale and taken per call, buffer_left and sampled_total
 #: running, retired and evicted per call, then the max_age in force and the running count of expired prompts.
 #: New fields are only ever appended.
-LOG_FORMAT = "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d"
+LOG_FORMAT = (
+    "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d"
+    " retried=%d starved=%d regenerations=%d"
+)
 
 # (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight,
-#  sampled_total, max_age, expired)
-Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int]
+#  sampled_total, max_age, expired, attempts, sources): attempts is ATTEMPT_FIELDS in order; sources holds
+#  (source, taken, dropped) of each source this call took or dropped from (-1: untagged), once any is tagged.
+Stats = Tuple[
+    int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int, Tuple[int, ...], Tuple[tuple, ...]
+]
+#: The prompt-attempt counters of every take (docs/data-bias.md): retries and prompts_retried, regenerations
+#: (trajectories of lost attempts whose prompt was dispatched again), protected groups (max_attempts), the
+#: prompts starved now (>= 2 attempts, nothing trained) and the records forgotten at the table's bound.
+ATTEMPT_FIELDS = ("retries", "prompts_retried", "regenerations", "protected", "prompts_starved", "attempts_forgotten")
 #: Names of the ``blocked_by`` codes: ``metrics[prefix + "blocked_by"]`` is an index into this tuple.
 BLOCKED_BY = ("none", "too_few_ready", "in_flight_at_max_age")
 _BLOCKED_CODE = {name: code for code, name in enumerate(BLOCKED_BY)}
@@ -40,6 +60,7 @@ _NAMES = (
     "age_max",
     "blocked_by",
     *tuple(f"age_hist/{b}" for b in AGE_BUCKETS),
+    *ATTEMPT_FIELDS,
 )
 _prefix = DEFAULT_METRICS_PREFIX
 _keys = tuple(_prefix + n for n in _NAMES)
@@ -76,8 +97,21 @@ def age_bucket(age: int) -> int:
 def log_record(stats: Stats) -> None:
     """Writes the one-line log record of one take or evict_stale (LOG_FORMAT), if INFO is enabled."""
     if logger.isEnabledFor(logging.INFO):
-        taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age, expired = stats
-        logger.info(LOG_FORMAT, dropped, taken, left, sampled, retired, evicted, max_age, expired)
+        taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age, expired, attempts = stats[:14]
+        logger.info(
+            LOG_FORMAT,
+            dropped,
+            taken,
+            left,
+            sampled,
+            retired,
+            evicted,
+            max_age,
+            expired,
+            attempts[1],
+            attempts[4],
+            attempts[2],
+        )
 
 
 def metrics_from_stats(stats: Stats) -> Dict[str, float]:
@@ -95,8 +129,14 @@ def metrics_from_stats(stats: Stats) -> Dict[str, float]:
         age_max,
         _BLOCKED_CODE[blocked_by],
         *hist,
+        *stats[13],
     )
-    return dict(zip(_keys, values))
+    metrics = dict(zip(_keys, values))
+    for source, source_taken, source_dropped in stats[14]:
+        name = "untagged" if source < 0 else source
+        metrics[f"{_prefix}source/{name}/taken"] = source_taken
+        metrics[f"{_prefix}source/{name}/dropped"] = source_dropped
+    return metrics
 
 
 def make_metrics(stats: Stats) -> Dict[str, float]:
@@ -108,7 +148,7 @@ def make_metrics(stats: Stats) -> Dict[str, float]:
 class Batch:
     """Trajectories taken together: int64 tensors of equal length plus the metrics of the take.
 
-    ``columns`` is one contiguous (8, k) int64 tensor whose rows are FIELDS; the named
+    ``columns`` is one contiguous (9, k) int64 tensor whose rows are FIELDS; the named
     attributes are views of it, so ``batch.to("cuda", non_blocking=True)`` is one copy.
     The tensors belong to the caller: no later call overwrites them.
     """
@@ -130,7 +170,7 @@ class Batch:
 
     @property
     def columns(self) -> torch.Tensor:
-        """One contiguous (8, k) int64 tensor whose rows are FIELDS."""
+        """One contiguous (9, k) int64 tensor whose rows are FIELDS."""
         if self._columns is None:
             self._columns = torch.from_numpy(self._array)
         return self._columns
@@ -205,6 +245,11 @@ class Batch:
     def complete_ns(self) -> torch.Tensor:
         """Wall clock (ns since the epoch) at completion."""
         return self._row(7)
+
+    @property
+    def source(self) -> torch.Tensor:
+        """Source tag of each trajectory (``dispatch``/``put`` ``source=``), -1 when untagged."""
+        return self._row(8)
 
     def __len__(self) -> int:
         if self._stats is not None:

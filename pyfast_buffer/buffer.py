@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from . import _core, state
-from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from . import _core, bias, state
+from ._args import (
+    as_count,
+    as_ids,
+    as_lease,
+    as_lengths,
+    as_seconds,
+    as_slots,
+    as_step,
+    as_steps,
+    as_timeout,
+    same_length,
+)
+from .accounting import AccountingMethods
 from .batch import Batch, log_record, make_metrics
 from .checkpoint import CheckpointMethods
 from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
@@ -24,12 +36,12 @@ _INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def _pinned_columns(capacity: int) -> tuple:
-    wide = [torch.empty(capacity, dtype=torch.int64, pin_memory=True) for _ in range(6)]
+    wide = [torch.empty(capacity, dtype=torch.int64, pin_memory=True) for _ in range(7)]
     narrow = [torch.empty(capacity, dtype=torch.int32, pin_memory=True) for _ in range(2)]
     return tuple(wide + narrow)
 
 
-class StalenessBuffer(CheckpointMethods):
+class StalenessBuffer(CheckpointMethods, AccountingMethods):
     """A ring of step-stamped trajectory ids that hands out only what is fresh enough to train on.
 
     Args:
@@ -47,6 +59,13 @@ class StalenessBuffer(CheckpointMethods):
             past it the oldest are discarded and counted in ``ledger()["released_overflow"]``.
         unique_ids: refuse (ValueError) a trajectory id that is already ready in the ring; costs a hash
             set of the ready ids (about 40 bytes per entry) and one lookup per id put or taken.
+        max_attempts: with ``k``, a prompt's k-th (and any later) attempt is protected: under ``drop`` its
+            group is never dropped for staleness, so no prompt is regenerated more than k times
+            (docs/data-bias.md says which age a protected group can reach).
+        source_max_age: ``{source: max_age}`` overriding ``max_age`` for prompts and trajectories tagged with
+            that source (``dispatch``/``put`` ``source=``); settable between calls like ``max_age``.
+        starvation_share: warn on the ``pyfast_buffer`` logger, once per window, when a source's share of the
+            trajectories taken falls below this while it still had prompts dispatched.
     """
 
     def __init__(
@@ -61,6 +80,9 @@ class StalenessBuffer(CheckpointMethods):
         track_released: bool = False,
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
+        max_attempts: Optional[int] = None,
+        source_max_age: Optional[Dict[int, int]] = None,
+        starvation_share: Optional[float] = None,
     ) -> None:
         self.config = BufferConfig(
             capacity,
@@ -72,6 +94,9 @@ class StalenessBuffer(CheckpointMethods):
             track_released,
             release_bound,
             unique_ids,
+            max_attempts,
+            source_max_age,
+            starvation_share,
         )
         check_capacity_fits(capacity)
         self._config_lock = threading.Lock()  # keeps config.max_age in step with the core's under concurrent setters
@@ -90,21 +115,32 @@ class StalenessBuffer(CheckpointMethods):
             track_released=track_released,
             release_bound=release_bound or 0,
             unique_ids=unique_ids,
+            max_attempts=max_attempts or 0,
         )
+        for source, age in self.config.source_max_age or ():
+            self._ring.set_source_max_age(source, age)
+        self._watch = bias.StarvationWatch(starvation_share)
 
     @classmethod
     def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> StalenessBuffer:
         """Builds a buffer from verl's ``trainer.v1.sampler`` block and trainer config (see config_from_verl)."""
         return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
-    def dispatch(self, prompt_ids: Ids, step: int, lease: Optional[float] = None) -> None:
+    def dispatch(
+        self, prompt_ids: Ids, step: int, lease: Optional[float] = None, *, source: Union[int, Ids, None] = None
+    ) -> None:
         """Marks prompts as in flight, generated with the weights of ``step``.
 
         With ``lease`` (seconds, > 0), a prompt neither completed, failed nor renewed within it is failed by
         the buffer (counted in ``failed`` and ``expired``) at the next call that looks at the in-flight table,
-        or while a blocking take waits; see docs/reliability.md.
+        or while a blocking take waits; see docs/reliability.md. ``source`` tags the prompts (one int in
+        [0, 63] for all, or one per prompt): ``source_max_age`` and the per-source metrics key on it. A prompt
+        dispatched again after its previous attempt left untrained counts as a retry (``starved()``).
         """
-        self._ring.dispatch(as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease))
+        prompts = as_ids(prompt_ids, "prompt_ids")
+        slots = as_slots(source, len(prompts), "prompts")
+        self._ring.dispatch(prompts, as_step(step, "step"), as_lease(lease), slots)
+        self._watch.on_dispatch(None if slots is None else slots - 1, len(prompts))
 
     def renew(self, prompt_ids: Ids, lease: float) -> None:
         """Gives in-flight prompts a lease of ``lease`` seconds from now (also prompts dispatched without one)."""
@@ -120,11 +156,16 @@ class StalenessBuffer(CheckpointMethods):
         """Test hook: freezes the lease clock at ``now_ns`` (None: the monotonic clock again)."""
         self._ring._set_lease_clock(now_ns)
 
-    def complete(self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None) -> None:
-        """Moves finished trajectories into the ring; ``prompt_ids[i]`` is the prompt of ``traj_ids[i]``."""
+    def complete(
+        self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None, *, lengths: Optional[Ids] = None
+    ) -> None:
+        """Moves finished trajectories into the ring; ``prompt_ids[i]`` is the prompt of ``traj_ids[i]``.
+
+        ``lengths`` (optional, one token count per trajectory) feeds the bias monitor's length sketches.
+        """
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
-        self._ring.complete(trajs, prompts, as_timeout(timeout))
+        self._ring.complete(trajs, prompts, as_timeout(timeout), as_lengths(lengths, len(trajs)))
 
     def fail(self, prompt_ids: Ids) -> None:
         """Marks in-flight prompts as failed; nothing of theirs enters the ring."""
@@ -136,8 +177,12 @@ class StalenessBuffer(CheckpointMethods):
         sample_step: Union[int, Ids],
         group_ids: Optional[Ids] = None,
         timeout: Optional[float] = None,
+        *,
+        source: Union[int, Ids, None] = None,
     ) -> None:
-        """Dispatch + complete in one call; ``sample_step`` is one int or one per trajectory."""
+        """Dispatch + complete in one call; ``sample_step`` is one int or one per trajectory, ``source`` one
+        tag or one per trajectory (a group shares one). Put entries are outside the bias monitor and the
+        prompt-attempt table: the buffer never saw their rollout."""
         # The common call (int64 numpy ids, one int stamp, no groups) skips the general conversions.
         if (
             type(traj_ids) is np.ndarray
@@ -156,7 +201,8 @@ class StalenessBuffer(CheckpointMethods):
         if group_ids is not None:
             groups = as_ids(group_ids, "group_ids")
             same_length(trajs, "traj_ids", groups, "group_ids")
-        self._ring.put(trajs, groups, steps, None if timeout is None else as_timeout(timeout))
+        slots = None if source is None else as_slots(source, len(trajs), "trajectories")
+        self._ring.put(trajs, groups, steps, None if timeout is None else as_timeout(timeout), slots)
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
         """Takes up to ``batch_size`` trajectories, oldest first, in whole groups.
@@ -195,6 +241,7 @@ class StalenessBuffer(CheckpointMethods):
             columns = kept.reshape(_N_COLUMNS, taken)  # Batch wraps it in a tensor on first access
         # The core wrote the batch field by field at stride `taken`: rows of an (8, taken) contiguous block.
         log_record(stats)  # the log record is written per take; the metrics dict is built on first access
+        self._watch_take(stats)
         return Batch(columns, stats=stats)
 
     def evict_stale(self, current_step: int) -> int:
@@ -264,6 +311,21 @@ class StalenessBuffer(CheckpointMethods):
     def __repr__(self) -> str:
         return repr(self._ring)
 
+    def _attempts_now(self) -> Tuple[Tuple[int, ...], Dict[int, int]]:
+        return self._ring.attempts()
+
+    def _starved_now(self, min_attempts: int) -> Dict[int, int]:
+        return self._ring.starved(min_attempts)
+
+    def _source_counts_now(self) -> np.ndarray:
+        return self._ring.source_counts()
+
+    def _bias_now(self) -> Optional[tuple]:
+        return self._ring.bias()
+
+    def _apply_source_max_age(self, source: int, max_age: int) -> None:
+        self._ring.set_source_max_age(source, max_age)
+
     def state_dict(self) -> Dict[str, Any]:
         """Returns the whole state (entries, in-flight prompts, ledger, clock) as torch tensors."""
         s = self._ring.export_state()
@@ -274,8 +336,20 @@ class StalenessBuffer(CheckpointMethods):
             "dispatch_ns": s["in_flight_dispatch_ns"],
             "lease_left_ns": s["in_flight_lease_left_ns"],
             "held_ns": s["in_flight_held_ns"],
+            "meta": s["in_flight_meta"],
         }
-        return state.pack(self.config, entries, in_flight, s["ledger"], s["clock"], s["evicted_unreported"])
+        entries["meta"] = s["meta"]
+        return state.pack(
+            self.config,
+            entries,
+            in_flight,
+            s["ledger"],
+            s["clock"],
+            s["evicted_unreported"],
+            s["attempts"],
+            s["attempt_counters"],
+            s["source_counts"],
+        )
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Replaces the contents and ledger with a state_dict's; this buffer keeps its own configuration."""
@@ -291,6 +365,10 @@ class StalenessBuffer(CheckpointMethods):
             in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"],
             in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"],
             in_flight_held_ns=s["in_flight"]["held_ns"],
+            in_flight_meta=s["in_flight"]["meta"],
+            attempts=s["attempts"],
+            attempt_counters=s["attempt_counters"],
+            source_counts=s["source_counts"],
             ledger=s["ledger"],
             clock=s["clock"],
             evicted_unreported=s["evicted_unreported"],

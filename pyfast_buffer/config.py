@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Mapping as MappingType, Optional, Tuple, Union
 
 import torch
 
-from ._args import MAX_CAPACITY, as_count, as_step
+from ._args import MAX_CAPACITY, MAX_SOURCE, as_count, as_step
 
 STRATEGIES = ("drop", "wait")
 ON_FULL = ("evict_oldest", "block", "error")
@@ -30,6 +30,9 @@ class BufferConfig:
     track_released: bool = False
     release_bound: Optional[int] = None
     unique_ids: bool = False
+    max_attempts: Optional[int] = None
+    source_max_age: Optional[Union[MappingType[int, int], Tuple[Tuple[int, int], ...]]] = None
+    starvation_share: Optional[float] = None
 
     def __post_init__(self) -> None:
         as_count(self.capacity, "capacity", 1, MAX_CAPACITY)
@@ -48,10 +51,42 @@ class BufferConfig:
             as_count(self.release_bound, "release_bound", 1)
             if not self.track_released:
                 raise ValueError(f"release_bound={self.release_bound} needs track_released=True")
+        if self.max_attempts is not None:
+            as_count(self.max_attempts, "max_attempts", 1, 2**31 - 1)
+        # Stored as sorted (source, max_age) pairs: hashable, and a checkpoint keeps it (dict keys must be str there).
+        object.__setattr__(self, "source_max_age", source_max_age_pairs(self.source_max_age))
+        share = self.starvation_share
+        if share is not None:
+            if isinstance(share, bool) or not isinstance(share, (int, float)):
+                raise TypeError(f"starvation_share={share!r} is not a number; pass a share in (0, 1) or None")
+            if not 0 < share < 1:
+                raise ValueError(f"starvation_share={share} must lie in (0, 1), e.g. 0.05 for 5% of trained data")
 
 
-#: Bytes one ready entry takes in the native ring (six int64 and two int32 columns; the core's kBytesPerEntry).
-BYTES_PER_ENTRY = 56
+def as_source(value: Any, name: str = "source") -> int:
+    """Returns ``value`` as a source tag in [0, MAX_SOURCE], or raises TypeError/ValueError naming ``name``."""
+    return as_count(value, name, 0, MAX_SOURCE)
+
+
+def source_max_age_pairs(value: Any) -> Optional[Tuple[Tuple[int, int], ...]]:
+    """Returns ``{source: max_age}`` (or (source, max_age) pairs) as sorted pairs, None for None or empty;
+    raises TypeError/ValueError naming the bad source or age."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in value):
+        items = [tuple(p) for p in value]
+    else:
+        raise TypeError(f"source_max_age={value!r} is not a dict; pass {{source: max_age}}, e.g. {{1: 16}}")
+    pairs = {}
+    for source, age in items:
+        pairs[as_source(source, "source_max_age source")] = as_count(age, f"source_max_age[{source}]", 0)
+    return tuple(sorted(pairs.items())) or None
+
+
+#: Bytes one ready entry takes in the native ring (seven int64 and two int32 columns; the core's kBytesPerEntry).
+BYTES_PER_ENTRY = 64
 
 
 def check_capacity_fits(capacity: int) -> None:

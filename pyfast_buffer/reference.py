@@ -13,13 +13,26 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
 
-from . import state
-from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from . import bias, state
+from ._args import (
+    as_count,
+    as_ids,
+    as_lease,
+    as_lengths,
+    as_seconds,
+    as_slots,
+    as_step,
+    as_steps,
+    as_timeout,
+    same_length,
+)
+from .accounting import AccountingMethods
+from .attempts import PromptAttempts, default_attempts_bound
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
 from .checkpoint import CheckpointMethods
 from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
@@ -30,6 +43,28 @@ _RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of REL
 
 
 _NO_LEASE = 2**63 - 1  # the deadline of a prompt without a lease, as in the core
+# The per-entry meta word, as csrc/entry_meta.hpp packs it: length (low 32 bits), source slot, two flags.
+_NO_LENGTH = 0xFFFFFFFF
+_PROTECTED = 1 << 40
+_OBSERVED = 1 << 41
+
+
+def _meta(length: int, slot: int, protect: bool, observed: bool) -> int:
+    return (_NO_LENGTH if length < 0 else length) | (slot << 32) | (_PROTECTED if protect else 0) | (
+        _OBSERVED if observed else 0
+    )
+
+
+def _slot(meta: int) -> int:
+    return (meta >> 32) & 0xFF
+
+
+def _length(meta: int) -> int:
+    return -1 if meta & _NO_LENGTH == _NO_LENGTH else meta & _NO_LENGTH
+
+
+def _latency_us(rec: dict) -> int:
+    return max(rec["complete_ns"] - rec["dispatch_ns"], 0) // 1000
 _WAKE_S = 0.1  # longest sleep of a blocking call between two looks at signals, leases and its deadline
 
 
@@ -40,7 +75,7 @@ class _Plan:
         self.blocked_by = "none"
 
 
-class ReferenceBuffer(CheckpointMethods):
+class ReferenceBuffer(CheckpointMethods, AccountingMethods):
     """Pure-Python StalenessBuffer; see that class for the arguments (pin_memory is accepted and ignored)."""
 
     def __init__(
@@ -55,6 +90,9 @@ class ReferenceBuffer(CheckpointMethods):
         track_released: bool = False,
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
+        max_attempts: Optional[int] = None,
+        source_max_age: Optional[Dict[int, int]] = None,
+        starvation_share: Optional[float] = None,
     ) -> None:
         self.config = BufferConfig(
             capacity,
@@ -66,6 +104,9 @@ class ReferenceBuffer(CheckpointMethods):
             track_released,
             release_bound,
             unique_ids,
+            max_attempts,
+            source_max_age,
+            starvation_share,
         )
         check_capacity_fits(capacity)
         # (id, reason code) of everything that left, oldest first, until released() drains it
@@ -86,6 +127,15 @@ class ReferenceBuffer(CheckpointMethods):
         self._evicted_unreported = 0
         self._closed = False
         self._cond = threading.Condition()
+        self._config_lock = threading.Lock()
+        # What the bound does to the data (docs/data-bias.md), as the core keeps it.
+        self._attempts = PromptAttempts(default_attempts_bound(capacity))
+        self._bias: Optional[bias.Sketches] = None  # from the first dispatch on
+        self._source_max_age: Dict[int, int] = dict(self.config.source_max_age or ())
+        self._protected_seen = False
+        self._tagged = False
+        self._source_counts = np.zeros((state.SOURCE_SLOTS, len(state.SOURCE_COUNT_FIELDS)), dtype=np.int64)
+        self._watch = bias.StarvationWatch(starvation_share)
 
     @classmethod
     def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> ReferenceBuffer:
@@ -146,6 +196,7 @@ class ReferenceBuffer(CheckpointMethods):
     def _expire(self, prompts: List[int]) -> None:
         for p in prompts:
             self._pop_in_flight(p)
+            self._attempts.on_failed(p)
             self._note_left(p, _EXPIRED)
         self._counts["failed"] += len(prompts)
         self._counts["expired"] += len(prompts)
@@ -200,6 +251,8 @@ class ReferenceBuffer(CheckpointMethods):
         evicted = 0
         while self._size + need > self.config.capacity:  # on_full="evict_oldest": whole groups, oldest first
             oldest = self._groups.popleft()
+            if self._observing():
+                self._observe_lost(oldest, evicted=True)
             self._size -= len(oldest)
             evicted += len(oldest)
             for rec in oldest:
@@ -228,8 +281,9 @@ class ReferenceBuffer(CheckpointMethods):
         return None
 
     # -- producer side -------------------------------------------------------------------
-    def dispatch(self, prompt_ids: Any, step: int, lease: Optional[float] = None) -> None:
+    def dispatch(self, prompt_ids: Any, step: int, lease: Optional[float] = None, *, source: Any = None) -> None:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
+        slots = as_slots(source, len(prompts), "prompts")
         step = as_step(step, "step")
         lease = as_lease(lease)
         with self._cond:
@@ -246,12 +300,20 @@ class ReferenceBuffer(CheckpointMethods):
                     )
             now, since = time.time_ns(), self._lease_now()
             deadline = _NO_LEASE if lease is None else min(since + int(lease * 1e9), _NO_LEASE - 1)
-            for p in prompts:
-                self._in_flight[p] = (step, now, since, deadline)
+            if self._bias is None and prompts:
+                self._bias = bias.Sketches()
+            k = self.config.max_attempts or 0
+            for i, p in enumerate(prompts):
+                slot = 0 if slots is None else int(slots[0 if len(slots) == 1 else i])
+                attempt = self._attempts.on_dispatch(p, slot)
+                self._in_flight[p] = (step, now, since, deadline, _meta(-1, slot, 0 < k <= attempt, True))
                 if lease is not None:
                     self._leases[p] = deadline
+                self._source_counts[slot, 0] += 1
+                self._tagged |= slot != 0
             self._counts["dispatched"] += len(prompts)
             self._clock = max(self._clock, step)
+        self._watch.on_dispatch(None if slots is None else slots - 1, len(prompts))
 
     def fail(self, prompt_ids: Any) -> None:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
@@ -264,6 +326,7 @@ class ReferenceBuffer(CheckpointMethods):
             self._check_in_flight(prompts)
             for p in prompts:
                 self._pop_in_flight(p)
+                self._attempts.on_failed(p)
                 self._note_left(p, _FAILED)
             self._counts["failed"] += len(prompts)
             self._cond.notify_all()
@@ -285,8 +348,8 @@ class ReferenceBuffer(CheckpointMethods):
                     )
             deadline = min(self._lease_now() + int(lease * 1e9), _NO_LEASE - 1)
             for p in prompts:
-                step, dispatched_at, since, _ = self._in_flight[p]
-                self._in_flight[p] = (step, dispatched_at, since, deadline)
+                step, dispatched_at, since, _, meta = self._in_flight[p]
+                self._in_flight[p] = (step, dispatched_at, since, deadline, meta)
                 self._leases[p] = deadline
 
     def expire_in_flight(self, older_than_s: float) -> int:
@@ -306,10 +369,13 @@ class ReferenceBuffer(CheckpointMethods):
             self._manual_clock = now_ns
             self._cond.notify_all()
 
-    def complete(self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None) -> None:
+    def complete(
+        self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None, *, lengths: Any = None
+    ) -> None:
         trajs, prompts = as_ids(traj_ids, "traj_ids", copy=True), as_ids(prompt_ids, "prompt_ids", copy=True)
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
         timeout = as_timeout(timeout)
+        length_of = as_lengths(lengths, len(trajs))
         n = len(trajs)
         with self._cond:
             self._check_open()
@@ -330,16 +396,37 @@ class ReferenceBuffer(CheckpointMethods):
                 if self._wait_for_room(n, timeout, "complete", deadline):
                     break
             now = time.time_ns()
+            assert self._bias is not None  # every in-flight prompt was dispatched, which starts the monitor
             for p, members in groups.items():
-                step, dispatched_at, _, _ = self._pop_in_flight(p)
-                self._append([self._record(traj_list[i], p, step, dispatched_at, now) for i in members])
+                step, dispatched_at, _, _, meta = self._pop_in_flight(p)
+                base = meta & ~_NO_LENGTH
+                metas = [meta if length_of is None else base | int(length_of[i]) for i in members]
+                self._append([self._record(traj_list[i], p, step, dispatched_at, now, m) for i, m in zip(members, metas)])
+                self._bias.add(0, 0, [max(now - dispatched_at, 0) // 1000] * len(members))
+                if length_of is not None:
+                    self._bias.add(0, 1, (int(length_of[i]) for i in members))
+                self._attempts.on_complete(p)
+                if meta & _PROTECTED:
+                    self._attempts.counters["protected"] += 1
+                    self._protected_seen = True
+                self._source_counts[_slot(meta), 1] += len(members)
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
             self._cond.notify_all()
 
-    def put(self, traj_ids: Any, sample_step: Any, group_ids: Any = None, timeout: Optional[float] = None) -> None:
+    def put(
+        self,
+        traj_ids: Any,
+        sample_step: Any,
+        group_ids: Any = None,
+        timeout: Optional[float] = None,
+        *,
+        source: Any = None,
+    ) -> None:
         # Owned copies: each caller array is read once, as the native wrapper's copies are.
         trajs = as_ids(traj_ids, "traj_ids", copy=True)
+        slots = None if source is None else as_slots(source, len(trajs), "trajectories")
+        slot_of = (lambda i: 0) if slots is None else (lambda i: int(slots[0 if len(slots) == 1 else i]))
         steps = as_steps(sample_step, "sample_step", len(trajs), copy=True).tolist()
         groups_arr = None
         if group_ids is not None:
@@ -370,6 +457,13 @@ class ReferenceBuffer(CheckpointMethods):
                                 f"sample_step: group {g} has entries stamped {step_of(members[0])} "
                                 f"and {step_of(i)}; a group shares one sample_step"
                             )
+                for g, members in groups.items():
+                    for i in members[1:]:
+                        if slot_of(i) != slot_of(members[0]):
+                            raise ValueError(
+                                f"source: group {g} has entries tagged {slot_of(members[0]) - 1} "
+                                f"and {slot_of(i) - 1}; a group shares one source"
+                            )
             deadline = time.monotonic() + (timeout or 0.0)
             while True:  # after a wait, validate again: another thread may have put one of these ids
                 self._check_not_live(traj_list)
@@ -378,15 +472,20 @@ class ReferenceBuffer(CheckpointMethods):
             now = time.time_ns()
             for members in groups.values():
                 gid = key_of[members[0]]
-                self._append([self._record(traj_list[i], gid, step_of(members[0]), now, now) for i in members])
+                meta = _meta(-1, slot_of(members[0]), False, False)
+                self._append([self._record(traj_list[i], gid, step_of(members[0]), now, now, meta) for i in members])
+                self._source_counts[_slot(meta), 0] += 1
+                self._source_counts[_slot(meta), 1] += len(members)
+                self._tagged |= _slot(meta) != 0
             self._counts["dispatched"] += len(groups)
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
             self._clock = max(self._clock, max(steps))
             self._cond.notify_all()
 
-    def _record(self, traj_id: int, group_id: int, step: int, dispatch_ns: int, complete_ns: int) -> dict:
+    def _record(self, traj_id: int, group_id: int, step: int, dispatch_ns: int, complete_ns: int, meta: int) -> dict:
         return {
+            "meta": meta,
             "traj_id": traj_id,
             "group_id": group_id,
             "sample_step": step,
@@ -397,11 +496,13 @@ class ReferenceBuffer(CheckpointMethods):
         }
 
     # -- consumer side -------------------------------------------------------------------
+    def _own_max_age(self, slot: int) -> int:
+        return self._source_max_age.get(slot - 1, self.config.max_age) if slot else self.config.max_age
+
     def _wait_blocked(self, current_step: int) -> bool:
         if not self._in_flight:
             return False
-        oldest = min(rec[0] for rec in self._in_flight.values())
-        return current_step - oldest >= self.config.max_age
+        return any(current_step - rec[0] >= self._own_max_age(_slot(rec[4])) for rec in self._in_flight.values())
 
     def _wait_blocked_message(self, current_step: int) -> str:
         limit = current_step - self.config.max_age
@@ -413,8 +514,38 @@ class ReferenceBuffer(CheckpointMethods):
             "complete or fail them, or increase max_age (max_off_policy_threshold)"
         )
 
-    def _is_stale(self, group: List[dict], current_step: int) -> bool:
-        return self.config.strategy == "drop" and current_step - group[0]["sample_step"] > self.config.max_age
+    def _is_stale(self, group: List[dict], current_step: int, any_strategy: bool = False) -> bool:
+        """Whether the group is past its source's max_age (protected groups never are); only under drop,
+        unless ``any_strategy`` (evict_stale applies the bounds under either strategy)."""
+        meta = group[0]["meta"]
+        if (self.config.strategy != "drop" and not any_strategy) or meta & _PROTECTED:
+            return False
+        return current_step - group[0]["sample_step"] > self._own_max_age(_slot(meta))
+
+    def _observing(self) -> bool:
+        return self._bias is not None or self._tagged
+
+    def _observe_lost(self, group: List[dict], evicted: bool) -> None:
+        """Counts a group that leaves untaken-now: dropped stale or evicted; lost if it was never taken."""
+        meta = group[0]["meta"]
+        self._source_counts[_slot(meta), 5 if evicted else 4] += len(group)
+        if group[0]["uses"] != 0 or not meta & _OBSERVED or self._bias is None:
+            return
+        self._bias.add(2, 0, (_latency_us(rec) for rec in group))
+        self._bias.add(2, 1, (_length(rec["meta"]) for rec in group if _length(rec["meta"]) >= 0))
+        self._attempts.on_lost(group[0]["group_id"], len(group))
+
+    def _observe_taken(self, group: List[dict]) -> None:
+        """Counts a group this take handed out (its uses already counted)."""
+        slot = _slot(group[0]["meta"])
+        self._source_counts[slot, 2] += len(group)
+        if group[0]["uses"] != 1:
+            return
+        self._source_counts[slot, 3] += len(group)
+        if group[0]["meta"] & _OBSERVED and self._bias is not None:
+            self._bias.add(1, 0, (_latency_us(rec) for rec in group))
+            self._bias.add(1, 1, (_length(rec["meta"]) for rec in group if _length(rec["meta"]) >= 0))
+            self._attempts.on_trained(group[0]["group_id"])
 
     def _plan(self, batch_size: int, current_step: int) -> _Plan:
         plan = _Plan()
@@ -477,14 +608,19 @@ class ReferenceBuffer(CheckpointMethods):
             return self._commit(plan, current_step)
 
     def _commit(self, plan: _Plan, current_step: int) -> Batch:
-        columns: List[List[int]] = [[] for _ in range(8)]
+        columns: List[List[int]] = [[] for _ in range(9)]
         hist = [0] * len(AGE_BUCKETS)
         age_sum = age_max = retired = 0
         keep = []
+        observing = self._observing()
+        by_slot: Dict[int, List[int]] = {}  # slot -> [taken, dropped] by this call
         for _ in range(plan.walked):
             group = self._groups.popleft()
             self._size -= len(group)
             if self._is_stale(group, current_step):
+                if observing:
+                    by_slot.setdefault(_slot(group[0]["meta"]), [0, 0])[1] += len(group)
+                    self._observe_lost(group, evicted=False)
                 for rec in group:
                     self._note_left(rec["traj_id"], _DROPPED_STALE)
                 continue
@@ -502,12 +638,16 @@ class ReferenceBuffer(CheckpointMethods):
                         rec["policy_version"],
                         rec["dispatch_ns"],
                         rec["complete_ns"],
+                        _slot(rec["meta"]) - 1,
                     ),
                 ):
                     col.append(value)
                 age_sum += age
                 age_max = max(age_max, age)
                 hist[age_bucket(age)] += 1
+            if observing:
+                by_slot.setdefault(_slot(group[0]["meta"]), [0, 0])[0] += len(group)
+                self._observe_taken(group)
             if group[0]["uses"] < self.config.max_uses:
                 keep.append(group)  # reused entries keep their place at the front
             else:
@@ -536,8 +676,13 @@ class ReferenceBuffer(CheckpointMethods):
             self._counts["put_total"],
             self.config.max_age,
             self._counts["expired"],
+            self._attempts.snapshot()[0],
+            tuple((slot - 1, *by_slot[slot]) for slot in sorted(by_slot)) if self._tagged else (),
         )
-        return Batch(torch.tensor(columns, dtype=torch.int64).reshape(8, plan.taken), make_metrics(stats))
+        if self._bias is not None:
+            self._bias.on_take()
+        self._watch_take(stats)
+        return Batch(torch.tensor(columns, dtype=torch.int64).reshape(9, plan.taken), make_metrics(stats))
 
     def _report_evicted(self) -> int:
         evicted, self._evicted_unreported = self._evicted_unreported, 0
@@ -550,12 +695,14 @@ class ReferenceBuffer(CheckpointMethods):
             self._expire_due()
             self._check_clock(current_step)
             self._clock = current_step
-            cutoff = current_step - self.config.max_age
-            for group in self._groups:
-                if group[0]["sample_step"] < cutoff:
+            stale = [self._is_stale(g, current_step, any_strategy=True) for g in self._groups]
+            for group, old in zip(self._groups, stale):
+                if old:
+                    if self._observing():
+                        self._observe_lost(group, evicted=False)
                     for rec in group:
                         self._note_left(rec["traj_id"], _DROPPED_STALE)
-            fresh = deque(g for g in self._groups if g[0]["sample_step"] >= cutoff)
+            fresh = deque(g for g, old in zip(self._groups, stale) if not old)
             removed = self._size - sum(len(g) for g in fresh)
             self._groups, self._size = fresh, self._size - removed
             self._counts["dropped_stale"] += removed
@@ -575,6 +722,8 @@ class ReferenceBuffer(CheckpointMethods):
                 self._counts["put_total"],
                 self.config.max_age,
                 self._counts["expired"],
+                self._attempts.snapshot()[0],
+                (),
             )
         make_metrics(stats)
         return removed
@@ -665,11 +814,36 @@ class ReferenceBuffer(CheckpointMethods):
             f"clock={self._clock}{', closed=True' if self._closed else ''})"
         )
 
+    def _attempts_now(self) -> Tuple[Tuple[int, ...], Dict[int, int]]:
+        with self._cond:
+            return self._attempts.snapshot()
+
+    def _starved_now(self, min_attempts: int) -> Dict[int, int]:
+        with self._cond:
+            return self._attempts.starved_prompts(min_attempts)
+
+    def _source_counts_now(self) -> np.ndarray:
+        with self._cond:
+            return self._source_counts.copy()
+
+    def _bias_now(self) -> Optional[tuple]:
+        with self._cond:
+            return None if self._bias is None else self._bias.arrays()
+
+    def _apply_source_max_age(self, source: int, max_age: int) -> None:
+        with self._cond:
+            if max_age < 0:
+                self._source_max_age.pop(source, None)
+            else:
+                self._source_max_age[source] = max_age
+            self._cond.notify_all()  # under wait, a raised bound may unblock a waiting take
+
     def state_dict(self) -> Dict[str, Any]:
         with self._cond:
             self._expire_due()
             records = [(rec, len(g)) for g in self._groups for rec in g]
-            entries = {k: [r[k] for r, _ in records] for k in state.ENTRY_COLUMNS if k != "group_len"}
+            keys = state.ENTRY_COLUMNS + tuple(state.LATER_ENTRY_COLUMNS)
+            entries = {k: [r[k] for r, _ in records] for k in keys if k != "group_len"}
             entries["group_len"] = [n for _, n in records]
             prompts = sorted(self._in_flight.items())
             now = self._lease_now()
@@ -679,14 +853,26 @@ class ReferenceBuffer(CheckpointMethods):
                 "dispatch_ns": [r[1] for _, r in prompts],
                 "lease_left_ns": [-1 if r[3] == _NO_LEASE else max(r[3] - now, 0) for _, r in prompts],
                 "held_ns": [max(now - r[2], 0) for _, r in prompts],
+                "meta": [r[4] for _, r in prompts],
             }
-            return state.pack(self.config, entries, in_flight, self._counts, self._clock, self._evicted_unreported)
+            return state.pack(
+                self.config,
+                entries,
+                in_flight,
+                self._counts,
+                self._clock,
+                self._evicted_unreported,
+                self._attempts.export(),
+                self._attempts.counters,
+                self._source_counts,
+            )
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         with self._cond:
             self._check_open()
             s = state.unpack(state_dict, self.config.capacity, self.config.max_uses)
             cols = {k: v.tolist() for k, v in s["entries"].items()}
+            keys = state.ENTRY_COLUMNS + tuple(state.LATER_ENTRY_COLUMNS)
             live = None
             if self._live is not None:
                 live = set(cols["traj_id"])
@@ -701,7 +887,7 @@ class ReferenceBuffer(CheckpointMethods):
             while i < len(cols["traj_id"]):
                 n = cols["group_len"][i]
                 groups.append(
-                    [{k: cols[k][j] for k in state.ENTRY_COLUMNS if k != "group_len"} for j in range(i, i + n)]
+                    [{k: cols[k][j] for k in keys if k != "group_len"} for j in range(i, i + n)]
                 )
                 i += n
             self._groups, self._size = groups, len(cols["traj_id"])
@@ -709,14 +895,22 @@ class ReferenceBuffer(CheckpointMethods):
             f = {k: v.tolist() for k, v in s["in_flight"].items()}
             now = self._lease_now()
             self._in_flight, self._leases = {}, {}
-            for p, st, d, left, held in zip(
-                f["prompt_id"], f["sample_step"], f["dispatch_ns"], f["lease_left_ns"], f["held_ns"]
+            for p, st, d, left, held, meta in zip(
+                f["prompt_id"], f["sample_step"], f["dispatch_ns"], f["lease_left_ns"], f["held_ns"], f["meta"]
             ):
                 # A restored lease keeps the time it had left when saved; the time since dispatch likewise.
                 deadline = _NO_LEASE if left < 0 else min(now + left, _NO_LEASE - 1)
-                self._in_flight[p] = (st, d, now - min(held, now), deadline)
+                self._in_flight[p] = (st, d, now - min(held, now), deadline, meta)
                 if left >= 0:
                     self._leases[p] = deadline
+            self._attempts.load(s["attempts"], s["attempt_counters"])
+            self._source_counts = s["source_counts"].copy()
+            metas = cols["meta"] + f["meta"]
+            self._protected_seen = any(m & _PROTECTED for m in cols["meta"])
+            self._tagged = any(_slot(m) != 0 for m in metas)
+            observed = bool(f["meta"]) or len(s["attempts"]["prompt_id"]) > 0 or any(m & _OBSERVED for m in cols["meta"])
+            if self._bias is None and observed:
+                self._bias = bias.Sketches()
             self._counts = dict(s["ledger"])
             self._clock = s["clock"]
             self._evicted_unreported = s["evicted_unreported"]

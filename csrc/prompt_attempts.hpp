@@ -1,0 +1,200 @@
+// Per-prompt attempt accounting: how often each prompt was dispatched and trained, in bounded memory.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <list>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace pyfast_buffer {
+
+/// Largest source tag accepted (tags are small ints: a dataset or task family).
+constexpr int64_t kMaxSource = 63;
+
+/// Source slots: slot 0 holds untagged prompts and trajectories, slot s + 1 holds source s.
+constexpr int kSourceSlots = static_cast<int>(kMaxSource) + 2;
+
+/// Default number of prompt records PromptAttempts keeps for a ring of `capacity` entries.
+inline int64_t default_attempts_bound(int64_t capacity) { return std::max<int64_t>(2 * capacity, int64_t{1} << 16); }
+
+/// Cumulative attempt counters (the `starved` ones are gauges over the records kept now).
+struct AttemptCounters {
+  int64_t retries = 0;          // dispatches of a prompt whose previous attempt left untrained
+  int64_t prompts_retried = 0;  // prompts retried at least once (each counted once while its record is kept)
+  int64_t regenerations = 0;    // trajectories of lost attempts whose prompt was dispatched again
+  int64_t protected_groups = 0;  // groups completed from a protected (max_attempts) attempt
+  int64_t forgotten = 0;        // records dropped because the table was at its bound
+  int64_t starved = 0;          // kept prompts with >= 2 attempts and nothing trained
+  std::array<int64_t, kSourceSlots> starved_by_slot{};  // `starved`, split by source slot
+};
+
+/// One prompt's record, as exported (oldest touched first) and imported.
+struct AttemptRecord {
+  int64_t prompt_id = 0;
+  int32_t attempts = 0;    // dispatches seen
+  int32_t trained = 0;     // groups of it taken at least once
+  int32_t pending = 0;     // groups of it completed and not yet taken, dropped or evicted
+  int32_t slot = 0;        // source slot of its latest dispatch
+  int64_t lost_trajs = 0;  // trajectories of its attempts lost since its latest dispatch
+  bool last_lost = false;  // its latest finished attempt left untrained
+  bool retried = false;    // counted in prompts_retried
+};
+
+/// Records per prompt id, least recently touched first; past `bound` records the least recently touched
+/// is forgotten (counted in AttemptCounters::forgotten): a forgotten prompt starts again at attempt 1.
+/// Not thread-safe: the ring calls it under its lock.
+class PromptAttempts {
+ public:
+  /// Builds an empty table keeping at most `bound` (> 0) records.
+  explicit PromptAttempts(int64_t bound) : bound_(bound) {}
+
+  /// Records a dispatch of `prompt_id` from source slot `slot`; counts a retry when its latest finished
+  /// attempt left untrained; returns the attempt number (1 for the first).
+  int32_t on_dispatch(int64_t prompt_id, int32_t slot) {
+    Entry& e = touch(prompt_id, slot);
+    AttemptRecord& r = e.rec;
+    if (r.attempts > 0 && r.last_lost) {
+      ++counters_.retries;
+      counters_.regenerations += r.lost_trajs;
+      if (!r.retried) r.retried = true, ++counters_.prompts_retried;
+    }
+    const bool was_starved = starved(r);
+    if (r.slot != slot && was_starved) move_starved(r.slot, slot);
+    r.slot = slot;
+    r.lost_trajs = 0;
+    r.last_lost = false;
+    if (r.attempts < INT32_MAX) ++r.attempts;
+    if (!was_starved && starved(r)) add_starved(r.slot, +1);
+    return r.attempts;
+  }
+
+  /// Records that a group of `prompt_id` entered the ring (complete).
+  void on_complete(int64_t prompt_id) {
+    auto it = map_.find(prompt_id);
+    if (it == map_.end()) return;  // forgotten while in flight: nothing to attribute
+    ++it->second.rec.pending;
+    lru_.splice(lru_.end(), lru_, it->second.lru);
+  }
+
+  /// Records that an in-flight attempt of `prompt_id` failed or expired (it produced nothing).
+  void on_failed(int64_t prompt_id) {
+    auto it = map_.find(prompt_id);
+    if (it != map_.end()) it->second.rec.last_lost = true;
+  }
+
+  /// Records that a completed group of `prompt_id` was taken for the first time.
+  void on_trained(int64_t prompt_id) {
+    auto it = map_.find(prompt_id);
+    if (it == map_.end() || it->second.rec.pending == 0) return;
+    AttemptRecord& r = it->second.rec;
+    const bool was_starved = starved(r);
+    --r.pending;
+    if (r.trained < INT32_MAX) ++r.trained;
+    r.last_lost = false;
+    if (was_starved) add_starved(r.slot, -1);
+  }
+
+  /// Records that a completed group of `prompt_id` with `trajs` entries left untrained (dropped, evicted).
+  void on_lost(int64_t prompt_id, int64_t trajs) {
+    auto it = map_.find(prompt_id);
+    if (it == map_.end() || it->second.rec.pending == 0) return;
+    AttemptRecord& r = it->second.rec;
+    --r.pending;
+    r.last_lost = true;
+    r.lost_trajs += trajs;
+  }
+
+  /// Counts one group completed from a protected attempt.
+  void count_protected() { ++counters_.protected_groups; }
+
+  /// Returns (prompt_id, attempts) of every kept prompt with >= `min_attempts` attempts and nothing
+  /// trained, by prompt id.
+  std::vector<std::pair<int64_t, int64_t>> starved_prompts(int64_t min_attempts) const {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const auto& [id, e] : map_)
+      if (e.rec.attempts >= min_attempts && e.rec.trained == 0) out.emplace_back(id, e.rec.attempts);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  /// Returns the counters.
+  const AttemptCounters& counters() const { return counters_; }
+
+  /// Returns true iff no prompt was ever recorded.
+  bool empty() const { return map_.empty() && counters_.forgotten == 0; }
+
+  /// Returns every record, least recently touched first.
+  std::vector<AttemptRecord> export_records() const {
+    std::vector<AttemptRecord> out;
+    out.reserve(map_.size());
+    for (const int64_t id : lru_) out.push_back(map_.at(id).rec);
+    return out;
+  }
+
+  /// Replaces the table with `records` (least recently touched first; the last `bound` are kept) and the
+  /// cumulative counters with `counters` (the starved gauges are recomputed).
+  void import_records(const std::vector<AttemptRecord>& records, const AttemptCounters& counters) {
+    map_.clear();
+    lru_.clear();
+    counters_ = counters;
+    counters_.starved = 0;
+    counters_.starved_by_slot.fill(0);
+    const size_t skip = records.size() > static_cast<size_t>(bound_) ? records.size() - bound_ : 0;
+    for (size_t i = skip; i < records.size(); ++i) {
+      const AttemptRecord& r = records[i];
+      auto [it, fresh] = map_.try_emplace(r.prompt_id);
+      if (!fresh) lru_.erase(it->second.lru);
+      it->second.rec = r;
+      it->second.lru = lru_.insert(lru_.end(), r.prompt_id);
+    }
+    for (const auto& [id, e] : map_)
+      if (starved(e.rec)) add_starved(e.rec.slot, +1);
+  }
+
+  /// Returns the bound on kept records.
+  int64_t bound() const { return bound_; }
+
+ private:
+  struct Entry {
+    AttemptRecord rec;
+    std::list<int64_t>::iterator lru;
+  };
+  static bool starved(const AttemptRecord& r) { return r.attempts >= 2 && r.trained == 0; }
+  void add_starved(int32_t slot, int64_t delta) {
+    counters_.starved += delta;
+    counters_.starved_by_slot[static_cast<size_t>(slot)] += delta;
+  }
+  void move_starved(int32_t from, int32_t to) {
+    counters_.starved_by_slot[static_cast<size_t>(from)] -= 1;
+    counters_.starved_by_slot[static_cast<size_t>(to)] += 1;
+  }
+  Entry& touch(int64_t prompt_id, int32_t slot) {
+    auto [it, fresh] = map_.try_emplace(prompt_id);
+    if (!fresh) {
+      lru_.splice(lru_.end(), lru_, it->second.lru);
+      return it->second;
+    }
+    it->second.rec.prompt_id = prompt_id;
+    it->second.rec.slot = slot;
+    it->second.lru = lru_.insert(lru_.end(), prompt_id);
+    if (static_cast<int64_t>(map_.size()) > bound_) {  // forget the least recently touched
+      const int64_t oldest = lru_.front();
+      auto old = map_.find(oldest);
+      if (starved(old->second.rec)) add_starved(old->second.rec.slot, -1);
+      lru_.pop_front();
+      map_.erase(old);
+      ++counters_.forgotten;
+    }
+    return it->second;
+  }
+
+  int64_t bound_;
+  std::unordered_map<int64_t, Entry> map_;
+  std::list<int64_t> lru_;  // prompt ids, least recently touched first
+  AttemptCounters counters_;
+};
+
+}  // namespace pyfast_buffer
