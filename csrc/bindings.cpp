@@ -361,17 +361,17 @@ PYBIND11_MODULE(_core, m) {
              d["uses"] = to_numpy(std::move(s.uses)), d["group_len"] = to_numpy(std::move(s.group_len));
              d["meta"] = to_numpy(std::move(s.meta));
              d["in_flight_meta"] = to_numpy(std::move(s.in_flight_meta));
-             std::vector<int64_t> ids, attempts, trained, pending, slot, lost, flags;
+             std::vector<int64_t> ids, attempts, trained, pending, slot, lost, flags, since;
              for (const pfb::AttemptRecord& r : s.attempts) {
                ids.push_back(r.prompt_id), attempts.push_back(r.attempts), trained.push_back(r.trained);
                pending.push_back(r.pending), slot.push_back(r.slot), lost.push_back(r.lost_trajs);
-               flags.push_back(int64_t{r.last_lost} | int64_t{r.retried} << 1);
+               flags.push_back(int64_t{r.last_lost} | int64_t{r.retried} << 1), since.push_back(r.since_trained);
              }
              py::dict att;
              att["prompt_id"] = to_numpy(std::move(ids)), att["attempts"] = to_numpy(std::move(attempts));
              att["trained"] = to_numpy(std::move(trained)), att["pending"] = to_numpy(std::move(pending));
              att["slot"] = to_numpy(std::move(slot)), att["lost_trajs"] = to_numpy(std::move(lost));
-             att["flags"] = to_numpy(std::move(flags));
+             att["flags"] = to_numpy(std::move(flags)), att["since_trained"] = to_numpy(std::move(since));
              d["attempts"] = att;
              const pfb::AttemptCounters& a = s.attempt_counters;
              py::dict counters;
@@ -411,15 +411,15 @@ PYBIND11_MODULE(_core, m) {
           const auto ids = from_numpy<int64_t>(att, "prompt_id"), attempts = from_numpy<int64_t>(att, "attempts");
           const auto trained = from_numpy<int64_t>(att, "trained"), pending = from_numpy<int64_t>(att, "pending");
           const auto slot = from_numpy<int64_t>(att, "slot"), lost = from_numpy<int64_t>(att, "lost_trajs");
-          const auto flags = from_numpy<int64_t>(att, "flags");
+          const auto flags = from_numpy<int64_t>(att, "flags"), since = from_numpy<int64_t>(att, "since_trained");
           const size_t k = ids.size();
           if (attempts.size() != k || trained.size() != k || pending.size() != k || slot.size() != k ||
-              lost.size() != k || flags.size() != k)
+              lost.size() != k || flags.size() != k || since.size() != k)
             throw pfb::InvalidArgument("state_dict: the attempts columns have different lengths");
           for (size_t i = 0; i < k; ++i) {
             auto narrow = [](int64_t v) { return static_cast<int32_t>(std::clamp<int64_t>(v, -1, INT32_MAX)); };
             s.attempts.push_back({ids[i], narrow(attempts[i]), narrow(trained[i]), narrow(pending[i]), narrow(slot[i]),
-                                  lost[i], (flags[i] & 1) != 0, (flags[i] & 2) != 0});
+                                  narrow(since[i]), lost[i], (flags[i] & 1) != 0, (flags[i] & 2) != 0});
           }
           py::dict counters = d["attempt_counters"];
           s.attempt_counters.retries = counters["retries"].cast<int64_t>();

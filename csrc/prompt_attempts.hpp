@@ -38,6 +38,7 @@ struct AttemptRecord {
   int32_t trained = 0;     // groups of it taken at least once
   int32_t pending = 0;     // groups of it completed and not yet taken, dropped or evicted
   int32_t slot = 0;        // source slot of its latest dispatch
+  int32_t since_trained = 0;  // dispatches since a group of it was last trained (max_attempts counts these)
   int64_t lost_trajs = 0;  // trajectories of its attempts lost since its latest dispatch
   bool last_lost = false;  // its latest finished attempt left untrained
   bool retried = false;    // counted in prompts_retried
@@ -52,7 +53,8 @@ class PromptAttempts {
   explicit PromptAttempts(int64_t bound) : bound_(bound) {}
 
   /// Records a dispatch of `prompt_id` from source slot `slot`; counts a retry when its latest finished
-  /// attempt left untrained; returns the attempt number (1 for the first).
+  /// attempt left untrained; returns the number of dispatches since it was last trained, this one included
+  /// (1 for a first attempt, and for the first after a training: max_attempts caps regenerations, not epochs).
   int32_t on_dispatch(int64_t prompt_id, int32_t slot) {
     Entry& e = touch(prompt_id, slot);
     AttemptRecord& r = e.rec;
@@ -67,8 +69,9 @@ class PromptAttempts {
     r.lost_trajs = 0;
     r.last_lost = false;
     if (r.attempts < INT32_MAX) ++r.attempts;
+    if (r.since_trained < INT32_MAX) ++r.since_trained;
     if (!was_starved && starved(r)) add_starved(r.slot, +1);
-    return r.attempts;
+    return r.since_trained;
   }
 
   /// Records that a group of `prompt_id` entered the ring (complete).
@@ -93,6 +96,7 @@ class PromptAttempts {
     const bool was_starved = starved(r);
     --r.pending;
     if (r.trained < INT32_MAX) ++r.trained;
+    r.since_trained = 0;
     r.last_lost = false;
     if (was_starved) add_starved(r.slot, -1);
   }

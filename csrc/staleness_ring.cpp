@@ -304,8 +304,8 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
   if (!bias_ && n > 0) bias_ = std::make_unique<BiasMonitor>();
   for (int64_t i = 0; i < n; ++i) {
     const int32_t slot = slots ? slots[n_slots == 1 ? 0 : i] : 0;
-    const int32_t attempt = attempts_.on_dispatch(prompt_ids[i], slot);
-    const bool protect = config_.max_attempts > 0 && attempt >= config_.max_attempts;
+    const int32_t untrained_run = attempts_.on_dispatch(prompt_ids[i], slot);
+    const bool protect = config_.max_attempts > 0 && untrained_run >= config_.max_attempts;
     in_flight_.insert(prompt_ids[i], {sample_step, stamp, since, deadline, make_meta(-1, slot, protect, true)});
     ++source_counts_[static_cast<size_t>(slot)].dispatched;
     tagged_ |= slot != 0;
@@ -1449,7 +1449,8 @@ void StalenessRing::import_state(const RingState& s) {
       throw InvalidArgument(concat("state_dict: in-flight prompt ", s.in_flight_prompt[i], " has meta=",
                                    s.in_flight_meta[i], "; it was edited or is corrupt"));
   for (const AttemptRecord& r : s.attempts)
-    if (r.attempts < 0 || r.trained < 0 || r.pending < 0 || r.lost_trajs < 0 || r.slot < 0 || r.slot >= kSourceSlots)
+    if (r.attempts < 0 || r.trained < 0 || r.pending < 0 || r.lost_trajs < 0 || r.slot < 0 || r.slot >= kSourceSlots ||
+        r.since_trained < 0)
       throw InvalidArgument(concat("state_dict: the attempts record of prompt ", r.prompt_id,
                                    " is out of range; it was edited or is corrupt"));
   std::unordered_set<int64_t> live;

@@ -26,8 +26,8 @@ class PromptAttempts:
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
-        self._records: "OrderedDict[int, List[int]]" = OrderedDict()  # id -> [attempts, trained, pending, slot,
-        #                                                                  lost_trajs, last_lost, retried]
+        # id -> [attempts, trained, pending, slot, lost_trajs, last_lost, retried, since_trained]
+        self._records: "OrderedDict[int, List[int]]" = OrderedDict()
         self.counters: Dict[str, int] = dict.fromkeys(ATTEMPT_COUNTERS, 0)
         self.starved = 0
         self.starved_by_slot = [0] * SOURCE_SLOTS
@@ -41,11 +41,11 @@ class PromptAttempts:
         self.starved_by_slot[slot] += delta
 
     def on_dispatch(self, prompt: int, slot: int) -> int:
-        """Records a dispatch; counts a retry when the latest finished attempt left untrained; returns the
-        attempt number."""
+        """Records a dispatch; counts a retry when the latest finished attempt left untrained; returns the number
+        of dispatches since the prompt was last trained, this one included."""
         r = self._records.get(prompt)
         if r is None:
-            r = self._records[prompt] = [0, 0, 0, slot, 0, 0, 0]
+            r = self._records[prompt] = [0, 0, 0, slot, 0, 0, 0, 0]
             if len(self._records) > self.bound:
                 _, old = self._records.popitem(last=False)
                 if self._is_starved(old):
@@ -65,9 +65,10 @@ class PromptAttempts:
             self.starved_by_slot[slot] += 1
         r[3], r[4], r[5] = slot, 0, 0
         r[0] = min(r[0] + 1, 2**31 - 1)
+        r[7] = min(r[7] + 1, 2**31 - 1)
         if not was and self._is_starved(r):
             self._add_starved(slot, +1)
-        return r[0]
+        return r[7]
 
     def on_complete(self, prompt: int) -> None:
         r = self._records.get(prompt)
@@ -87,7 +88,7 @@ class PromptAttempts:
         was = self._is_starved(r)
         r[2] -= 1
         r[1] = min(r[1] + 1, 2**31 - 1)
-        r[5] = 0
+        r[5], r[7] = 0, 0
         if was:
             self._add_starved(r[3], -1)
 
@@ -111,17 +112,17 @@ class PromptAttempts:
         return values, by_source
 
     def export(self) -> Dict[str, np.ndarray]:
-        rows = [(p, r[0], r[1], r[2], r[3], r[4], r[5] | (r[6] << 1)) for p, r in self._records.items()]
+        rows = [(p, r[0], r[1], r[2], r[3], r[4], r[5] | (r[6] << 1), r[7]) for p, r in self._records.items()]
         cols = list(zip(*rows)) if rows else [()] * len(ATTEMPT_COLUMNS)
         return {k: np.asarray(col, dtype=np.int64) for k, col in zip(ATTEMPT_COLUMNS, cols)}
 
     def load(self, columns: Dict[str, np.ndarray], counters: Dict[str, int]) -> None:
         rows = list(zip(*(columns[k].tolist() for k in ATTEMPT_COLUMNS)))[-self.bound :]
         self._records = OrderedDict()
-        for p, a, t, pend, slot, lost, flags in rows:
+        for p, a, t, pend, slot, lost, flags, since in rows:
             self._records.pop(p, None)
             clip = lambda v: min(v, 2**31 - 1)  # noqa: E731  (the core keeps int32 counts)
-            self._records[p] = [clip(a), clip(t), clip(pend), slot, lost, flags & 1, (flags >> 1) & 1]
+            self._records[p] = [clip(a), clip(t), clip(pend), slot, lost, flags & 1, (flags >> 1) & 1, clip(since)]
         self.counters = dict(counters)
         self.starved, self.starved_by_slot = 0, [0] * SOURCE_SLOTS
         for r in self._records.values():

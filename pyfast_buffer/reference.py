@@ -305,8 +305,8 @@ class ReferenceBuffer(CheckpointMethods, AccountingMethods):
             k = self.config.max_attempts or 0
             for i, p in enumerate(prompts):
                 slot = 0 if slots is None else int(slots[0 if len(slots) == 1 else i])
-                attempt = self._attempts.on_dispatch(p, slot)
-                self._in_flight[p] = (step, now, since, deadline, _meta(-1, slot, 0 < k <= attempt, True))
+                untrained_run = self._attempts.on_dispatch(p, slot)
+                self._in_flight[p] = (step, now, since, deadline, _meta(-1, slot, 0 < k <= untrained_run, True))
                 if lease is not None:
                     self._leases[p] = deadline
                 self._source_counts[slot, 0] += 1

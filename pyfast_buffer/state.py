@@ -28,7 +28,7 @@ IN_FLIGHT_COLUMNS = ("prompt_id", "sample_step", "dispatch_ns")
 _IN_FLIGHT_META_DEFAULT = 0xFFFFFFFF | (1 << 41)
 #: Columns of the prompt-attempts table, least recently touched first (csrc/prompt_attempts.hpp); ``flags``
 #: bit 0 is "latest attempt lost", bit 1 "counted as retried".
-ATTEMPT_COLUMNS = ("prompt_id", "attempts", "trained", "pending", "slot", "lost_trajs", "flags")
+ATTEMPT_COLUMNS = ("prompt_id", "attempts", "trained", "pending", "slot", "lost_trajs", "flags", "since_trained")
 ATTEMPT_COUNTERS = ("retries", "prompts_retried", "regenerations", "protected", "forgotten")
 #: Per source slot (untagged first, then sources 0..63): these cumulative counts.
 SOURCE_COUNT_FIELDS = ("dispatched", "generated", "taken", "trained", "dropped", "evicted")
