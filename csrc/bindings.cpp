@@ -72,9 +72,7 @@ py::int_ to_pyint(pfb::Int128 v) {
   return py::int_(negative ? out.attr("__neg__")() : out);
 }
 
-py::tuple attempts_tuple(const pfb::AttemptCounters& a) {
-  return py::make_tuple(a.retries, a.prompts_retried, a.regenerations, a.protected_groups, a.starved, a.forgotten);
-}
+py::tuple attempts_tuple(const std::array<int64_t, 6>& a) { return py::make_tuple(a[0], a[1], a[2], a[3], a[4], a[5]); }
 
 py::tuple stats_tuple(const pfb::TakeStats& s) {
   py::tuple hist(pfb::kAgeBuckets);
@@ -332,7 +330,9 @@ PYBIND11_MODULE(_core, m) {
       .def("attempts",
            [](const PyRing& self) {
              const pfb::AttemptCounters a = self.ring->attempt_counters();
-             return py::make_tuple(attempts_tuple(a), starved_by_source(a));
+             const std::array<int64_t, 6> totals = {a.retries,          a.prompts_retried, a.regenerations,
+                                                    a.protected_groups, a.starved,         a.forgotten};
+             return py::make_tuple(attempts_tuple(totals), starved_by_source(a));
            })
       .def("source_counts", [](const PyRing& self) { return source_counts_array(self.ring->source_counts()); })
       .def("bias",

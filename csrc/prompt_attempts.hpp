@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <list>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -51,6 +50,8 @@ class PromptAttempts {
  public:
   /// Builds an empty table keeping at most `bound` (> 0) records.
   explicit PromptAttempts(int64_t bound) : bound_(bound) {}
+  PromptAttempts(const PromptAttempts&) = delete;  // the recency list points into the map's nodes
+  PromptAttempts& operator=(const PromptAttempts&) = delete;
 
   /// Records a dispatch of `prompt_id` from source slot `slot`; counts a retry when its latest finished
   /// attempt left untrained; returns the number of dispatches since it was last trained, this one included
@@ -79,7 +80,7 @@ class PromptAttempts {
     auto it = map_.find(prompt_id);
     if (it == map_.end()) return;  // forgotten while in flight: nothing to attribute
     ++it->second.rec.pending;
-    lru_.splice(lru_.end(), lru_, it->second.lru);
+    move_to_back(&it->second);
   }
 
   /// Records that an in-flight attempt of `prompt_id` failed or expired (it produced nothing).
@@ -127,6 +128,12 @@ class PromptAttempts {
   /// Returns the counters.
   const AttemptCounters& counters() const { return counters_; }
 
+  /// Returns retries, prompts_retried, regenerations, protected_groups, starved and forgotten, in that order.
+  std::array<int64_t, 6> totals() const {
+    const AttemptCounters& c = counters_;
+    return {c.retries, c.prompts_retried, c.regenerations, c.protected_groups, c.starved, c.forgotten};
+  }
+
   /// Returns true iff no prompt was ever recorded.
   bool empty() const { return map_.empty() && counters_.forgotten == 0; }
 
@@ -134,7 +141,7 @@ class PromptAttempts {
   std::vector<AttemptRecord> export_records() const {
     std::vector<AttemptRecord> out;
     out.reserve(map_.size());
-    for (const int64_t id : lru_) out.push_back(map_.at(id).rec);
+    for (const Entry* e = oldest_; e != nullptr; e = e->newer) out.push_back(e->rec);
     return out;
   }
 
@@ -142,7 +149,7 @@ class PromptAttempts {
   /// cumulative counters with `counters` (the starved gauges are recomputed).
   void import_records(const std::vector<AttemptRecord>& records, const AttemptCounters& counters) {
     map_.clear();
-    lru_.clear();
+    oldest_ = newest_ = nullptr;
     counters_ = counters;
     counters_.starved = 0;
     counters_.starved_by_slot.fill(0);
@@ -150,22 +157,44 @@ class PromptAttempts {
     for (size_t i = skip; i < records.size(); ++i) {
       const AttemptRecord& r = records[i];
       auto [it, fresh] = map_.try_emplace(r.prompt_id);
-      if (!fresh) lru_.erase(it->second.lru);
       it->second.rec = r;
-      it->second.lru = lru_.insert(lru_.end(), r.prompt_id);
+      if (fresh)
+        link_back(&it->second);
+      else
+        move_to_back(&it->second);
     }
     for (const auto& [id, e] : map_)
       if (starved(e.rec)) add_starved(e.rec.slot, +1);
   }
 
+  /// Reserves room for min(bound, `records`) records, so a growing table does not rehash on the hot path.
+  void reserve(int64_t records) { map_.reserve(static_cast<size_t>(std::min(bound_, records))); }
+
   /// Returns the bound on kept records.
   int64_t bound() const { return bound_; }
 
  private:
+  // The recency order is a list threaded through the map's own nodes (unordered_map never moves them), so
+  // a record costs one allocation, not two.
   struct Entry {
     AttemptRecord rec;
-    std::list<int64_t>::iterator lru;
+    Entry* older = nullptr;
+    Entry* newer = nullptr;
   };
+  void link_back(Entry* e) {
+    e->older = newest_, e->newer = nullptr;
+    (newest_ ? newest_->newer : oldest_) = e;
+    newest_ = e;
+  }
+  void unlink(Entry* e) {
+    (e->older ? e->older->newer : oldest_) = e->newer;
+    (e->newer ? e->newer->older : newest_) = e->older;
+  }
+  void move_to_back(Entry* e) {
+    if (e == newest_) return;
+    unlink(e);
+    link_back(e);
+  }
   static bool starved(const AttemptRecord& r) { return r.attempts >= 2 && r.trained == 0; }
   void add_starved(int32_t slot, int64_t delta) {
     counters_.starved += delta;
@@ -177,27 +206,28 @@ class PromptAttempts {
   }
   Entry& touch(int64_t prompt_id, int32_t slot) {
     auto [it, fresh] = map_.try_emplace(prompt_id);
+    Entry* e = &it->second;
     if (!fresh) {
-      lru_.splice(lru_.end(), lru_, it->second.lru);
-      return it->second;
+      move_to_back(e);
+      return *e;
     }
-    it->second.rec.prompt_id = prompt_id;
-    it->second.rec.slot = slot;
-    it->second.lru = lru_.insert(lru_.end(), prompt_id);
+    e->rec.prompt_id = prompt_id;
+    e->rec.slot = slot;
+    link_back(e);
     if (static_cast<int64_t>(map_.size()) > bound_) {  // forget the least recently touched
-      const int64_t oldest = lru_.front();
-      auto old = map_.find(oldest);
-      if (starved(old->second.rec)) add_starved(old->second.rec.slot, -1);
-      lru_.pop_front();
-      map_.erase(old);
+      Entry* old = oldest_;
+      if (starved(old->rec)) add_starved(old->rec.slot, -1);
+      unlink(old);
+      map_.erase(old->rec.prompt_id);
       ++counters_.forgotten;
     }
-    return it->second;
+    return *e;
   }
 
   int64_t bound_;
   std::unordered_map<int64_t, Entry> map_;
-  std::list<int64_t> lru_;  // prompt ids, least recently touched first
+  Entry* oldest_ = nullptr;  // the recency list, least recently touched first
+  Entry* newest_ = nullptr;
   AttemptCounters counters_;
 };
 

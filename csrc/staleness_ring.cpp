@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -301,7 +302,10 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
                                    "); complete or fail it before dispatching it again"));
   const int64_t stamp = now_ns(), since = lease_now();
   const int64_t deadline = lease ? add_saturating(since, lease_ns) : kNoLease;
-  if (!bias_ && n > 0) bias_ = std::make_unique<BiasMonitor>();
+  if (!bias_ && n > 0) {  // the first dispatch: prompt accounting starts (put-only rings never pay for it)
+    bias_ = std::make_unique<BiasMonitor>();
+    attempts_.reserve(int64_t{1} << 16);
+  }
   for (int64_t i = 0; i < n; ++i) {
     const int32_t slot = slots ? slots[n_slots == 1 ? 0 : i] : 0;
     const int32_t untrained_run = attempts_.on_dispatch(prompt_ids[i], slot);
@@ -564,7 +568,7 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
 void StalenessRing::remove_prefix(int64_t n) {
   head_ = phys(n);
   size_ -= n;
-  if (size_ == 0) head_ = 0, sorted_ = true;
+  if (size_ == 0) head_ = 0, sorted_ = true, plain_meta_ = !tagged_;
 }
 
 void StalenessRing::evict_oldest_groups(int64_t need) {
@@ -649,6 +653,7 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
       }
     }
     attempts_.on_complete(prompt);
+    plain_meta_ = false;
     if (rec.meta & kMetaProtected) attempts_.count_protected(), protected_seen_ = true;
     source_counts_[static_cast<size_t>(meta_slot(rec.meta))].generated += len;
   }
@@ -732,6 +737,7 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   }
   if (slots)
     for (int64_t i = 0; i < n_slots; ++i) tagged_ |= slots[i] != 0;
+  plain_meta_ &= !tagged_;
   ledger_.dispatched += n_groups;
   ledger_.completed += n_groups;
   ledger_.put_total += n;
@@ -953,9 +959,13 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       std::copy_n(c.policy_version + p0, run, o_version + k);
       std::copy_n(c.dispatch_ns + p0, run, o_dispatch + k);
       std::copy_n(c.complete_ns + p0, run, o_complete + k);
-      const int64_t* __restrict meta = c.meta + p0;
-      int64_t* __restrict source_out = o_source + k;
-      for (int64_t j = 0; j < run; ++j) source_out[j] = ((meta[j] >> kMetaSlotShift) & 0xFF) - 1;  // vectorisable
+      if (plain_meta_) {
+        std::fill_n(o_source + k, run, int64_t{-1});  // every entry untagged
+      } else {
+        const int64_t* __restrict meta = c.meta + p0;
+        int64_t* __restrict source_out = o_source + k;
+        for (int64_t j = 0; j < run; ++j) source_out[j] = ((meta[j] >> kMetaSlotShift) & 0xFF) - 1;  // vectorisable
+      }
       const int64_t* __restrict step = c.sample_step + p0;
       int64_t* __restrict age_out = o_age + k;
       const uint64_t first = static_cast<uint64_t>(step[0]);
@@ -1009,8 +1019,8 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       if (p == q) continue;
       c.traj_id[q] = c.traj_id[p], c.group_id[q] = c.group_id[p], c.sample_step[q] = c.sample_step[p];
       c.policy_version[q] = c.policy_version[p], c.dispatch_ns[q] = c.dispatch_ns[p];
-      c.complete_ns[q] = c.complete_ns[p], c.meta[q] = c.meta[p];
-      c.uses[q] = c.uses[p], c.group_len[q] = c.group_len[p];
+      c.complete_ns[q] = c.complete_ns[p], c.uses[q] = c.uses[p], c.group_len[q] = c.group_len[p];
+      if (!plain_meta_) c.meta[q] = c.meta[p];
     }
   }
   remove_prefix(plan.walked - survivors);
@@ -1100,7 +1110,7 @@ void StalenessRing::fill_state(TakeStats& stats) {
   stats.sampled_total = ledger_.put_total;
   stats.max_age = max_age_;
   stats.expired = ledger_.expired;
-  stats.attempts = attempts_.counters();
+  stats.attempts = attempts_.totals();
 }
 
 TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::optional<double> timeout,
@@ -1230,24 +1240,32 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
           if (span >= 64) continue;  // near the wrap point: fall through to a few scalar rows
         }
       }
-      for (const int64_t stop = std::min(total, done + 64); done < stop; ++done) {
-        const int64_t step = c.sample_step[read];
-        const int64_t keep = step >= cutoff;
-        c.traj_id[write] = c.traj_id[read];
-        c.group_id[write] = c.group_id[read];
-        c.sample_step[write] = step;
-        c.policy_version[write] = c.policy_version[read];
-        c.dispatch_ns[write] = c.dispatch_ns[read];
-        c.complete_ns[write] = c.complete_ns[read];
-        c.meta[write] = c.meta[read];
-        c.uses[write] = c.uses[read];
-        c.group_len[write] = c.group_len[read];
-        kept += keep;
-        write += keep;
-        write -= (write == cap) ? cap : 0;
-        read += 1;
-        read -= (read == cap) ? cap : 0;
-      }
+      // Two copies of the branch-free row loop: with the meta column, and without it while every entry's
+      // meta is the same (put-only rings), where moving it would change nothing.
+      auto rows = [&](auto with_meta) {
+        for (const int64_t stop = std::min(total, done + 64); done < stop; ++done) {
+          const int64_t step = c.sample_step[read];
+          const int64_t keep = step >= cutoff;
+          c.traj_id[write] = c.traj_id[read];
+          c.group_id[write] = c.group_id[read];
+          c.sample_step[write] = step;
+          c.policy_version[write] = c.policy_version[read];
+          c.dispatch_ns[write] = c.dispatch_ns[read];
+          c.complete_ns[write] = c.complete_ns[read];
+          if constexpr (decltype(with_meta)::value) c.meta[write] = c.meta[read];
+          c.uses[write] = c.uses[read];
+          c.group_len[write] = c.group_len[read];
+          kept += keep;
+          write += keep;
+          write -= (write == cap) ? cap : 0;
+          read += 1;
+          read -= (read == cap) ? cap : 0;
+        }
+      };
+      if (plain_meta_)
+        rows(std::false_type{});
+      else
+        rows(std::true_type{});
     }
     // The survivors are sorted iff no kept stamp is below its predecessor; stop at the first descent.
     bool sorted = true;
@@ -1259,7 +1277,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     removed = size_ - kept;
     size_ = kept;
     sorted_ = sorted;
-    if (size_ == 0) head_ = 0;
+    if (size_ == 0) head_ = 0, plain_meta_ = !tagged_;
   }
   ledger_.dropped_stale += removed;
   if (removed > 0) room_cv_.notify_all();
@@ -1501,6 +1519,7 @@ void StalenessRing::import_state(const RingState& s) {
   source_counts_ = s.source_counts;
   protected_seen_ = protect;
   tagged_ = tagged;
+  plain_meta_ = std::all_of(s.meta.begin(), s.meta.end(), [](int64_t m) { return m == kPutMeta; }) && !tagged;
   bool observed = m > 0 || !s.attempts.empty();
   for (int64_t i = 0; i < n && !observed; ++i) observed = meta_observed(s.meta[i]);
   if (!bias_ && observed) bias_ = std::make_unique<BiasMonitor>();

@@ -104,7 +104,7 @@ struct TakeStats {
   int64_t sampled_total = 0;
   int64_t max_age = 0;  // the max_age in force for this call
   int64_t expired = 0;  // Ledger::expired after this call
-  AttemptCounters attempts;  // PromptAttempts counters after this call
+  std::array<int64_t, 6> attempts{};  // PromptAttempts::totals() after this call
   // (slot, taken, dropped) of every source slot this call took or dropped from, when any entry is tagged
   std::vector<std::array<int64_t, 3>> sources;
 };
@@ -340,6 +340,7 @@ class StalenessRing {
   int64_t overrides_ = 0;                             // slots with an override
   bool protected_seen_ = false;                       // a protected entry may be in the ring
   bool tagged_ = false;                               // a tagged entry may be in the ring
+  bool plain_meta_ = true;  // every ready entry's meta is kPutMeta, so moving the column can be skipped
   std::array<SourceCounts, kSourceSlots> source_counts_{};
   mutable std::array<int64_t, kCutoffEntries> cutoffs_{};  // per cut index: a cache fill_cutoffs writes
 };

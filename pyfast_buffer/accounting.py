@@ -8,6 +8,7 @@ docs/data-bias.md for what the numbers mean.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from typing import Dict, Mapping, Optional, Tuple
 
@@ -26,6 +27,7 @@ class AccountingMethods:
     config: BufferConfig
     _config_lock: threading.Lock
     _watch: bias.StarvationWatch
+    _takes_seen: int
 
     def _attempts_now(self) -> Tuple[Tuple[int, ...], Dict[int, int]]:
         raise NotImplementedError
@@ -89,7 +91,11 @@ class AccountingMethods:
         return out
 
     def _watch_take(self, stats: tuple) -> None:
-        """Feeds one take's per-source counts to the starvation warning."""
+        """After each take: feeds its per-source counts to the starvation warning and, every WINDOW_TAKES
+        takes with INFO logging on, writes the bias record."""
         if self._watch.share is not None:
             self._watch.on_take({source: taken for source, taken, _ in stats[14]})
+        self._takes_seen += 1
+        if self._takes_seen % bias.WINDOW_TAKES == 0 and bias.logger.isEnabledFor(logging.INFO):
+            bias.log_bias(self._bias_now())
 

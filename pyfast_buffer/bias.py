@@ -157,6 +157,32 @@ def summarize(arrays: Optional[tuple], prefix: str) -> Dict[str, float]:
     return out
 
 
+#: The bias record the buffers log (INFO, logger ``pyfast_buffer``) every WINDOW_TAKES takes once a prompt was
+#: dispatched: cumulative KS statistics (trained vs generated), the window's, and the cumulative means and p50s
+#: that read them. ``pyfast-buffer audit`` reports the last one. New fields are only ever appended.
+BIAS_FIELDS = (
+    "latency_ks",
+    "length_ks",
+    "window/latency_ks",
+    "window/length_ks",
+    "latency/generated/mean",
+    "latency/trained/mean",
+    "latency/lost/mean",
+    "latency/generated/p50",
+    "latency/trained/p50",
+    "length/generated/mean",
+    "length/trained/mean",
+    "length/lost/mean",
+)
+
+
+def log_bias(arrays: Optional[tuple]) -> None:
+    """Writes the bias record of a monitor snapshot (BIAS_FIELDS, ``nan`` where a sketch is empty)."""
+    numbers = summarize(arrays, "")
+    if numbers:
+        logger.info("bias " + " ".join(f"{k}=%.6g" for k in BIAS_FIELDS), *(numbers["bias/" + k] for k in BIAS_FIELDS))
+
+
 class StarvationWatch:
     """Warns once per window when a source's share of trained trajectories falls below ``share`` while it still
     has prompts dispatched in that window (both buffers use this one, fed by the counts each call returns).

@@ -120,6 +120,7 @@ class StalenessBuffer(CheckpointMethods, AccountingMethods):
         for source, age in self.config.source_max_age or ():
             self._ring.set_source_max_age(source, age)
         self._watch = bias.StarvationWatch(starvation_share)
+        self._takes_seen = 0  # takes so far: every bias.WINDOW_TAKES-th logs the bias record
 
     @classmethod
     def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> StalenessBuffer:

@@ -136,6 +136,7 @@ class ReferenceBuffer(CheckpointMethods, AccountingMethods):
         self._tagged = False
         self._source_counts = np.zeros((state.SOURCE_SLOTS, len(state.SOURCE_COUNT_FIELDS)), dtype=np.int64)
         self._watch = bias.StarvationWatch(starvation_share)
+        self._takes_seen = 0  # takes so far: every bias.WINDOW_TAKES-th logs the bias record
 
     @classmethod
     def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> ReferenceBuffer:
