@@ -20,10 +20,10 @@ import torch
 
 from . import state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from ._buffer_base import BufferBase
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
-from .checkpoint import CheckpointMethods
-from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError, BufferFullError
+from .config import resolve_pin_memory
+from .errors import CLOSED_MESSAGE, BufferClosedError, BufferFullError
 from .released import NOT_TRACKED, Released, default_release_bound
 
 _RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of RELEASE_REASONS
@@ -40,7 +40,7 @@ class _Plan:
         self.blocked_by = "none"
 
 
-class ReferenceBuffer(CheckpointMethods):
+class ReferenceBuffer(BufferBase):
     """Pure-Python StalenessBuffer; see that class for the arguments (pin_memory is accepted and ignored)."""
 
     def __init__(
@@ -56,18 +56,7 @@ class ReferenceBuffer(CheckpointMethods):
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
     ) -> None:
-        self.config = BufferConfig(
-            capacity,
-            max_age,
-            strategy,
-            max_uses,
-            on_full,
-            parameter_sync_step,
-            track_released,
-            release_bound,
-            unique_ids,
-        )
-        check_capacity_fits(capacity)
+        self._configure(locals())
         # (id, reason code) of everything that left, oldest first, until released() drains it
         self._released: Optional[deque] = deque() if track_released else None
         self._release_bound = release_bound or default_release_bound(capacity)
@@ -86,10 +75,6 @@ class ReferenceBuffer(CheckpointMethods):
         self._evicted_unreported = 0
         self._closed = False
         self._cond = threading.Condition()
-
-    @classmethod
-    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> ReferenceBuffer:
-        return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
     # -- helpers -------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -641,21 +626,6 @@ class ReferenceBuffer(CheckpointMethods):
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-    def __copy__(self) -> ReferenceBuffer:
-        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
-
-    def __deepcopy__(self, memo: Any) -> ReferenceBuffer:
-        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
-
-    def __enter__(self) -> ReferenceBuffer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         c = self.config
