@@ -22,11 +22,11 @@ from ._args import (
     as_timeout,
     same_length,
 )
+from ._buffer_base import BufferBase
 from .accounting import AccountingMethods
 from .batch import Batch, log_record, make_metrics
-from .checkpoint import CheckpointMethods
-from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError
+from .config import SourceMaxAge, resolve_pin_memory
+from .errors import CLOSED_MESSAGE, BufferClosedError
 from .released import Released
 
 Ids = Union[torch.Tensor, np.ndarray, Sequence[int]]
@@ -41,7 +41,7 @@ def _pinned_columns(capacity: int) -> tuple:
     return tuple(wide + narrow)
 
 
-class StalenessBuffer(CheckpointMethods, AccountingMethods):
+class StalenessBuffer(BufferBase, AccountingMethods):
     """A ring of step-stamped trajectory ids that hands out only what is fresh enough to train on.
 
     Args:
@@ -81,24 +81,10 @@ class StalenessBuffer(CheckpointMethods, AccountingMethods):
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
         max_attempts: Optional[int] = None,
-        source_max_age: Optional[Dict[int, int]] = None,
+        source_max_age: Optional[SourceMaxAge] = None,
         starvation_share: Optional[float] = None,
     ) -> None:
-        self.config = BufferConfig(
-            capacity,
-            max_age,
-            strategy,
-            max_uses,
-            on_full,
-            parameter_sync_step,
-            track_released,
-            release_bound,
-            unique_ids,
-            max_attempts,
-            source_max_age,
-            starvation_share,
-        )
-        check_capacity_fits(capacity)
+        self._configure(locals())
         self._config_lock = threading.Lock()  # keeps config.max_age in step with the core's under concurrent setters
         self.pin_memory = resolve_pin_memory(pin_memory)
         self._capacity = self.config.capacity
@@ -121,11 +107,6 @@ class StalenessBuffer(CheckpointMethods, AccountingMethods):
             self._ring.set_source_max_age(source, age)
         self._watch = bias.StarvationWatch(starvation_share)
         self._takes_seen = 0  # takes so far: every bias.WINDOW_TAKES-th logs the bias record
-
-    @classmethod
-    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> StalenessBuffer:
-        """Builds a buffer from verl's ``trainer.v1.sampler`` block and trainer config (see config_from_verl)."""
-        return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
     def dispatch(
         self, prompt_ids: Ids, step: int, lease: Optional[float] = None, *, source: Union[int, Ids, None] = None
@@ -293,21 +274,6 @@ class StalenessBuffer(CheckpointMethods, AccountingMethods):
     def close(self) -> None:
         """Closes the buffer and wakes every blocked take/put at once with BufferClosedError."""
         self._ring.close()
-
-    def __copy__(self) -> StalenessBuffer:
-        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
-
-    def __deepcopy__(self, memo: Any) -> StalenessBuffer:
-        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
-
-    def __enter__(self) -> StalenessBuffer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return repr(self._ring)
