@@ -112,10 +112,10 @@ def parse_arm(spec: str) -> ArmConfig:
     for part in spec.split(","):
         key, sep, value = part.strip().partition("=")
         key = key.replace("-", "_")
-        if not sep or key not in AXIS_DEFAULTS:
+        if not sep or key not in (*AXIS_DEFAULTS, "max_attempts"):
             raise ValueError(
                 f"--arm {spec!r}: {part.strip()!r} is not KEY=VALUE with KEY one of "
-                f"{', '.join(AXIS_DEFAULTS)}; pass e.g. 'reuse=4,strategy=wait'"
+                f"{', '.join(AXIS_DEFAULTS)}, max_attempts; pass e.g. 'reuse=4,strategy=wait'"
             )
         try:
             if key == "max_age":
