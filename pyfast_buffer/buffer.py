@@ -221,7 +221,7 @@ class StalenessBuffer(BufferBase, AccountingMethods):
             else:  # much smaller than requested: copy, so the batch owns only the rows it returned
                 kept = flat[: _N_COLUMNS * taken].copy() if 2 * taken < rows else flat[: _N_COLUMNS * taken]
             columns = kept.reshape(_N_COLUMNS, taken)  # Batch wraps it in a tensor on first access
-        # The core wrote the batch field by field at stride `taken`: rows of an (8, taken) contiguous block.
+        # The core wrote the batch field by field at stride `taken`: rows of a (BATCH_COLUMNS, taken) contiguous block.
         log_record(stats)  # the log record is written per take; the metrics dict is built on first access
         self._watch_take(stats)
         return Batch(columns, stats=stats)

@@ -413,7 +413,7 @@ def overhead_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     """Where the time of a one-entry put or take goes: argument checks, the binding call, the core, and
     the Batch with its metrics. Each part is timed alone in a loop; ``python overhead`` = total - core.
     """
-    from .. import _args
+    from .. import _args, _core
     from ..batch import Batch, log_record, metrics_from_stats
     from ..buffer import StalenessBuffer
 
@@ -421,7 +421,7 @@ def overhead_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     ring = buf._ring
     one = np.zeros(1, np.int64)
     stamp = np.array([CURRENT_STEP], np.int64)
-    out = np.empty(8, np.int64)
+    out = np.empty(_core.BATCH_COLUMNS, np.int64)
     buf.put(np.arange(1 << 15, dtype=np.int64), CURRENT_STEP)  # half full: take never runs dry in a loop
 
     def loop(fn: Callable[[], object]) -> float:
@@ -444,7 +444,7 @@ def overhead_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     def take_args() -> None:
         _args.as_count(1, "batch_size", 1)
         _args.as_step(CURRENT_STEP, "current_step")
-        np.empty(8, np.int64)
+        np.empty(_core.BATCH_COLUMNS, np.int64)
 
     def take_core() -> None:
         ring.take(out, 1, CURRENT_STEP, None)
@@ -462,11 +462,11 @@ def overhead_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
 
     def batch_and_log() -> Batch:
         log_record(stats)
-        return Batch(out.reshape(8, 1), stats=stats)
+        return Batch(out.reshape(_core.BATCH_COLUMNS, 1), stats=stats)
 
     parts["take"]["Batch/metrics"] = loop(batch_and_log)
     parts["take"]["metrics on access"] = loop(lambda: metrics_from_stats(stats))
-    parts["take"]["tensor on access"] = loop(lambda: Batch(out.reshape(8, 1), stats=stats).columns)
+    parts["take"]["tensor on access"] = loop(lambda: Batch(out.reshape(_core.BATCH_COLUMNS, 1), stats=stats).columns)
     rows = []
     for op, p in parts.items():
         core = max(p["binding + core"] - binding, 0.0)
