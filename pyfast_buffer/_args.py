@@ -164,7 +164,9 @@ def as_slots(source: Any, n: int, per: str) -> Optional[np.ndarray]:
     if _is_int(source) or (isinstance(source, (torch.Tensor, np.ndarray)) and source.ndim == 0):
         value = as_count(int(source), "source", -(2**63))
         if not 0 <= value <= MAX_SOURCE:
-            raise ValueError(f"source={value} is out of range; pass a source in [0, {MAX_SOURCE}] (or None for untagged)")
+            raise ValueError(
+                f"source={value} is out of range; pass a source in [0, {MAX_SOURCE}] (or None for untagged)"
+            )
         return np.array((value + 1,), dtype=np.int32)
     tags = as_ids(source, "source")
     if len(tags) != n:

@@ -56,13 +56,13 @@ class AccountingMethods:
         Settable between calls like ``max_age`` (a dict; sources left out go back to ``max_age``): the next
         take or evict_stale applies each source's cutoff to its entries.
         """
-        return dict(self.config.source_max_age or ())
+        return dict(self.config.source_bounds())
 
     @source_max_age.setter
     def source_max_age(self, value: Optional[Mapping[int, int]]) -> None:
         pairs = dict(source_max_age_pairs(value) or ())
         with self._config_lock:
-            for source in set(dict(self.config.source_max_age or ())) - set(pairs):
+            for source in set(dict(self.config.source_bounds())) - set(pairs):
                 self._apply_source_max_age(source, -1)
             for source, max_age in pairs.items():
                 self._apply_source_max_age(source, max_age)
@@ -98,4 +98,3 @@ class AccountingMethods:
         self._takes_seen += 1
         if self._takes_seen % bias.WINDOW_TAKES == 0 and bias.logger.isEnabledFor(logging.INFO):
             bias.log_bias(self._bias_now())
-

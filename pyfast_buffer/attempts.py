@@ -27,7 +27,7 @@ class PromptAttempts:
     def __init__(self, bound: int) -> None:
         self.bound = bound
         # id -> [attempts, trained, pending, slot, lost_trajs, last_lost, retried, since_trained]
-        self._records: "OrderedDict[int, List[int]]" = OrderedDict()
+        self._records: OrderedDict[int, List[int]] = OrderedDict()
         self.counters: Dict[str, int] = dict.fromkeys(ATTEMPT_COUNTERS, 0)
         self.starved = 0
         self.starved_by_slot = [0] * SOURCE_SLOTS

@@ -141,7 +141,10 @@ def summarize(arrays: Optional[tuple], prefix: str) -> Dict[str, float]:
     if arrays is None:
         return {}
     counts, n, sums = arrays[0], arrays[1], arrays[2]
-    scopes = (("", counts[0], n[0], sums[0]), ("window/", counts[1:].sum(axis=0), n[1:].sum(axis=0), sums[1:].sum(axis=0)))
+    scopes = (
+        ("", counts[0], n[0], sums[0]),
+        ("window/", counts[1:].sum(axis=0), n[1:].sum(axis=0), sums[1:].sum(axis=0)),
+    )
     out: Dict[str, float] = {}
     for scope, c, nn, ss in scopes:
         for qi, quantity in enumerate(QUANTITIES):

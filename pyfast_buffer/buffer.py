@@ -103,7 +103,7 @@ class StalenessBuffer(BufferBase, AccountingMethods):
             unique_ids=unique_ids,
             max_attempts=max_attempts or 0,
         )
-        for source, age in self.config.source_max_age or ():
+        for source, age in self.config.source_bounds():
             self._ring.set_source_max_age(source, age)
         self._watch = bias.StarvationWatch(starvation_share)
         self._takes_seen = 0  # takes so far: every bias.WINDOW_TAKES-th logs the bias record

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any, Mapping as MappingType, Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
+from typing import Mapping as MappingType
 
 import torch
 
@@ -54,6 +55,10 @@ class BufferConfig:
     max_attempts: Optional[int] = None
     source_max_age: Optional[SourceMaxAge] = None
     starvation_share: Optional[float] = None
+
+    def source_bounds(self) -> Tuple[Tuple[int, int], ...]:
+        """Returns ``source_max_age`` as the sorted (source, max_age) pairs it is stored as (empty for none)."""
+        return source_max_age_pairs(self.source_max_age) or ()
 
     def __post_init__(self) -> None:
         as_count(self.capacity, "capacity", 1, MAX_CAPACITY)

@@ -51,8 +51,11 @@ _OBSERVED = 1 << 41
 
 
 def _meta(length: int, slot: int, protect: bool, observed: bool) -> int:
-    return (_NO_LENGTH if length < 0 else length) | (slot << 32) | (_PROTECTED if protect else 0) | (
-        _OBSERVED if observed else 0
+    return (
+        (_NO_LENGTH if length < 0 else length)
+        | (slot << 32)
+        | (_PROTECTED if protect else 0)
+        | (_OBSERVED if observed else 0)
     )
 
 
@@ -66,6 +69,8 @@ def _length(meta: int) -> int:
 
 def _latency_us(rec: dict) -> int:
     return max(rec["complete_ns"] - rec["dispatch_ns"], 0) // 1000
+
+
 _WAKE_S = 0.1  # longest sleep of a blocking call between two looks at signals, leases and its deadline
 
 
@@ -119,7 +124,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         # What the bound does to the data (docs/data-bias.md), as the core keeps it.
         self._attempts = PromptAttempts(default_attempts_bound(capacity))
         self._bias: Optional[bias.Sketches] = None  # from the first dispatch on
-        self._source_max_age: Dict[int, int] = dict(self.config.source_max_age or ())
+        self._source_max_age: Dict[int, int] = dict(self.config.source_bounds())
         self._protected_seen = False
         self._tagged = False
         self._source_counts = np.zeros((state.SOURCE_SLOTS, len(state.SOURCE_COUNT_FIELDS)), dtype=np.int64)
@@ -306,9 +311,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         return len(due)
 
     # -- writing: complete, put, grouping, on_full, eviction of the oldest (csrc/ring_write.cpp) ---------------------
-    def complete(
-        self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None, *, lengths: Any = None
-    ) -> None:
+    def complete(self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None, *, lengths: Any = None) -> None:
         trajs, prompts = as_ids(traj_ids, "traj_ids", copy=True), as_ids(prompt_ids, "prompt_ids", copy=True)
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
         timeout = as_timeout(timeout)
@@ -338,7 +341,9 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 step, dispatched_at, _, _, meta = self._pop_in_flight(p)
                 base = meta & ~_NO_LENGTH
                 metas = [meta if length_of is None else base | int(length_of[i]) for i in members]
-                self._append([self._record(traj_list[i], p, step, dispatched_at, now, m) for i, m in zip(members, metas)])
+                self._append(
+                    [self._record(traj_list[i], p, step, dispatched_at, now, m) for i, m in zip(members, metas)]
+                )
                 self._bias.add(0, 0, [max(now - dispatched_at, 0) // 1000] * len(members))
                 if length_of is not None:
                     self._bias.add(0, 1, (int(length_of[i]) for i in members))
@@ -857,9 +862,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             i = 0
             while i < len(cols["traj_id"]):
                 n = cols["group_len"][i]
-                groups.append(
-                    [{k: cols[k][j] for k in keys if k != "group_len"} for j in range(i, i + n)]
-                )
+                groups.append([{k: cols[k][j] for k in keys if k != "group_len"} for j in range(i, i + n)])
                 i += n
             self._groups, self._size = groups, len(cols["traj_id"])
             self._live = live
@@ -879,7 +882,9 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             metas = cols["meta"] + f["meta"]
             self._protected_seen = any(m & _PROTECTED for m in cols["meta"])
             self._tagged = any(_slot(m) != 0 for m in metas)
-            observed = bool(f["meta"]) or len(s["attempts"]["prompt_id"]) > 0 or any(m & _OBSERVED for m in cols["meta"])
+            observed = (
+                bool(f["meta"]) or len(s["attempts"]["prompt_id"]) > 0 or any(m & _OBSERVED for m in cols["meta"])
+            )
             if self._bias is None and observed:
                 self._bias = bias.Sketches()
             self._counts = dict(s["ledger"])

@@ -221,7 +221,9 @@ def _unpack_accounting(sd: Dict[str, Any]) -> Dict[str, Any]:
     if value is None:
         counts = np.zeros((SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)), dtype=np.int64)
     else:
-        counts = (value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)).astype(np.int64)
+        counts = (value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)).astype(
+            np.int64
+        )
         if counts.shape != (SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)) or (counts.size and counts.min() < 0):
             raise ValueError(f"state_dict['source_counts'] must be ({SOURCE_SLOTS}, 6) counts >= 0; it was edited")
     return {"attempts": attempts, "attempt_counters": counters, "source_counts": counts}

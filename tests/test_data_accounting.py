@@ -253,7 +253,7 @@ def test_bad_source_and_length_arguments_change_nothing(impl):
         impl(8, source_max_age=[3])
     with pytest.raises(ValueError, match=r"source_max_age\[1\]=-1 must be >= 0"):
         impl(8, source_max_age={1: -1})
-    with pytest.raises(ValueError, match="starvation_share=1.5 must lie in"):
+    with pytest.raises(ValueError, match=r"starvation_share=1\.5 must lie in"):
         impl(8, starvation_share=1.5)
     with pytest.raises(ValueError, match="max_attempts=0 must be >= 1"):
         impl(8, max_attempts=0)

@@ -21,8 +21,9 @@ from pyfast_buffer.experiment.task import DigitSumTask
 
 
 def _cost(seed=3):
-    return RolloutCost(seed, digits=10, base_tokens=32, length_sigma=0.6, tokens_per_tick=64.0, max_latency=12,
-                       fail_prob=0.02)
+    return RolloutCost(
+        seed, digits=10, base_tokens=32, length_sigma=0.6, tokens_per_tick=64.0, max_latency=12, fail_prob=0.02
+    )
 
 
 def test_the_rollout_cost_is_deterministic_per_seed_and_grows_with_difficulty():

@@ -122,7 +122,8 @@ def test_a_small_batch_of_a_huge_request_owns_only_its_rows(impl):
     buf.put([1], 0)
     batch = buf.take(10**9, 0)
     assert batch.traj_ids.tolist() == [1]
-    assert batch.columns.untyped_storage().nbytes() == _core.BATCH_COLUMNS * 8  # the int64 fields of one row, not 1e6 rows
+    # the int64 fields of one row, not 1e6 rows
+    assert batch.columns.untyped_storage().nbytes() == _core.BATCH_COLUMNS * 8
     assert batch.columns.is_contiguous()
 
 

@@ -299,8 +299,18 @@ _BIAS_CONFIG = ExperimentConfig(
 PRESETS["bias"] = Preset(_BIAS_CONFIG, _bias_arms(2), seeds=tuple(range(5)))
 # The same study in seconds, for CI: a smaller task and run, two seeds.
 PRESETS["bias-tiny"] = Preset(
-    replace(_BIAS_CONFIG, digits=5, ticks=60, eval_interval=30, eval_prompts=50, hidden=32, lr=1e-2,
-            prompts_per_tick=4, batch_size=32, capacity=256),
+    replace(
+        _BIAS_CONFIG,
+        digits=5,
+        ticks=60,
+        eval_interval=30,
+        eval_prompts=50,
+        hidden=32,
+        lr=1e-2,
+        prompts_per_tick=4,
+        batch_size=32,
+        capacity=256,
+    ),
     _bias_arms(2),
     seeds=(0, 1),
 )

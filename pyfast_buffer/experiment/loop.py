@@ -53,7 +53,9 @@ class ArmRun:
         )
         self.trainer = Trainer(self.policy, cfg.lr, cfg.clip_eps)
         self.rollout = RolloutWorker(self.policy, cfg.parameter_sync_step, arm.lag)
-        self.producer = (RequeueProducer if cfg.requeue else Producer)(cfg, self.task, self.buf, self.store, self.rollout)
+        self.producer = (RequeueProducer if cfg.requeue else Producer)(
+            cfg, self.task, self.buf, self.store, self.rollout
+        )
         self.trained_costs: list = []  # requeue: (difficulty, length, delay) of every trajectory on its first use
         eval_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 4)
         self.eval_prompts = self.task.sample_prompts(cfg.eval_prompts, eval_gen)

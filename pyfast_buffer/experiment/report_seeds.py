@@ -141,7 +141,7 @@ def render(agg: Sequence[Dict[str, Any]], summaries: Sequence[Dict[str, Any]], c
 
 def table(agg: Sequence[Dict[str, Any]]) -> str:
     """Two tables (efficiency, then stability and cost), one row per arm, cells 'mean [low, high]'."""
-    blocks = (
+    blocks: Tuple[Tuple[str, ...], ...] = (
         ("sample_reward_last", "eval_last", "entropy_half_tick", "entropy_half_step"),
         ("clip_frac_late", "approx_kl_late", "drop_share", "stalled_ticks", "trainer_steps", "max_age_mean"),
     )

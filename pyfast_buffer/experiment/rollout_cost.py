@@ -47,9 +47,7 @@ class RolloutCost:
         failed = self._rng.random(len(d)) < self._fail
         lengths = np.maximum(1, np.rint(self._base * (1 + 3 * d) * noise)).astype(np.int64)
         delays = np.minimum(self._max, lengths // max(self._rate, 1e-9)).astype(np.int64)
-        return [
-            (float(di), int(n), None if f else int(t)) for di, n, f, t in zip(d.tolist(), lengths, failed, delays)
-        ]
+        return [(float(di), int(n), None if f else int(t)) for di, n, f, t in zip(d.tolist(), lengths, failed, delays)]
 
 
 def ks_statistic(a: np.ndarray, b: np.ndarray) -> Optional[float]:

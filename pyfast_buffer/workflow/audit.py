@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import IO, Dict, Iterable, List, Optional, Tuple
 
 from ..batch import AGE_BUCKETS
-from ._config_files import is_binary
 from ..bias import BIAS_FIELDS
+from ._config_files import is_binary
 from .output import print_output
 
 COUNT_FIELDS: Tuple[str, ...] = ("dropped_stale", "taken", "retired", "evicted")  # since the previous record: summed
