@@ -5,6 +5,21 @@
 
 namespace pyfast_buffer {
 
+namespace {
+// The refusal of a take whose walk reached a fresh group larger than the batch.
+InvalidArgument group_too_big(int64_t batch_size, int64_t group_id, int64_t len) {
+  return InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", group_id, " of ", len,
+                                " trajectories; raise batch_size to at least ", len, " (a batch never splits a group)"));
+}
+}  // namespace
+
+void StalenessRing::finish_plan(TakePlan& plan, int64_t span_start, int64_t walked, int64_t taken) {
+  if (span_start >= 0 && walked > span_start) plan.spans.push_back({span_start, walked - span_start});
+  plan.taken = taken;
+  plan.walked = walked;
+  plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
+}
+
 bool StalenessRing::wait_blocked(int64_t current_step) const {
   if (in_flight_.size() == 0) return false;
   if (overrides_ == 0) return current_step - in_flight_.oldest_step() >= max_age_;
@@ -77,10 +92,7 @@ void StalenessRing::plan_take_per_entry(int64_t batch_size, TakePlan& plan) cons
       if (span_start >= 0) plan.spans.push_back({span_start, i - span_start}), span_start = -1;
       plan.dropped += len;
     } else {
-      if (len > batch_size)
-        throw InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", c.group_id[p], " of ", len,
-                                     " trajectories; raise batch_size to at least ", len,
-                                     " (a batch never splits a group)"));
+      if (len > batch_size) throw group_too_big(batch_size, c.group_id[p], len);
       if (taken + len > batch_size) {
         plan.full = true;
         break;
@@ -89,17 +101,11 @@ void StalenessRing::plan_take_per_entry(int64_t batch_size, TakePlan& plan) cons
       taken += len;
     }
     i += len;
-    p += len;
-    p -= p >= cap ? cap : 0;
-    if (taken == batch_size) {
-      plan.full = true;
-      break;
-    }
+    p = p + len >= cap ? p + len - cap : p + len;
+    plan.full = taken == batch_size;  // a stale group leaves taken as it was, below batch_size
+    if (plan.full) break;
   }
-  if (span_start >= 0 && i > span_start) plan.spans.push_back({span_start, i - span_start});
-  plan.taken = taken;
-  plan.walked = i;
-  plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
+  finish_plan(plan, span_start, i, taken);
 }
 
 void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const {
@@ -166,10 +172,7 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
     }
     if (steps[p] < cutoff) continue;
     const int64_t len = group_len[p];
-    if (len > batch_size)
-      throw InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", group_id[p], " of ", len,
-                                   " trajectories; raise batch_size to at least ", len,
-                                   " (a batch never splits a group)"));
+    if (len > batch_size) throw group_too_big(batch_size, group_id[p], len);
     if (taken + len > batch_size) {
       plan.full = true;
       break;
@@ -183,10 +186,7 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
       break;
     }
   }
-  if (span_start >= 0 && i > span_start) plan.spans.push_back({span_start, i - span_start});
-  plan.taken = taken;
-  plan.walked = i;
-  plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
+  finish_plan(plan, span_start, i, taken);
 }
 
 void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int64_t* base, TakeStats& stats) {

@@ -319,6 +319,8 @@ class StalenessRing {
   std::string wait_blocked_message(int64_t current_step) const PFB_REQUIRES(mutex_);
   int64_t skip_stale(int64_t i, int64_t cutoff) const PFB_REQUIRES(mutex_);
   void plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const PFB_REQUIRES(mutex_);
+  // Closes a walk's open span at `walked` and records its totals (touches only `plan`).
+  static void finish_plan(TakePlan& plan, int64_t span_start, int64_t walked, int64_t taken);
   void commit_take(const TakePlan& plan, int64_t current_step, int64_t* out, TakeStats& stats) PFB_REQUIRES(mutex_);
   void fill_state(TakeStats& stats) PFB_REQUIRES(mutex_);  // the ring's state after a take or evict_stale
 

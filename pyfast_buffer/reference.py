@@ -392,20 +392,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             else:
                 groups = self._group_stably(groups_arr)
                 key_of = groups_arr.tolist()
-                for g, members in groups.items():
-                    for i in members[1:]:
-                        if step_of(i) != step_of(members[0]):
-                            raise ValueError(
-                                f"sample_step: group {g} has entries stamped {step_of(members[0])} "
-                                f"and {step_of(i)}; a group shares one sample_step"
-                            )
-                for g, members in groups.items():
-                    for i in members[1:]:
-                        if slot_of(i) != slot_of(members[0]):
-                            raise ValueError(
-                                f"source: group {g} has entries tagged {slot_of(members[0]) - 1} "
-                                f"and {slot_of(i) - 1}; a group shares one source"
-                            )
+                self._check_uniform(groups, step_of, "sample_step", "stamped", "sample_step", 0)
+                self._check_uniform(groups, slot_of, "source", "tagged", "source", -1)
             deadline = time.monotonic() + (timeout or 0.0)
             while True:  # after a wait, validate again: another thread may have put one of these ids
                 self._check_not_live(traj_list)
@@ -424,6 +412,17 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._counts["put_total"] += n
             self._clock = max(self._clock, max(steps))
             self._cond.notify_all()
+
+    @staticmethod
+    def _check_uniform(groups: Dict[int, List[int]], value_of: Any, arg: str, verb: str, what: str, shown: int) -> None:
+        """Raises ValueError naming the first group whose members differ in ``value_of`` (shown plus ``shown``)."""
+        for g, members in groups.items():
+            for i in members[1:]:
+                if value_of(i) != value_of(members[0]):
+                    raise ValueError(
+                        f"{arg}: group {g} has entries {verb} {value_of(members[0]) + shown} "
+                        f"and {value_of(i) + shown}; a group shares one {what}"
+                    )
 
     @staticmethod
     def _group_stably(keys: np.ndarray) -> Dict[int, List[int]]:

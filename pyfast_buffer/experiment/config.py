@@ -297,18 +297,16 @@ _BIAS_CONFIG = ExperimentConfig(
     capacity=512,
 )
 PRESETS["bias"] = Preset(_BIAS_CONFIG, _bias_arms(2), seeds=tuple(range(5)))
-# The same study in seconds, for CI: a smaller task and run, two seeds.
+# The same study in seconds, for CI: the tiny preset's task and model, 60 steps, two seeds.
 PRESETS["bias-tiny"] = Preset(
     replace(
-        _BIAS_CONFIG,
-        digits=5,
+        PRESETS["tiny"].config,
+        requeue=True,
+        max_latency=12,
+        latency_mean=0.0,
         ticks=60,
         eval_interval=30,
         eval_prompts=50,
-        hidden=32,
-        lr=1e-2,
-        prompts_per_tick=4,
-        batch_size=32,
         capacity=256,
     ),
     _bias_arms(2),

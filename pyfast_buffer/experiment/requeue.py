@@ -19,14 +19,16 @@ from pyfast_buffer import StalenessBuffer
 
 from .config import ExperimentConfig
 from .objective import group_advantages
+from .producer import Producer
 from .rollout import RolloutWorker
 from .rollout_cost import RolloutCost, ks_statistic
 from .store import TrajectoryStore
 from .task import DigitSumTask
 
 
-class RequeueProducer:
-    """``tick(t)`` runs sampling step ``t``; ``cost_of(traj_ids)`` gives trained trajectories' costs."""
+class RequeueProducer(Producer):
+    """``tick(t)`` runs sampling step ``t``; ``cost_of(traj_ids)`` gives trained trajectories' costs. The
+    prompt and sampling streams are Producer's; the geometric schedule is replaced by the rollout cost."""
 
     def __init__(
         self,
@@ -36,9 +38,7 @@ class RequeueProducer:
         store: TrajectoryStore,
         rollout: RolloutWorker,
     ) -> None:
-        self.cfg, self.task, self.buf, self.store, self.rollout = cfg, task, buf, store, rollout
-        self.prompt_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 1)
-        self.sample_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 2)
+        super().__init__(cfg, task, buf, store, rollout)
         self.cost = RolloutCost(
             cfg.seed * 1000 + 5,
             cfg.digits,
@@ -53,7 +53,7 @@ class RequeueProducer:
         self.prompt_of: Dict[int, int] = {}  # attempt serial -> prompt id
         self.costs: Dict[int, Tuple[float, int, int]] = {}  # serial -> (difficulty, length, delay) of completed ones
         self.generated: List[Tuple[float, int, int]] = []  # one per completed trajectory
-        self.due: Dict[int, List[Tuple[int, int, int, bool]]] = {}  # tick -> [(serial, prompt, length, failed)]
+        self.pending: Dict[int, List[Tuple[int, int, int, bool]]] = {}  # tick -> [(serial, prompt, length, failed)]
         self.prompts_seen = 0
 
     def _collect_losses(self) -> None:
@@ -86,12 +86,12 @@ class RequeueProducer:
         for s, p, (difficulty, length, delay) in zip(serials, prompt_ids, self.cost.cost(prompts)):
             self.prompt_of[s] = p
             if delay is None:
-                self.due.setdefault(t, []).append((s, p, 0, True))
+                self.pending.setdefault(t, []).append((s, p, 0, True))
             else:
                 self.costs[s] = (difficulty, length, delay)
-                self.due.setdefault(t + delay, []).append((s, p, length, False))
+                self.pending.setdefault(t + delay, []).append((s, p, length, False))
         completed = failed = 0
-        for s, p, length, is_failed in self.due.pop(t, []):
+        for s, p, length, is_failed in self.pending.pop(t, []):
             if is_failed:
                 self.buf.fail([p])
                 failed += 1
