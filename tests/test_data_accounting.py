@@ -378,3 +378,27 @@ def test_one_slow_source_starves_under_drop_and_max_attempts_caps_regeneration(i
     assert capped.starved() == {}
     assert capped.data_metrics()["buffer/protected"] == len(slow)
     assert_balanced(capped)
+
+
+def test_the_log_carries_the_attempts_and_the_bias_record_and_audit_reports_them(impl, caplog, tmp_path):
+    from pyfast_buffer.workflow.audit import audit, format_result
+
+    caplog.set_level(logging.INFO, logger="pyfast_buffer")
+    buf = impl(64, max_age=1)
+    clock = 0
+    for i in range(2 * bias.WINDOW_TAKES):
+        clock += 1
+        buf.dispatch([i % 4], clock)
+        late = i % 4 == 3  # prompt 3's rollouts come back too late to train
+        clock += 2 * late
+        buf.complete([i], [i % 4], lengths=[900 if late else 100])
+        buf.take(8, clock)
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(r.getMessage() for r in caplog.records) + "\n")
+    result = audit([str(log)])
+    m = buf.data_metrics()
+    assert result.balanced and result.data["starved"] == m["buffer/prompts_starved"] > 0
+    assert result.data["regenerations"] == m["buffer/regenerations"]
+    assert result.bias["length/lost/mean"] == 900 and result.bias["length/trained/mean"] == 100
+    text = format_result(result)
+    assert "bias (last record" in text and "prompts (last record): retried=" in text
