@@ -22,7 +22,14 @@ using I32Array = py::array_t<int32_t, py::array::c_style>;
 pfb::Strategy parse_strategy(const std::string& s) {
   if (s == "drop") return pfb::Strategy::kDrop;
   if (s == "wait") return pfb::Strategy::kWait;
-  throw pfb::InvalidArgument("strategy='" + s + "' is unknown; use 'drop' or 'wait'");
+  if (s == "pace") return pfb::Strategy::kPace;
+  throw pfb::InvalidArgument("strategy='" + s + "' is unknown; use 'drop', 'wait' or 'pace'");
+}
+
+pfb::AgeFrom parse_age_from(const std::string& s) {
+  if (s == "start") return pfb::AgeFrom::kStart;
+  if (s == "finish") return pfb::AgeFrom::kFinish;
+  throw pfb::InvalidArgument("age_from='" + s + "' is unknown; use 'start' or 'finish'");
 }
 
 pfb::OnFull parse_on_full(const std::string& s) {
@@ -71,8 +78,9 @@ py::tuple stats_tuple(const pfb::TakeStats& s) {
   py::tuple hist(pfb::kAgeBuckets);
   for (int i = 0; i < pfb::kAgeBuckets; ++i) hist[i] = py::int_(s.age_hist[i]);
   return py::make_tuple(s.taken, s.dropped_stale, s.retired, s.evicted, blocked_by_name(s.blocked_by),
-                        to_pyint(s.age_sum),
-                        s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total, s.max_age, s.expired);
+                        to_pyint(s.age_sum), s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total, s.max_age,
+                        s.expired, s.trained_over_age, to_pyint(s.span_sum), s.span_max, s.admitted,
+                        s.admission_refused, s.admission_waits);
 }
 
 py::dict ledger_dict(const pfb::Ledger& l) {
@@ -83,6 +91,8 @@ py::dict ledger_dict(const pfb::Ledger& l) {
   d["in_flight"] = l.in_flight, d["buffer_left"] = l.buffer_left;
   d["max_age_changes"] = l.max_age_changes, d["expired"] = l.expired;
   d["released_overflow"] = l.released_overflow;
+  d["admitted"] = l.admitted, d["admission_refused"] = l.admission_refused;
+  d["admission_waits"] = l.admission_waits, d["trained_over_age"] = l.trained_over_age;
   return d;
 }
 
@@ -110,9 +120,11 @@ std::vector<T> from_numpy(const py::dict& d, const char* key,
 std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::string& strategy, int64_t max_uses,
                                   const std::string& on_full, int64_t parameter_sync_step,
                                   std::optional<py::tuple> columns, bool track_released, int64_t release_bound,
-                                  bool unique_ids) {
-  pfb::RingConfig cfg{capacity, max_age, parse_strategy(strategy), max_uses, parse_on_full(on_full),
-                      parameter_sync_step, track_released, release_bound, unique_ids};
+                                  bool unique_ids, int64_t prompts_per_step, int64_t lookahead,
+                                  const std::string& age_from) {
+  pfb::RingConfig cfg{capacity,       max_age,       parse_strategy(strategy), max_uses,
+                      parse_on_full(on_full), parameter_sync_step, track_released, release_bound,
+                      unique_ids,     prompts_per_step, lookahead, parse_age_from(age_from)};
   auto out = std::make_unique<PyRing>();
   if (!columns) {
     out->ring = std::make_unique<pfb::StalenessRing>(cfg, nullptr);
@@ -139,7 +151,7 @@ std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::
     out->borrowed_arrays.push_back(a);
   }
   ptrs.traj_id = wide[0], ptrs.group_id = wide[1], ptrs.sample_step = wide[2];
-  ptrs.policy_version = wide[3], ptrs.dispatch_ns = wide[4], ptrs.complete_ns = wide[5];
+  ptrs.finish_step = wide[3], ptrs.dispatch_ns = wide[4], ptrs.complete_ns = wide[5];
   ptrs.uses = narrow[0], ptrs.group_len = narrow[1];
   out->ring = std::make_unique<pfb::StalenessRing>(cfg, &ptrs);
   out->ring->set_interrupt_check(check_signals);
@@ -151,7 +163,9 @@ std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Native core of pyfast_buffer: a staleness-aware ring of trajectory ids.";
   py::register_exception<pfb::Closed>(m, "BufferClosedError", PyExc_ValueError);
-  py::register_exception<pfb::Full>(m, "BufferFullError", PyExc_RuntimeError);
+  auto full = py::register_exception<pfb::Full>(m, "BufferFullError", PyExc_RuntimeError);
+  // Registered after its base, so that its translator runs first.
+  py::register_exception<pfb::AdmissionFull>(m, "AdmissionError", full.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -168,7 +182,8 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyRing>(m, "Ring")
       .def(py::init(&make_ring), py::arg("capacity"), py::arg("max_age"), py::arg("strategy"), py::arg("max_uses"),
            py::arg("on_full"), py::arg("parameter_sync_step"), py::arg("columns") = py::none(),
-           py::arg("track_released") = false, py::arg("release_bound") = 0, py::arg("unique_ids") = false)
+           py::arg("track_released") = false, py::arg("release_bound") = 0, py::arg("unique_ids") = false,
+           py::arg("prompts_per_step") = 0, py::arg("lookahead") = 0, py::arg("age_from") = "start")
       .def("released",
            [](PyRing& self) {
              pfb::Released r = self.ring->take_released();
@@ -176,12 +191,18 @@ PYBIND11_MODULE(_core, m) {
            })
       .def(
           "dispatch",
-          [](PyRing& self, const I64Array& prompt_ids, int64_t step, std::optional<double> lease) {
+          [](PyRing& self, const I64Array& prompt_ids, int64_t step, std::optional<double> lease,
+             std::optional<double> timeout) {
             const std::vector<int64_t> ids = owned(prompt_ids);
-            py::gil_scoped_release release;
-            self.ring->dispatch(ids.data(), static_cast<int64_t>(ids.size()), step, lease);
+            py::gil_scoped_release release;  // a paced dispatch may block: never while holding the GIL
+            self.ring->dispatch(ids.data(), static_cast<int64_t>(ids.size()), step, lease, timeout);
           },
-          py::arg("prompt_ids"), py::arg("step"), py::arg("lease") = py::none())
+          py::arg("prompt_ids"), py::arg("step"), py::arg("lease") = py::none(), py::arg("timeout") = py::none())
+      .def("admissible",
+           [](PyRing& self, int64_t step) {
+             py::gil_scoped_release release;
+             return self.ring->admissible(step);
+           })
       .def("renew",
            [](PyRing& self, const I64Array& prompt_ids, double lease) {
              const std::vector<int64_t> ids = owned(prompt_ids);
@@ -195,13 +216,18 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("_set_lease_clock", [](PyRing& self, std::optional<int64_t> now_ns) { self.ring->set_lease_clock(now_ns); })
       .def("complete",
-           [](PyRing& self, const I64Array& traj_ids, const I64Array& prompt_ids, std::optional<double> timeout) {
+           [](PyRing& self, const I64Array& traj_ids, const I64Array& prompt_ids, std::optional<double> timeout,
+              std::optional<I64Array> finish_steps) {
              if (traj_ids.size() != prompt_ids.size())
                throw pfb::InvalidArgument("traj_ids and prompt_ids differ in length");
              const std::vector<int64_t> t = owned(traj_ids), p = owned(prompt_ids);
+             const std::vector<int64_t> f = finish_steps ? owned(*finish_steps) : std::vector<int64_t>();
              py::gil_scoped_release release;
-             self.ring->complete(t.data(), p.data(), static_cast<int64_t>(t.size()), timeout);
-           })
+             self.ring->complete(t.data(), p.data(), static_cast<int64_t>(t.size()), timeout, f.data(),
+                                 static_cast<int64_t>(f.size()));
+           },
+           py::arg("traj_ids"), py::arg("prompt_ids"), py::arg("timeout") = py::none(),
+           py::arg("finish_steps") = py::none())
       .def("fail",
            [](PyRing& self, const I64Array& prompt_ids) {
              const std::vector<int64_t> ids = owned(prompt_ids);
@@ -210,15 +236,19 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("put",
            [](PyRing& self, const I64Array& traj_ids, std::optional<I64Array> group_ids, const I64Array& sample_steps,
-              std::optional<double> timeout) {
+              std::optional<double> timeout, std::optional<I64Array> finish_steps) {
              if (group_ids && group_ids->size() != traj_ids.size())
                throw pfb::InvalidArgument("traj_ids and group_ids differ in length");
              const std::vector<int64_t> t = owned(traj_ids), s = owned(sample_steps);
              const std::vector<int64_t> g = group_ids ? owned(*group_ids) : std::vector<int64_t>();
+             const std::vector<int64_t> f = finish_steps ? owned(*finish_steps) : std::vector<int64_t>();
              const int64_t n = static_cast<int64_t>(t.size()), n_steps = static_cast<int64_t>(s.size());
              py::gil_scoped_release release;
-             self.ring->put(t.data(), group_ids ? g.data() : nullptr, s.data(), n_steps, n, timeout);
-           })
+             self.ring->put(t.data(), group_ids ? g.data() : nullptr, s.data(), n_steps, n, timeout, f.data(),
+                            static_cast<int64_t>(f.size()));
+           },
+           py::arg("traj_ids"), py::arg("group_ids"), py::arg("sample_steps"), py::arg("timeout") = py::none(),
+           py::arg("finish_steps") = py::none())
       .def("take",
            [](PyRing& self, I64Array& out, int64_t batch_size, int64_t current_step, std::optional<double> timeout) {
              // A batch never exceeds the capacity, so out needs room for min(batch_size, capacity) rows.
@@ -262,6 +292,8 @@ PYBIND11_MODULE(_core, m) {
              d["dispatch_ns"] = to_numpy(std::move(s.dispatch_ns));
              d["complete_ns"] = to_numpy(std::move(s.complete_ns));
              d["uses"] = to_numpy(std::move(s.uses)), d["group_len"] = to_numpy(std::move(s.group_len));
+             d["finish_step"] = to_numpy(std::move(s.finish_step));
+             d["next_take"] = s.next_take;
              d["in_flight_prompt"] = to_numpy(std::move(s.in_flight_prompt));
              d["in_flight_step"] = to_numpy(std::move(s.in_flight_step));
              d["in_flight_dispatch_ns"] = to_numpy(std::move(s.in_flight_dispatch_ns));
@@ -279,6 +311,8 @@ PYBIND11_MODULE(_core, m) {
         s.policy_version = from_numpy<int64_t>(d, "policy_version");
         s.dispatch_ns = from_numpy<int64_t>(d, "dispatch_ns"), s.complete_ns = from_numpy<int64_t>(d, "complete_ns");
         s.uses = from_numpy<int32_t>(d, "uses"), s.group_len = from_numpy<int32_t>(d, "group_len");
+        if (d.contains("finish_step")) s.finish_step = from_numpy<int64_t>(d, "finish_step");  // else: sample_step
+        s.next_take = optional_int(d, "next_take", 0);
         s.in_flight_prompt = from_numpy<int64_t>(d, "in_flight_prompt");
         s.in_flight_step = from_numpy<int64_t>(d, "in_flight_step");
         s.in_flight_dispatch_ns = from_numpy<int64_t>(d, "in_flight_dispatch_ns");
@@ -292,6 +326,10 @@ PYBIND11_MODULE(_core, m) {
         s.ledger.dropped_stale = l["dropped_stale"].cast<int64_t>(), s.ledger.evicted = l["evicted"].cast<int64_t>();
         s.ledger.max_age_changes = optional_int(l, "max_age_changes", 0);
         s.ledger.expired = optional_int(l, "expired", 0);
+        s.ledger.admitted = optional_int(l, "admitted", 0);
+        s.ledger.admission_refused = optional_int(l, "admission_refused", 0);
+        s.ledger.admission_waits = optional_int(l, "admission_waits", 0);
+        s.ledger.trained_over_age = optional_int(l, "trained_over_age", 0);
         s.clock = d["clock"].cast<int64_t>();
         s.evicted_unreported = d["evicted_unreported"].cast<int64_t>();
         py::gil_scoped_release release;

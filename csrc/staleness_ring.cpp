@@ -38,7 +38,13 @@ int64_t add_saturating(int64_t a, int64_t b) {
   return a > kNoLease - 1 - b ? kNoLease - 1 : a + b;
 }
 
-const char* strategy_name(Strategy s) { return s == Strategy::kDrop ? "drop" : "wait"; }
+const char* strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::kDrop: return "drop";
+    case Strategy::kWait: return "wait";
+    default: return "pace";
+  }
+}
 
 const char* on_full_name(OnFull f) {
   switch (f) {
@@ -125,6 +131,15 @@ const RingConfig& validated(const RingConfig& config, const ColumnPointers* borr
   if (borrowed && !borrowed->complete()) throw InvalidArgument("borrowed columns: every column must be set");
   if (config.release_bound < 0)
     throw InvalidArgument(concat("release_bound=", config.release_bound, " must be > 0 (or 0 for the default)"));
+  if (config.strategy == Strategy::kPace) {
+    if (config.prompts_per_step < 1 || config.prompts_per_step > kMaxPromptsPerStep)
+      throw InvalidArgument(concat("prompts_per_step=", config.prompts_per_step, " must be in [1, ", kMaxPromptsPerStep,
+                                   "]: the prompt groups one training step takes"));
+    if (config.lookahead < 0 || config.lookahead > config.max_age)
+      throw InvalidArgument(concat("lookahead=", config.lookahead, " must be in [0, max_age=", config.max_age, "]"));
+  } else if (config.prompts_per_step != 0 || config.lookahead != 0) {
+    throw InvalidArgument("prompts_per_step and lookahead are used only by strategy='pace'; leave them unset");
+  }
   return config;
 }
 
@@ -164,9 +179,10 @@ void StalenessRing::note_walked(int64_t walked, int64_t current_step) {
   const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
                                                               : std::numeric_limits<int64_t>::min();
   const ColumnPointers& c = columns_.get();
+  const int64_t* ages = age_steps();
   for (int64_t i = 0; i < walked; ++i) {
     const int64_t p = phys(i);
-    if (c.sample_step[p] < cutoff)
+    if (ages[p] < cutoff)
       note_left(c.traj_id[p], ReleaseReason::kDroppedStale);
     else if (c.uses[p] >= config_.max_uses)
       note_left(c.traj_id[p], ReleaseReason::kRetired);
@@ -223,6 +239,7 @@ void StalenessRing::expire_prompts(const std::vector<int64_t>& prompts) {
   ledger_.failed += n;
   ledger_.expired += n;
   if (n > 0) ready_cv_.notify_all();  // a waiting take may have been blocked by these prompts
+  if (n > 0 && paced()) admit_cv_.notify_all();  // their slots are free
 }
 
 void StalenessRing::check_interrupt(Lock& lock, SteadyTime& last_check) {
@@ -260,19 +277,33 @@ std::string StalenessRing::wait_blocked_message(int64_t current_step) const {
   return out.str();
 }
 
-void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step, std::optional<double> lease) {
+void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step, std::optional<double> lease,
+                             std::optional<double> timeout) {
   const int64_t lease_ns = lease ? checked_seconds_ns(*lease, "lease", false) : 0;
+  check_timeout(timeout);
   Lock lock(mutex_);
   check_open();
   expire_due();
   if (sample_step < 0) throw InvalidArgument(concat("step=", sample_step, " is negative; steps are ints >= 0"));
   if (auto dup = first_duplicate(prompt_ids, n))
     throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; dispatch each prompt once"));
-  for (int64_t i = 0; i < n; ++i)
-    if (in_flight_.contains(prompt_ids[i]))
-      throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i], " is already in flight (dispatched at step ",
-                                   in_flight_.at(prompt_ids[i]).sample_step,
-                                   "); complete or fail it before dispatching it again"));
+  if (paced() && n > 0) check_pace_call_size(n, "dispatch");
+  const StepCounts asked = paced() && n > 0 ? StepCounts{{sample_step, n}} : StepCounts{};
+  std::optional<SteadyTime> wait_until;
+  bool waited = false;
+  for (;;) {  // validate, then wait for admission; after a wait, validate again (another thread may have dispatched)
+    for (int64_t i = 0; i < n; ++i)
+      if (in_flight_.contains(prompt_ids[i]))
+        throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i], " is already in flight (dispatched at step ",
+                                     in_flight_.at(prompt_ids[i]).sample_step,
+                                     "); complete or fail it before dispatching it again"));
+    if (asked.empty() || wait_for_admission(lock, asked, n, sample_step, timeout, "dispatch", wait_until, waited))
+      break;
+  }
+  if (paced()) {
+    ledger_.admitted += n;
+    ledger_.admission_waits += waited;
+  }
   const int64_t stamp = now_ns(), since = lease_now();
   const int64_t deadline = lease ? add_saturating(since, lease_ns) : kNoLease;
   for (int64_t i = 0; i < n; ++i) in_flight_.insert(prompt_ids[i], {sample_step, stamp, since, deadline});
@@ -297,6 +328,7 @@ void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
   ledger_.failed += n;
   lock.unlock();
   if (n > 0) ready_cv_.notify_all();
+  if (n > 0 && paced()) admit_cv_.notify_all();
 }
 
 void StalenessRing::renew(const int64_t* prompt_ids, int64_t n, double lease) {
@@ -332,6 +364,7 @@ void StalenessRing::set_lease_clock(std::optional<int64_t> now_ns) {
     manual_lease_clock_ = now_ns;
   }
   ready_cv_.notify_all();  // a waiting take re-checks the leases against the new time
+  admit_cv_.notify_all();  // so does a waiting paced dispatch
 }
 
 namespace {
@@ -401,18 +434,18 @@ namespace {
 // tell the compiler the column stores cannot change the inputs, so nothing is reloaded per entry.
 inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int64_t* __restrict traj_ids,
                         const int64_t* __restrict group_ids, const int64_t* __restrict order, int64_t group_id,
-                        int64_t step, int64_t version, int64_t dispatch_ns, int64_t complete_ns, int32_t group_len) {
+                        int64_t step, int64_t finish, int64_t dispatch_ns, int64_t complete_ns, int32_t group_len) {
   int64_t* __restrict traj = c.traj_id + p;
   int64_t* __restrict group = c.group_id + p;
   if (n < 16) {  // a GRPO-sized group: one fused pass beats eight short column loops
-    int64_t *__restrict step_col = c.sample_step + p, *__restrict version_col = c.policy_version + p;
+    int64_t *__restrict step_col = c.sample_step + p, *__restrict finish_col = c.finish_step + p;
     int64_t *__restrict dispatch_col = c.dispatch_ns + p, *__restrict complete_col = c.complete_ns + p;
     int32_t *__restrict uses_col = c.uses + p, *__restrict len_col = c.group_len + p;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t src = order ? order[j] : j;
       traj[j] = traj_ids[src];
       group[j] = group_ids ? group_ids[src] : group_id;
-      step_col[j] = step, version_col[j] = version, dispatch_col[j] = dispatch_ns, complete_col[j] = complete_ns;
+      step_col[j] = step, finish_col[j] = finish, dispatch_col[j] = dispatch_ns, complete_col[j] = complete_ns;
       uses_col[j] = 0, len_col[j] = group_len;
     }
     return;
@@ -431,7 +464,7 @@ inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int
       std::fill_n(group, n, group_id);
   }
   std::fill_n(c.sample_step + p, n, step);
-  std::fill_n(c.policy_version + p, n, version);
+  std::fill_n(c.finish_step + p, n, finish);
   std::fill_n(c.dispatch_ns + p, n, dispatch_ns);
   std::fill_n(c.complete_ns + p, n, complete_ns);
   std::fill_n(c.uses + p, n, 0);
@@ -441,13 +474,18 @@ inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int
 
 void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
                                  int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
-                                 int64_t complete_ns) {
+                                 int64_t complete_ns, const int64_t* finish_steps, int64_t n_finish) {
   const ColumnPointers c = columns_.get();  // local copies: the column stores cannot alias them
   const int64_t cap = config_.capacity;
   int64_t p = head_ + size_;
   p -= p >= cap ? cap : 0;
-  if (size_ > 0 && sample_step < c.sample_step[p == 0 ? cap - 1 : p - 1]) sorted_ = false;
-  const int64_t version = config_.parameter_sync_step > 0 ? sample_step / config_.parameter_sync_step : -1;
+  const int64_t* const members = order;  // the call's indices of the members, before the fast path below drops them
+  // One finish step for the whole group, or the dispatch step; one per trajectory is written below.
+  const int64_t finish = n_finish == 1 ? finish_steps[0] : sample_step;
+  const int64_t age_stamp = config_.age_from == AgeFrom::kFinish && n_finish > 1
+                                ? finish_steps[members ? members[0] : 0]
+                                : (config_.age_from == AgeFrom::kFinish ? finish : sample_step);
+  if (size_ > 0 && age_stamp < age_steps()[p == 0 ? cap - 1 : p - 1]) sorted_ = false;
   // Members are in increasing call order; if the last is len - 1 past the first they are consecutive.
   if (order && order[len - 1] - order[0] == len - 1) {
     traj_ids += order[0];
@@ -456,14 +494,18 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
   }
   // At most two contiguous runs: up to the end of the columns, then from row 0.
   const int64_t first = std::min(len, cap - p);
-  write_group(c, p, first, traj_ids, group_ids, order, group_id, sample_step, version, dispatch_ns, complete_ns,
+  write_group(c, p, first, traj_ids, group_ids, order, group_id, sample_step, finish, dispatch_ns, complete_ns,
               static_cast<int32_t>(len));
   if (first < len) {
     const int64_t rest = len - first;
     write_group(c, 0, rest, order ? traj_ids : traj_ids + first, group_ids && !order ? group_ids + first : group_ids,
-                order ? order + first : nullptr, group_id, sample_step, version, dispatch_ns, complete_ns,
+                order ? order + first : nullptr, group_id, sample_step, finish, dispatch_ns, complete_ns,
                 static_cast<int32_t>(len));
   }
+  if (n_finish > 1) {
+    for (int64_t j = 0; j < len; ++j) c.finish_step[phys(size_ + j)] = finish_steps[members ? members[j] : j];
+  }
+  if (n_finish > 0 || config_.age_from == AgeFrom::kFinish) note_spans(size_, len);
   size_ += len;
   if (config_.unique_ids)
     for (int64_t j = 0; j < len; ++j) live_ids_.insert(traj_ids[order ? order[j] : j]);
@@ -471,14 +513,17 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
 
 void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds,
                                 int64_t n_groups, const int64_t* sample_steps, int64_t n_steps, int64_t n,
-                                int64_t stamp) {
+                                int64_t stamp, const int64_t* finish_steps, int64_t n_finish) {
   const ColumnPointers c = columns_.get();  // local copies: the column stores cannot alias them
-  const int64_t cap = config_.capacity, sync = config_.parameter_sync_step;
+  const int64_t cap = config_.capacity;
   const int64_t start = head_ + size_ >= cap ? head_ + size_ - cap : head_ + size_;
-  // Sorted stays true iff the stamps continue the ring's last one without a descent.
-  int64_t prev = size_ > 0 ? c.sample_step[start == 0 ? cap - 1 : start - 1] : std::numeric_limits<int64_t>::min();
+  // Sorted stays true iff the age stamps continue the ring's last one without a descent.
+  const bool by_finish = config_.age_from == AgeFrom::kFinish && n_finish > 0;
+  const int64_t* keys = by_finish ? finish_steps : sample_steps;
+  const int64_t n_keys = by_finish ? n_finish : n_steps;
+  int64_t prev = size_ > 0 ? age_steps()[start == 0 ? cap - 1 : start - 1] : std::numeric_limits<int64_t>::min();
   bool descends = false;
-  for (int64_t i = 0; i < n_steps; ++i) descends |= sample_steps[i] < prev, prev = sample_steps[i];
+  for (int64_t i = 0; i < n_keys; ++i) descends |= keys[i] < prev, prev = keys[i];
   if (descends) sorted_ = false;
   for (int64_t done = 0, p = start; done < n; p = 0) {  // at most two contiguous runs
     const int64_t run = std::min(n - done, cap - p);
@@ -486,15 +531,18 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
     std::copy_n((group_ids ? group_ids : traj_ids) + done, run, c.group_id + p);  // ungrouped: its own group
     if (n_steps == 1) {
       std::fill_n(c.sample_step + p, run, sample_steps[0]);
-      std::fill_n(c.policy_version + p, run, sync > 0 ? sample_steps[0] / sync : -1);
     } else {
-      const int64_t* __restrict steps = sample_steps + done;
-      int64_t* __restrict version = c.policy_version + p;
-      std::copy_n(steps, run, c.sample_step + p);
-      if (sync > 0)
-        for (int64_t j = 0; j < run; ++j) version[j] = steps[j] / sync;
+      std::copy_n(sample_steps + done, run, c.sample_step + p);
+    }
+    if (n_finish == 0) {  // each trajectory finished with the weights it started with
+      if (n_steps == 1)
+        std::fill_n(c.finish_step + p, run, sample_steps[0]);
       else
-        std::fill_n(version, run, -1);
+        std::copy_n(sample_steps + done, run, c.finish_step + p);
+    } else if (n_finish == 1) {
+      std::fill_n(c.finish_step + p, run, finish_steps[0]);
+    } else {
+      std::copy_n(finish_steps + done, run, c.finish_step + p);
     }
     std::fill_n(c.dispatch_ns + p, run, stamp);
     std::fill_n(c.complete_ns + p, run, stamp);
@@ -514,15 +562,22 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
       }
     }
   }
+  if (n_finish > 0) note_spans(size_, n);
   size_ += n;
   if (config_.unique_ids)
     for (int64_t j = 0; j < n; ++j) live_ids_.insert(traj_ids[j]);
 }
 
+void StalenessRing::note_spans(int64_t first, int64_t count) {
+  if (spans_) return;
+  const ColumnPointers& c = columns_.get();
+  for (int64_t i = first; i < first + count && !spans_; ++i) spans_ = c.finish_step[phys(i)] != c.sample_step[phys(i)];
+}
+
 void StalenessRing::remove_prefix(int64_t n) {
   head_ = phys(n);
   size_ -= n;
-  if (size_ == 0) head_ = 0, sorted_ = true;
+  if (size_ == 0) head_ = 0, sorted_ = true, spans_ = false;
 }
 
 void StalenessRing::evict_oldest_groups(int64_t need) {
@@ -547,13 +602,14 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
     head -= head >= cap ? cap : 0;
   }
   if (leave_hooks()) note_prefix_left(evicted, ReleaseReason::kEvicted);
+  if (paced()) pace_forget_prefix(evicted);
   remove_prefix(evicted);
   ledger_.evicted += evicted;
   evicted_unreported_ += evicted;
 }
 
 void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
-                             std::optional<double> timeout) {
+                             std::optional<double> timeout, const int64_t* finish_steps, int64_t n_finish) {
   check_timeout(timeout);
   Lock lock(mutex_);
   check_open();
@@ -564,9 +620,21 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
                                  "; raise capacity or complete fewer prompts per call"));
   if (auto dup = first_duplicate(traj_ids, n))
     throw InvalidArgument(concat("traj_ids: trajectory ", *dup, " appears twice; complete each trajectory once"));
+  if (n_finish != 0 && n_finish != 1 && n_finish != n)
+    throw InvalidArgument(concat("finish_step: ", n_finish, " steps for ", n,
+                                 " trajectories; pass one step or one per trajectory"));
   Groups groups;
   group_stably(prompt_ids, n, groups.order, groups.bounds);
   const size_t n_groups = groups.bounds.size() - 1;
+  if (n_finish > 1 && config_.age_from == AgeFrom::kFinish)  // one age stamp per group
+    for (size_t g = 0; g < n_groups; ++g) {
+      const int64_t first = groups.order[groups.bounds[g]];
+      for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
+        if (finish_steps[groups.order[k]] != finish_steps[first])
+          throw InvalidArgument(concat("finish_step: under age_from='finish' a group shares one finish step; group ",
+                                       prompt_ids[first], " has finish_step ", finish_steps[first], " and ",
+                                       finish_steps[groups.order[k]]));
+    }
   std::optional<SteadyTime> deadline;
   for (;;) {  // validate, then wait for room; after a wait, validate again (another thread may have failed a prompt)
     expire_due();
@@ -576,6 +644,14 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
         throw InvalidArgument(concat("prompt_ids: prompt ", prompt,
                                      " is not in flight; dispatch it first (it may already be "
                                      "completed, failed or expired)"));
+      const int64_t started = in_flight_.at(prompt).sample_step;
+      for (int64_t k = groups.bounds[g]; k < groups.bounds[g + 1] && n_finish > 0; ++k) {
+        const int64_t finish = finish_steps[n_finish == 1 ? 0 : groups.order[k]];
+        if (finish < started)
+          throw InvalidArgument(concat("finish_step=", finish, " of trajectory ", traj_ids[groups.order[k]],
+                                       " is before prompt ", prompt, " was dispatched at step ", started,
+                                       "; pass the step of the weights in force when it finished (>= ", started, ")"));
+      }
     }
     check_not_live(traj_ids, n);
     if (wait_for_room(lock, n, timeout, "complete", deadline)) break;
@@ -587,17 +663,23 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
     const int64_t len = groups.bounds[g + 1] - groups.bounds[g];
     const int64_t prompt = prompt_ids[members[0]];
     const InFlightPrompt rec = in_flight_.at(prompt);
-    append_group(traj_ids, nullptr, members, len, prompt, rec.sample_step, rec.dispatch_ns, stamp);
+    append_group(traj_ids, nullptr, members, len, prompt, rec.sample_step, rec.dispatch_ns, stamp, finish_steps,
+                 n_finish);
+    if (paced()) ready_groups_.add(age_steps()[phys(size_ - 1)]);
     in_flight_.erase(prompt);
   }
+  if (paced()) pace_restore_order();
+  for (int64_t i = 0; i < n_finish; ++i) clock_ = std::max(clock_, finish_steps[i]);  // weights that existed
   ledger_.completed += static_cast<int64_t>(n_groups);
   ledger_.put_total += n;
   lock.unlock();  // wake consumers after the lock is free, so they do not wake only to block on it
   ready_cv_.notify_all();
+  if (paced()) admit_cv_.notify_all();  // under age_from='finish' a completion can move a group's stamp forward
 }
 
 void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
-                        int64_t n_steps, int64_t n, std::optional<double> timeout) {
+                        int64_t n_steps, int64_t n, std::optional<double> timeout, const int64_t* finish_steps,
+                        int64_t n_finish) {
   check_timeout(timeout);
   Lock lock(mutex_);
   check_open();
@@ -616,6 +698,16 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
       throw InvalidArgument(concat("sample_step=", sample_steps[i], " is negative; steps are ints >= 0"));
     max_step = std::max(max_step, sample_steps[i]);
   }
+  if (n_finish != 0 && n_finish != 1 && n_finish != n)
+    throw InvalidArgument(concat("finish_step: ", n_finish, " steps for ", n,
+                                 " trajectories; pass one step or one per trajectory"));
+  for (int64_t i = 0; i < std::max(n_finish, n_finish > 0 ? n_steps : 0); ++i) {
+    const int64_t finish = finish_steps[n_finish == 1 ? 0 : i], started = sample_steps[n_steps == 1 ? 0 : i];
+    if (finish < started)
+      throw InvalidArgument(concat("finish_step=", finish, " of trajectory ", traj_ids[i],
+                                   " is before its sample_step=", started,
+                                   "; pass the step of the weights in force when it finished"));
+  }
   Groups groups;
   bool contiguous = true;
   if (group_ids) {
@@ -628,36 +720,76 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
                                        sample_steps[first], " and ", sample_steps[groups.order[k]],
                                        "; a group shares one sample_step"));
     }
+    for (size_t g = 0; g + 1 < groups.bounds.size() && n_finish > 1 && config_.age_from == AgeFrom::kFinish; ++g) {
+      const int64_t first = groups.order[groups.bounds[g]];
+      for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
+        if (finish_steps[groups.order[k]] != finish_steps[first])
+          throw InvalidArgument(concat("finish_step: under age_from='finish' a group shares one finish step; group ",
+                                       group_ids[first], " has finish_step ", finish_steps[first], " and ",
+                                       finish_steps[groups.order[k]]));
+    }
+  }
+  // Under pace the groups are admitted like dispatched prompts, each at its age stamp.
+  StepCounts asked;
+  int64_t asked_groups = 0;
+  if (paced()) {
+    const bool by_finish = config_.age_from == AgeFrom::kFinish && n_finish > 0;
+    auto stamp_of = [&](int64_t i) {
+      return by_finish ? finish_steps[n_finish == 1 ? 0 : i] : sample_steps[n_steps == 1 ? 0 : i];
+    };
+    if (group_ids) {
+      for (size_t g = 0; g + 1 < groups.bounds.size(); ++g) ++asked[stamp_of(groups.order[groups.bounds[g]])];
+      asked_groups = static_cast<int64_t>(groups.bounds.size()) - 1;
+    } else {
+      for (int64_t i = 0; i < n; ++i) ++asked[stamp_of(i)];
+      asked_groups = n;
+    }
+    check_pace_call_size(asked_groups, "put");
   }
   std::optional<SteadyTime> deadline;
-  do {  // after a wait, validate again: another thread may have put one of these ids
+  bool waited = false;
+  for (;;) {  // after a wait, validate again: another thread may have put one of these ids
     check_not_live(traj_ids, n);
-  } while (!wait_for_room(lock, n, timeout, "put", deadline));
+    if (paced() && !wait_for_admission(lock, asked, asked_groups, asked.begin()->first, timeout, "put", deadline,
+                                       waited))
+      continue;
+    if (wait_for_room(lock, n, timeout, "put", deadline)) break;
+  }
+  if (paced()) {
+    ledger_.admitted += asked_groups;
+    ledger_.admission_waits += waited;
+  }
   if (size_ + n > config_.capacity) evict_oldest_groups(n);
   const int64_t stamp = now_ns();
   int64_t n_groups = n;
   if (group_ids) n_groups = static_cast<int64_t>(groups.bounds.size()) - 1;
   if (contiguous) {  // ungrouped, or GRPO groups as they usually arrive: whole columns at once
     append_runs(traj_ids, group_ids, group_ids ? groups.bounds.data() : nullptr, n_groups, sample_steps, n_steps, n,
-                stamp);
+                stamp, finish_steps, n_finish);
   } else {
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t* members = groups.order.data() + groups.bounds[g];
       const int64_t step = sample_steps[n_steps > 1 ? members[0] : 0];
-      append_group(traj_ids, group_ids, members, groups.bounds[g + 1] - groups.bounds[g], 0, step, stamp, stamp);
+      append_group(traj_ids, group_ids, members, groups.bounds[g + 1] - groups.bounds[g], 0, step, stamp, stamp,
+                   finish_steps, n_finish);
     }
+  }
+  if (paced()) {
+    for (const auto& [age_stamp, count] : asked) ready_groups_.add(age_stamp, count);
+    pace_restore_order();
   }
   ledger_.dispatched += n_groups;
   ledger_.completed += n_groups;
   ledger_.put_total += n;
   clock_ = std::max(clock_, max_step);
+  for (int64_t i = 0; i < n_finish; ++i) clock_ = std::max(clock_, finish_steps[i]);  // weights that existed
   lock.unlock();
   ready_cv_.notify_all();
 }
 
 int64_t StalenessRing::skip_stale(int64_t i, int64_t cutoff) const {
   // Scans contiguous physical runs without per-entry index arithmetic or dependent loads.
-  const int64_t* steps = columns_.get().sample_step;
+  const int64_t* steps = age_steps();
   while (i < size_) {
     const int64_t p = phys(i);
     const int64_t run = std::min(size_ - i, config_.capacity - p);
@@ -672,6 +804,7 @@ int64_t StalenessRing::skip_stale(int64_t i, int64_t cutoff) const {
 
 void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const {
   plan.walked = plan.taken = plan.dropped = 0;
+  plan.pace_blocker = -1;
   plan.full = false;
   plan.spans.clear();
   if (config_.strategy == Strategy::kWait && wait_blocked(current_step)) {
@@ -684,7 +817,7 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
                                                               : std::numeric_limits<int64_t>::min();
   const int32_t* group_len = columns_.get().group_len;
   const int64_t* group_id = columns_.get().group_id;
-  const int64_t* steps = columns_.get().sample_step;
+  const int64_t* steps = age_steps();
   const int64_t size = size_, cap = config_.capacity;
   int64_t i = 0, taken = 0;
   int64_t p = head_;          // phys(i), advanced with i
@@ -750,6 +883,15 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
   plan.taken = taken;
   plan.walked = i;
   plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
+  if (paced()) {  // the oldest groups are the batch; take it only if no in-flight prompt then passes max_age
+    if (const auto stamp = pace_blocker_for(plan, current_step)) {
+      plan.walked = plan.taken = 0;
+      plan.full = false;
+      plan.spans.clear();
+      plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
+      plan.pace_blocker = *stamp;
+    }
+  }
 }
 
 void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int64_t* base, TakeStats& stats) {
@@ -762,9 +904,12 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   int64_t* const o_version = base + 5 * k_all;
   int64_t* const o_dispatch = base + 6 * k_all;
   int64_t* const o_complete = base + 7 * k_all;
+  int64_t* const o_finish = base + 8 * k_all;
   const int32_t max_uses = static_cast<int32_t>(config_.max_uses);
   const ColumnPointers c = columns_.get();  // a local copy: the output writes cannot alias it
-  int64_t k = 0, survivors = 0, age_max = 0;
+  const int64_t* const ages = age_steps();
+  const int64_t sync = config_.parameter_sync_step, max_age = max_age_;
+  int64_t k = 0, survivors = 0, age_max = 0, over_age = 0;
   Int128 age_sum = 0;  // 2**40 ages near 2**63 overflow int64
   // With max_uses == 1 every taken entry retires and leaves with the walked prefix, so its ring `uses`
   // need not be written, unless the released-id hooks read it (note_walked) before it leaves.
@@ -777,6 +922,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     age_sum += static_cast<Int128>(run_age) * run_count;
     age_max = std::max(age_max, run_age);
     stats.age_hist[age_bucket(run_age)] += run_count;
+    over_age += run_age > max_age ? run_count : 0;
   };
   for (const Span& span : plan.spans) {
     for (int64_t i = span.start, end = span.start + span.count; i < end;) {
@@ -785,11 +931,11 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       const int64_t run = std::min(end - i, config_.capacity - p0);
       if (run < 16) {  // a short run (fresh entries scattered among stale ones): entry by entry
         for (int64_t p = p0; p < p0 + run; ++p, ++k) {
-          const int64_t age = current_step - c.sample_step[p];
+          const int64_t age = current_step - ages[p];
           const int32_t uses = uses_unread ? 1 : ++c.uses[p];
           o_traj[k] = c.traj_id[p], o_group[k] = c.group_id[p], o_step[k] = c.sample_step[p];
-          o_age[k] = age, o_uses[k] = uses, o_version[k] = c.policy_version[p];
-          o_dispatch[k] = c.dispatch_ns[p], o_complete[k] = c.complete_ns[p];
+          o_age[k] = age, o_uses[k] = uses, o_version[k] = sync > 0 ? c.sample_step[p] / sync : -1;
+          o_dispatch[k] = c.dispatch_ns[p], o_complete[k] = c.complete_ns[p], o_finish[k] = c.finish_step[p];
           if (age != run_age) flush(), run_age = age, run_count = 0;
           ++run_count;
           survivors += uses < max_uses;
@@ -800,10 +946,19 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       std::copy_n(c.traj_id + p0, run, o_traj + k);
       std::copy_n(c.group_id + p0, run, o_group + k);
       std::copy_n(c.sample_step + p0, run, o_step + k);
-      std::copy_n(c.policy_version + p0, run, o_version + k);
+      std::copy_n(c.finish_step + p0, run, o_finish + k);
       std::copy_n(c.dispatch_ns + p0, run, o_dispatch + k);
       std::copy_n(c.complete_ns + p0, run, o_complete + k);
-      const int64_t* __restrict step = c.sample_step + p0;
+      if (sync == 0) {  // policy_version is derived from sample_step: no column holds it
+        std::fill_n(o_version + k, run, -1);
+      } else if (sync == 1) {
+        std::copy_n(c.sample_step + p0, run, o_version + k);
+      } else {
+        const int64_t* __restrict from = c.sample_step + p0;
+        int64_t* __restrict version = o_version + k;
+        for (int64_t j = 0; j < run; ++j) version[j] = from[j] / sync;
+      }
+      const int64_t* __restrict step = ages + p0;
       int64_t* __restrict age_out = o_age + k;
       const uint64_t first = static_cast<uint64_t>(step[0]);
       uint64_t differs = 0;
@@ -838,9 +993,23 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     }
   }
   flush();
+  if (spans_) {  // some ready entry crossed a weight update: one pass over the batch for the span sums
+    Int128 span_sum = 0;
+    int64_t span_max = 0;
+    for (int64_t j = 0; j < k_all; ++j) {
+      const int64_t span = o_finish[j] - o_step[j];
+      span_sum += span;
+      span_max = std::max(span_max, span);
+    }
+    stats.span_sum = span_sum;
+    stats.span_max = span_max;
+  }
   if (leave_hooks()) note_walked(plan.walked, current_step);  // before survivors move: ring order intact
+  if (paced()) pace_forget_retired(plan.walked);
   stats.age_sum = age_sum;
   stats.age_max = age_max;
+  stats.trained_over_age = over_age;
+  ledger_.trained_over_age += over_age;
   if (survivors > 0) {
     // Reused entries keep their place: move them, in order, to the end of the walked prefix.
     const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
@@ -848,11 +1017,11 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     int64_t write = plan.walked - 1;
     for (int64_t i = plan.walked - 1; i >= 0; --i) {
       const int64_t p = phys(i);
-      if (c.sample_step[p] < cutoff || c.uses[p] >= max_uses) continue;
+      if (ages[p] < cutoff || c.uses[p] >= max_uses) continue;
       const int64_t q = phys(write--);
       if (p == q) continue;
       c.traj_id[q] = c.traj_id[p], c.group_id[q] = c.group_id[p], c.sample_step[q] = c.sample_step[p];
-      c.policy_version[q] = c.policy_version[p], c.dispatch_ns[q] = c.dispatch_ns[p];
+      c.finish_step[q] = c.finish_step[p], c.dispatch_ns[q] = c.dispatch_ns[p];
       c.complete_ns[q] = c.complete_ns[p], c.uses[q] = c.uses[p], c.group_len[q] = c.group_len[p];
     }
   }
@@ -875,6 +1044,9 @@ void StalenessRing::fill_state(TakeStats& stats) {
   stats.sampled_total = ledger_.put_total;
   stats.max_age = max_age_;
   stats.expired = ledger_.expired;
+  stats.admitted = ledger_.admitted;
+  stats.admission_refused = ledger_.admission_refused;
+  stats.admission_waits = ledger_.admission_waits;
 }
 
 TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::optional<double> timeout,
@@ -902,7 +1074,8 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
         plan_take(batch_size, current_step, plan);
         if (plan.full) break;
         std::string cause = plan.blocked_by == BlockedBy::kInFlightAtMaxAge
-                                ? wait_blocked_message(current_step)
+                                ? (paced() ? pace_blocked_message(plan.pace_blocker, current_step)
+                                           : wait_blocked_message(current_step))
                                 : concat("only ", plan.taken, " fresh entries are ready for batch_size=", batch_size,
                                          " (", size_, " ready in all, ", in_flight_.size(),
                                          " prompts in flight); produce faster, lower batch_size or raise the timeout");
@@ -915,6 +1088,12 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
   }
   clock_ = std::max(clock_, current_step);
   commit_take(plan, current_step, out, stats);
+  if (paced()) {
+    // The trainer took at current_step: its next take is a step later (a retry at this step only finds
+    // admission tighter by one step's slots, never looser).
+    next_take_ = std::max(next_take_, current_step + 1);
+    admit_cv_.notify_all();
+  }
   fill_state(stats);
   return stats;
 }
@@ -927,8 +1106,9 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   clock_ = current_step;
   const int64_t cutoff = current_step - max_age_;
   int64_t removed = 0;
+  const int64_t* const ages = age_steps();
   if (sorted_) {
-    const int64_t* steps = columns_.get().sample_step;
+    const int64_t* steps = ages;
     // Stamps are non-decreasing in ring order: the stale entries are a prefix.
     int64_t lo = 0, hi = size_;
     while (lo < hi) {
@@ -937,6 +1117,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     }
     removed = lo;
     if (leave_hooks()) note_prefix_left(removed, ReleaseReason::kDroppedStale);
+    if (paced()) pace_forget_prefix(removed);
     remove_prefix(removed);
   } else {
     // One branch-free pass: every row is copied to the write cursor, which advances only for fresh
@@ -945,14 +1126,14 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     const int64_t cap = config_.capacity, total = size_;
     if (leave_hooks())  // report the stale ids before the compaction (scalar or SIMD) overwrites them
       for (int64_t i = 0; i < total; ++i)
-        if (c.sample_step[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);
+        if (ages[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);
     const bool simd = simd_compaction_available();
     int64_t read = head_, write = head_, kept = 0;
     for (int64_t done = 0; done < total;) {
       if (simd) {
         const int64_t span = std::min({total - done, cap - read, cap - write}) / 8 * 8;
         if (span > 0) {
-          const int64_t n_kept = compact_rows_simd(c, read, write, span, cutoff);
+          const int64_t n_kept = compact_rows_simd(c, ages, read, write, span, cutoff);
           kept += n_kept, done += span, read += span, write += n_kept;
           read -= (read == cap) ? cap : 0;
           write -= (write == cap) ? cap : 0;
@@ -960,12 +1141,11 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
         }
       }
       for (const int64_t stop = std::min(total, done + 64); done < stop; ++done) {
-        const int64_t step = c.sample_step[read];
-        const int64_t keep = step >= cutoff;
+        const int64_t keep = ages[read] >= cutoff;
         c.traj_id[write] = c.traj_id[read];
         c.group_id[write] = c.group_id[read];
-        c.sample_step[write] = step;
-        c.policy_version[write] = c.policy_version[read];
+        c.sample_step[write] = c.sample_step[read];
+        c.finish_step[write] = c.finish_step[read];
         c.dispatch_ns[write] = c.dispatch_ns[read];
         c.complete_ns[write] = c.complete_ns[read];
         c.uses[write] = c.uses[read];
@@ -979,18 +1159,20 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     }
     // The survivors are sorted iff no kept stamp is below its predecessor; stop at the first descent.
     bool sorted = true;
-    for (int64_t i = 1, prev = c.sample_step[head_], p = phys(1); i < kept && sorted; ++i) {
-      sorted = c.sample_step[p] >= prev;
-      prev = c.sample_step[p];
+    for (int64_t i = 1, prev = ages[head_], p = phys(1); i < kept && sorted; ++i) {
+      sorted = ages[p] >= prev;
+      prev = ages[p];
       p = p + 1 == cap ? 0 : p + 1;
     }
     removed = size_ - kept;
     size_ = kept;
     sorted_ = sorted;
-    if (size_ == 0) head_ = 0;
+    if (size_ == 0) head_ = 0, spans_ = false;
+    if (paced()) pace_count_ready();
   }
   ledger_.dropped_stale += removed;
   if (removed > 0) room_cv_.notify_all();
+  if (removed > 0 && paced()) admit_cv_.notify_all();
   TakeStats stats;
   stats.dropped_stale = removed;
   stats.blocked_by = BlockedBy::kNone;
@@ -1020,6 +1202,7 @@ void StalenessRing::set_max_age(int64_t max_age) {
   ++ledger_.max_age_changes;
   lock.unlock();
   ready_cv_.notify_all();  // under wait, a raised bound may unblock a waiting take
+  admit_cv_.notify_all();  // under pace, a raised bound gives lagged prompts more slots
 }
 
 int64_t StalenessRing::size() const {
@@ -1045,6 +1228,7 @@ void StalenessRing::close() {
   }
   ready_cv_.notify_all();
   room_cv_.notify_all();
+  admit_cv_.notify_all();
 }
 
 RingState StalenessRing::export_state() {
@@ -1061,8 +1245,11 @@ RingState StalenessRing::export_state() {
     for (int64_t i = 0; i < size_; ++i) dst[i] = col[phys(i)];
   };
   copy64(s.traj_id, c.traj_id), copy64(s.group_id, c.group_id), copy64(s.sample_step, c.sample_step);
-  copy64(s.policy_version, c.policy_version), copy64(s.dispatch_ns, c.dispatch_ns);
+  copy64(s.finish_step, c.finish_step), copy64(s.dispatch_ns, c.dispatch_ns);
   copy64(s.complete_ns, c.complete_ns), copy32(s.uses, c.uses), copy32(s.group_len, c.group_len);
+  s.policy_version.resize(s.sample_step.size());
+  for (size_t i = 0; i < s.sample_step.size(); ++i)
+    s.policy_version[i] = config_.parameter_sync_step > 0 ? s.sample_step[i] / config_.parameter_sync_step : -1;
   const int64_t now = lease_now();
   for (const auto& [prompt, rec] : in_flight_.sorted_items()) {
     s.in_flight_prompt.push_back(prompt);
@@ -1076,6 +1263,7 @@ RingState StalenessRing::export_state() {
   s.ledger.buffer_left = size_;
   s.clock = clock_;
   s.evicted_unreported = evicted_unreported_;
+  s.next_take = next_take_;
   return s;
 }
 
@@ -1088,6 +1276,15 @@ void StalenessRing::import_state(const RingState& s) {
   if (n > config_.capacity)
     throw InvalidArgument(concat("state_dict: ", n, " ready entries exceed capacity=", config_.capacity,
                                  "; load it into a buffer with capacity >= ", n));
+  if (!s.finish_step.empty() && s.finish_step.size() != un)
+    throw InvalidArgument("state_dict: finish_step and the other ready columns differ in length");
+  const std::vector<int64_t>& finish = s.finish_step.empty() ? s.sample_step : s.finish_step;
+  for (int64_t i = 0; i < n; ++i)
+    if (finish[i] < s.sample_step[i] || finish[i] > s.clock)
+      throw InvalidArgument(concat("state_dict: entry ", i, " has finish_step=", finish[i], " outside [sample_step=",
+                                   s.sample_step[i], ", clock=", s.clock, "]"));
+  if (s.next_take < 0 || s.next_take > Ledger::kMaxCounter)
+    throw InvalidArgument(concat("state_dict: next_take=", s.next_take, " is outside [0, 2**60]; it was edited or is corrupt"));
   for (int64_t i = 0; i < n;) {
     const int64_t len = s.group_len[i];
     if (len < 1 || i + len > n)
@@ -1096,6 +1293,9 @@ void StalenessRing::import_state(const RingState& s) {
       if (s.group_len[j] != len || s.sample_step[j] != s.sample_step[i] || s.group_id[j] != s.group_id[i] ||
           s.uses[j] != s.uses[i])
         throw InvalidArgument(concat("state_dict: group at entry ", i, " is not contiguous and uniform"));
+      if (config_.age_from == AgeFrom::kFinish && finish[j] != finish[i])
+        throw InvalidArgument(concat("state_dict: group at entry ", i, " has finish steps ", finish[i], " and ",
+                                     finish[j], ", which age_from='finish' forbids; load it with age_from='start'"));
       if (s.sample_step[j] < 0 || s.sample_step[j] > s.clock)
         throw InvalidArgument(concat("state_dict: entry ", j, " has sample_step=", s.sample_step[j],
                                      " outside [0, clock=", s.clock, "]"));
@@ -1141,16 +1341,24 @@ void StalenessRing::import_state(const RingState& s) {
   Lock lock(mutex_);
   check_open();
   const ColumnPointers& c = columns_.get();
+  const std::vector<int64_t>& ages = config_.age_from == AgeFrom::kFinish ? finish : s.sample_step;
   bool sorted = true;
   for (int64_t i = 0; i < n; ++i) {
     c.traj_id[i] = s.traj_id[i], c.group_id[i] = s.group_id[i], c.sample_step[i] = s.sample_step[i];
-    c.policy_version[i] = s.policy_version[i], c.dispatch_ns[i] = s.dispatch_ns[i];
+    c.finish_step[i] = finish[i], c.dispatch_ns[i] = s.dispatch_ns[i];
     c.complete_ns[i] = s.complete_ns[i], c.uses[i] = s.uses[i], c.group_len[i] = s.group_len[i];
-    if (i > 0 && s.sample_step[i] < s.sample_step[i - 1]) sorted = false;
+    if (i > 0 && ages[i] < ages[i - 1]) sorted = false;
   }
   head_ = 0;
   size_ = n;
   sorted_ = sorted;
+  spans_ = false;
+  note_spans(0, n);
+  next_take_ = s.next_take;
+  if (paced()) {
+    pace_restore_order();
+    pace_count_ready();
+  }
   in_flight_.clear();
   const int64_t now = lease_now();
   for (size_t i = 0; i < m; ++i) {
@@ -1167,15 +1375,159 @@ void StalenessRing::import_state(const RingState& s) {
   evicted_unreported_ = s.evicted_unreported;
   ready_cv_.notify_all();
   room_cv_.notify_all();
+  admit_cv_.notify_all();
 }
 
 std::string StalenessRing::debug_string() const {
   Lock lock(mutex_);
   return concat("StalenessBuffer(capacity=", config_.capacity, ", max_age=", max_age_, ", strategy='",
                 strategy_name(config_.strategy), "', max_uses=", config_.max_uses, ", on_full='",
-                on_full_name(config_.on_full), "', ready=", size_, ", in_flight=", in_flight_.size(),
+                on_full_name(config_.on_full), "'",
+                paced() ? concat(", prompts_per_step=", config_.prompts_per_step, ", lookahead=", config_.lookahead) : "",
+                config_.age_from == AgeFrom::kFinish ? ", age_from='finish'" : "", ", ready=", size_,
+                ", in_flight=", in_flight_.size(),
                 ", clock=", clock_, ", pinned=", columns_.borrowed() ? "True" : "False",
                 closed_ ? ", closed=True" : "", ")");
+}
+
+// -- pace: admission at dispatch and put, the take gate, the stamp order (docs/design.md, "pace") --------------
+
+int64_t StalenessRing::pace_room(int64_t step) const {
+  return admissible_prompts(in_flight_.step_counts(), in_flight_.size(), ready_groups_, step, pace_next_take(),
+                            max_age_, {config_.prompts_per_step, config_.lookahead});
+}
+
+bool StalenessRing::pace_admits(const StepCounts& groups, int64_t total) const {
+  return admits(in_flight_.step_counts(), in_flight_.size(), ready_groups_, groups, total, pace_next_take(), max_age_,
+                {config_.prompts_per_step, config_.lookahead});
+}
+
+int64_t StalenessRing::admissible(int64_t step) {
+  if (!paced())
+    throw InvalidArgument(concat("admissible(): only strategy='pace' admits prompts; this buffer's strategy is '",
+                                 strategy_name(config_.strategy), "', which starts every dispatch at once"));
+  if (step < 0) throw InvalidArgument(concat("step=", step, " is negative; steps are ints >= 0"));
+  Lock lock(mutex_);
+  expire_due();
+  return pace_room(step);
+}
+
+void StalenessRing::check_pace_call_size(int64_t groups, const char* call) const {
+  const Int128 limit = static_cast<Int128>(config_.lookahead + 1) * config_.prompts_per_step;
+  if (groups > limit)
+    throw InvalidArgument(concat(call == std::string("put") ? "traj_ids: " : "prompt_ids: ", groups,
+                                 call == std::string("put") ? " groups" : " prompts", " exceed the admission limit ",
+                                 static_cast<int64_t>(limit), " = (lookahead + 1) * prompts_per_step; ", call,
+                                 " at most ", static_cast<int64_t>(limit), " per call"));
+}
+
+std::string StalenessRing::admission_message(const StepCounts& groups, int64_t total, int64_t first_step) const {
+  const int64_t limit = (config_.lookahead + 1) * config_.prompts_per_step;
+  const int64_t outstanding = in_flight_.size() + ready_groups_.total();
+  const int64_t room = pace_room(first_step);
+  std::ostringstream out;
+  out << total << (groups.size() > 1 ? " groups" : " prompts") << " at step " << first_step
+      << " do not fit strategy='pace': limit (lookahead + 1) * prompts_per_step = " << limit << " prompt groups, "
+      << outstanding << " outstanding (" << in_flight_.size() << " in flight, " << ready_groups_.total()
+      << " ready), " << room << " admissible now";
+  if (room < limit - outstanding)
+    out << "; prompts stamped " << first_step << " must be trained by step " << first_step + max_age_
+        << " and the trainer's next take is at step " << pace_next_take() << ", so fewer slots remain for them";
+  out << "; take (train) to free slots, fail stuck prompts, dispatch with newer weights, or raise lookahead";
+  return out.str();
+}
+
+bool StalenessRing::wait_for_admission(Lock& lock, const StepCounts& groups, int64_t total, int64_t first_step,
+                                       std::optional<double> timeout, const char* call,
+                                       std::optional<SteadyTime>& deadline, bool& waited) {
+  if (pace_admits(groups, total)) return true;
+  if (!timeout) {
+    ledger_.admission_refused += total;
+    throw AdmissionFull(concat(call, ": ", admission_message(groups, total, first_step),
+                               "; or pass timeout= to wait for a slot"));
+  }
+  if (!deadline) deadline = deadline_after(*timeout);  // one deadline for every wait of the call
+  waited = true;
+  SteadyTime last_check = SteadyClock::now();
+  for (;;) {
+    admit_cv_.wait_until(lock, next_wake(*deadline));
+    check_interrupt(lock, last_check);
+    check_open();
+    expire_due();
+    if (pace_admits(groups, total)) return false;  // admitted after waiting: the caller re-validates its arguments
+    if (SteadyClock::now() >= *deadline) break;
+  }
+  ledger_.admission_refused += total;
+  ++ledger_.admission_waits;
+  throw Timeout(concat(call, " timed out after ", *timeout, " s waiting for admission under pace: ",
+                       admission_message(groups, total, first_step)));
+}
+
+void StalenessRing::pace_restore_order() {
+  if (sorted_) return;
+  // Entries out of stamp order arrived (a slow prompt finished after newer ones): a stable sort by age stamp
+  // restores oldest first and keeps every group contiguous (its members share a stamp). O(ready), which
+  // admission bounds by (lookahead + 1) * prompts_per_step groups.
+  const ColumnPointers c = columns_.get();
+  const int64_t* ages = age_steps();
+  std::vector<int64_t> order(static_cast<size_t>(size_));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return ages[phys(a)] < ages[phys(b)]; });
+  std::vector<int64_t> wide(static_cast<size_t>(size_));
+  for (int64_t* col : {c.traj_id, c.group_id, c.sample_step, c.finish_step, c.dispatch_ns, c.complete_ns}) {
+    for (int64_t i = 0; i < size_; ++i) wide[i] = col[phys(order[i])];
+    for (int64_t i = 0; i < size_; ++i) col[phys(i)] = wide[i];
+  }
+  std::vector<int32_t> narrow(static_cast<size_t>(size_));
+  for (int32_t* col : {c.uses, c.group_len}) {
+    for (int64_t i = 0; i < size_; ++i) narrow[i] = col[phys(order[i])];
+    for (int64_t i = 0; i < size_; ++i) col[phys(i)] = narrow[i];
+  }
+  sorted_ = true;
+}
+
+void StalenessRing::pace_count_ready() {
+  ready_groups_.clear();
+  const int32_t* group_len = columns_.get().group_len;
+  const int64_t* ages = age_steps();
+  for (int64_t i = 0; i < size_; i += group_len[phys(i)]) ready_groups_.add(ages[phys(i)]);
+}
+
+void StalenessRing::pace_forget_prefix(int64_t count) {
+  const int32_t* group_len = columns_.get().group_len;
+  const int64_t* ages = age_steps();
+  for (int64_t i = 0; i < count; i += group_len[phys(i)]) ready_groups_.remove(ages[phys(i)]);
+}
+
+void StalenessRing::pace_forget_retired(int64_t walked) {
+  // The walked prefix of a paced take holds only taken groups (nothing is dropped); those at max_uses leave.
+  const ColumnPointers& c = columns_.get();
+  const int64_t* ages = age_steps();
+  for (int64_t i = 0; i < walked; i += c.group_len[phys(i)])
+    if (config_.max_uses == 1 || c.uses[phys(i)] >= config_.max_uses) ready_groups_.remove(ages[phys(i)]);
+}
+
+std::optional<int64_t> StalenessRing::pace_blocker_for(const TakePlan& plan, int64_t current_step) const {
+  if (in_flight_.size() == 0) return std::nullopt;
+  int64_t groups = 0;  // the batch is the walked prefix: whole groups, oldest first
+  const int32_t* group_len = columns_.get().group_len;
+  for (int64_t i = 0; i < plan.walked; i += group_len[phys(i)]) ++groups;
+  return pace_blocker(in_flight_.step_counts(), in_flight_.size(), ready_groups_, groups, current_step, max_age_,
+                      config_.prompts_per_step);
+}
+
+std::string StalenessRing::pace_blocked_message(int64_t stamp, int64_t current_step) const {
+  const auto blocking = in_flight_.at_or_before(stamp);
+  std::ostringstream out;
+  out << blocking.size() << " in-flight prompt(s) stamped <= " << stamp << " (";
+  for (size_t i = 0; i < blocking.size() && i < 8; ++i)
+    out << (i ? ", " : "") << "prompt " << blocking[i].first << " since step " << blocking[i].second;
+  if (blocking.size() > 8) out << ", ...";
+  out << ") would pass max_age=" << max_age_ << " if the trainer took newer groups at step " << current_step
+      << " (prompts_per_step=" << config_.prompts_per_step
+      << " per step); complete or fail them, or increase max_age (max_off_policy_threshold)";
+  return out.str();
 }
 
 }  // namespace pyfast_buffer

@@ -13,6 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "admission.hpp"
 #include "errors.hpp"
 #include "in_flight.hpp"
 #include "ledger.hpp"
@@ -22,7 +23,9 @@
 
 namespace pyfast_buffer {
 
-enum class Strategy : int { kDrop = 0, kWait = 1 };
+enum class Strategy : int { kDrop = 0, kWait = 1, kPace = 2 };
+/// Which end of a trajectory's version span max_age is measured from: its dispatch step or its finish step.
+enum class AgeFrom : int { kStart = 0, kFinish = 1 };
 enum class OnFull : int { kEvictOldest = 0, kBlock = 1, kError = 2 };
 enum class BlockedBy : int { kNone = 0, kTooFewReady = 1, kInFlightAtMaxAge = 2 };
 
@@ -46,7 +49,13 @@ struct RingConfig {
   bool track_released = false;      // keep a ReleaseLog of every id that leaves (see take_released)
   int64_t release_bound = 0;        // records that log holds (> 0), or 0 for default_release_bound(capacity)
   bool unique_ids = false;          // refuse a trajectory id that is already ready in the ring
+  int64_t prompts_per_step = 0;     // pace: prompt groups one training step takes (>= 1); 0 otherwise
+  int64_t lookahead = 0;            // pace: steps generation may run ahead of training, in [0, max_age]; 0 otherwise
+  AgeFrom age_from = AgeFrom::kStart;
 };
+
+/// Largest prompts_per_step accepted: keeps (lookahead + 1) * prompts_per_step far from int64 overflow.
+constexpr int64_t kMaxPromptsPerStep = int64_t{1} << 40;
 
 /// Ids that left the buffer since the previous take_released(), oldest first, with ReleaseReason codes.
 struct Released {
@@ -68,8 +77,8 @@ inline int age_bucket(int64_t age) {
 }
 
 /// Number of int64 columns a take writes: traj_id, group_id, sample_step, age, uses,
-/// policy_version, dispatch_ns, complete_ns, in that order.
-constexpr int kBatchColumns = 8;
+/// policy_version, dispatch_ns, complete_ns, finish_step, in that order.
+constexpr int kBatchColumns = 9;
 
 /// Pointers to the output columns of one batch (see kBatchColumns for the order).
 struct BatchColumns {
@@ -81,6 +90,7 @@ struct BatchColumns {
   int64_t* policy_version;
   int64_t* dispatch_ns;
   int64_t* complete_ns;
+  int64_t* finish_step;
 };
 
 /// What one take or evict_stale did, and the ring's state right after it.
@@ -98,11 +108,16 @@ struct TakeStats {
   int64_t sampled_total = 0;
   int64_t max_age = 0;  // the max_age in force for this call
   int64_t expired = 0;  // Ledger::expired after this call
+  int64_t trained_over_age = 0;  // entries this call handed out at age > max_age
+  Int128 span_sum = 0;           // sum of finish_step - sample_step over the batch (exact, as age_sum)
+  int64_t span_max = 0;
+  int64_t admitted = 0, admission_refused = 0, admission_waits = 0;  // the Ledger's, after this call
 };
 
 /// The whole logical state in ring order (oldest first), as checkpoints store it.
 struct RingState {
   std::vector<int64_t> traj_id, group_id, sample_step, policy_version, dispatch_ns, complete_ns;
+  std::vector<int64_t> finish_step;  // import: empty means "as sample_step" (state from before spans)
   std::vector<int32_t> uses, group_len;
   std::vector<int64_t> in_flight_prompt, in_flight_step, in_flight_dispatch_ns;
   std::vector<int64_t> in_flight_lease_left_ns;  // lease time left when exported (>= 0), or -1 for no lease
@@ -110,6 +125,7 @@ struct RingState {
   Ledger ledger;
   int64_t clock = -1;               // largest step seen, -1 before any
   int64_t evicted_unreported = 0;   // evictions not yet reported by a take
+  int64_t next_take = 0;            // pace: the step the trainer's next take is expected at (docs/design.md)
 };
 
 /// Thread-safe staleness-aware ring buffer; every public method takes the one internal lock.
@@ -123,8 +139,14 @@ class StalenessRing {
 
   /// Marks `n` prompts in flight since `sample_step`, each with a lease of `lease` seconds if given (> 0,
   /// finite, <= kMaxSeconds); throws InvalidArgument, changing nothing, if an id repeats or is in flight.
+  /// Under pace, admits all `n` or none: without a timeout a call that does not fit throws AdmissionFull, with
+  /// one it waits (interruptible) until admissible() allows it, or throws Timeout; both change only the counters.
   void dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step,
-                std::optional<double> lease = std::nullopt);
+                std::optional<double> lease = std::nullopt, std::optional<double> timeout = std::nullopt);
+
+  /// Returns how many prompts stamped `step` a dispatch may start now under pace (docs/design.md, "pace");
+  /// throws InvalidArgument under another strategy.
+  int64_t admissible(int64_t step);
 
   /// Gives each of `n` in-flight prompts a lease of `lease` seconds from now; throws InvalidArgument,
   /// changing nothing, if an id repeats or is not in flight.
@@ -144,8 +166,10 @@ class StalenessRing {
   /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step; throws
   /// InvalidArgument, changing nothing, if a trajectory id repeats, a prompt is not in flight, or (unique_ids) an
   /// id is already ready; with on_full=block and a timeout, waits for room (interruptible, see set_interrupt_check).
-  void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
-                std::optional<double> timeout);
+  /// `finish_steps` holds none (`n_finish` == 0: each prompt's dispatch step), one or `n` finish steps, each
+  /// >= the prompt's dispatch step; under age_from=finish a group shares one.
+  void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n, std::optional<double> timeout,
+                const int64_t* finish_steps = nullptr, int64_t n_finish = 0);
 
   /// Marks `n` prompts failed; throws InvalidArgument if one repeats or is not in flight.
   void fail(const int64_t* prompt_ids, int64_t n);
@@ -153,8 +177,11 @@ class StalenessRing {
   /// Dispatch + complete in one call; null `group_ids` makes each trajectory its own group, and
   /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory; refuses repeated ids (and,
   /// with unique_ids, ready ones) with InvalidArgument, changing nothing; waits for room as complete does.
+  /// `finish_steps` as complete's (each >= its entry's sample step); under pace the groups are admitted as a
+  /// dispatch's prompts are, the same timeout bounding both waits.
   void put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
-           int64_t n_steps, int64_t n, std::optional<double> timeout);
+           int64_t n_steps, int64_t n, std::optional<double> timeout, const int64_t* finish_steps = nullptr,
+           int64_t n_finish = 0);
 
   /// Takes up to `batch_size` entries under the strategy into `out` (room for kBatchColumns *
   /// batch_size int64), column f of a k-entry batch at out[f*k, f*k+k) so it is contiguous; without
@@ -215,6 +242,7 @@ class StalenessRing {
   };
   struct TakePlan {
     int64_t walked = 0, taken = 0, dropped = 0;
+    int64_t pace_blocker = -1;  // pace: the in-flight stamp that blocked the take, when blocked_by says so
     bool full = false;
     BlockedBy blocked_by = BlockedBy::kNone;
     std::vector<Span> spans;  // runs of fresh entries the batch takes, oldest first
@@ -245,9 +273,11 @@ class StalenessRing {
                      std::optional<SteadyTime>& deadline);
   void append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
                     int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
-                    int64_t complete_ns);
+                    int64_t complete_ns, const int64_t* finish_steps, int64_t n_finish);
   void append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds, int64_t n_groups,
-                   const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp);
+                   const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp,
+                   const int64_t* finish_steps, int64_t n_finish);
+  void note_spans(int64_t first, int64_t count);
   void remove_prefix(int64_t n);
   bool leave_hooks() const { return release_log_ != nullptr || config_.unique_ids; }
   void note_left(int64_t id, ReleaseReason reason);
@@ -255,6 +285,25 @@ class StalenessRing {
   void note_walked(int64_t walked, int64_t current_step);
   void check_not_live(const int64_t* traj_ids, int64_t n) const;
   void evict_oldest_groups(int64_t need);
+  // Pace (ring_admission.cpp). The ring of a paced buffer stays sorted by age stamp, so oldest first is ring order.
+  bool paced() const { return config_.strategy == Strategy::kPace; }
+  const int64_t* age_steps() const {  // the column ages are measured from
+    return config_.age_from == AgeFrom::kFinish ? columns_.get().finish_step : columns_.get().sample_step;
+  }
+  int64_t pace_next_take() const { return std::max<int64_t>(next_take_, clock_ < 0 ? 0 : clock_); }
+  int64_t pace_room(int64_t step) const;
+  void check_pace_call_size(int64_t groups, const char* call) const;
+  bool wait_for_admission(Lock& lock, const StepCounts& groups, int64_t total, int64_t first_step,
+                          std::optional<double> timeout, const char* call, std::optional<SteadyTime>& deadline,
+                          bool& waited);
+  bool pace_admits(const StepCounts& groups, int64_t total) const;
+  std::string admission_message(const StepCounts& groups, int64_t total, int64_t first_step) const;
+  void pace_restore_order();
+  void pace_count_ready();
+  void pace_forget_prefix(int64_t count);
+  void pace_forget_retired(int64_t walked);
+  std::optional<int64_t> pace_blocker_for(const TakePlan& plan, int64_t current_step) const;
+  std::string pace_blocked_message(int64_t stamp, int64_t current_step) const;
 
   const RingConfig config_;  // as constructed; max_age_ below is the one in force
   RingColumns columns_;
@@ -263,7 +312,8 @@ class StalenessRing {
   MonotonicCondition room_cv_;        // producers: room freed, or closed
   int64_t head_ = 0;
   int64_t size_ = 0;
-  bool sorted_ = true;  // sample_step non-decreasing in ring order
+  bool sorted_ = true;  // age stamps (age_steps()) non-decreasing in ring order
+  bool spans_ = false;  // some ready entry has finish_step != sample_step (else a take skips the span sums)
   bool closed_ = false;
   int64_t clock_ = -1;
   int64_t max_age_;  // config_.max_age until set_max_age changes it
@@ -274,6 +324,9 @@ class StalenessRing {
   std::unique_ptr<ReleaseLog> release_log_;    // null unless config_.track_released
   std::unordered_set<int64_t> live_ids_;       // ids ready in the ring, kept only with config_.unique_ids
   std::function<void()> interrupt_check_;
+  ReadyGroups ready_groups_;      // pace: ready groups by age stamp, in step with the entries
+  int64_t next_take_ = 0;         // pace: one past the step of the latest take
+  MonotonicCondition admit_cv_;   // pace producers: a slot freed (take, fail, expiry, load, max_age) or closed
 };
 
 }  // namespace pyfast_buffer

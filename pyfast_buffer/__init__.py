@@ -6,7 +6,7 @@ from .batch import AGE_BUCKETS, BLOCKED_BY, FIELDS, LOG_FORMAT, Batch, set_metri
 from .buffer import StalenessBuffer
 from .checkpoint import CheckpointError as CheckpointError
 from .config import BufferConfig, config_from_verl, max_age_from_threshold, sample_step_from_tag
-from .errors import BufferClosedError, BufferFullError
+from .errors import AdmissionError, BufferClosedError, BufferFullError
 from .reference import ReferenceBuffer
 from .released import RELEASE_REASONS, Released
 
@@ -17,6 +17,7 @@ except PackageNotFoundError:  # running from a source tree without installing
 
 __all__ = [
     "AGE_BUCKETS",
+    "AdmissionError",
     "BLOCKED_BY",
     "FIELDS",
     "LOG_FORMAT",

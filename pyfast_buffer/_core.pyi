@@ -11,8 +11,11 @@ BATCH_COLUMNS: int
 
 class BufferClosedError(ValueError): ...
 class BufferFullError(RuntimeError): ...
+class AdmissionError(BufferFullError): ...
 
-_Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int]
+_Stats = Tuple[
+    int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int, int, int, int, int, int, int
+]
 
 class Ring:
     def __init__(
@@ -27,14 +30,28 @@ class Ring:
         track_released: bool = False,
         release_bound: int = 0,
         unique_ids: bool = False,
+        prompts_per_step: int = 0,
+        lookahead: int = 0,
+        age_from: str = "start",
     ) -> None: ...
     def released(self) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.int8]]: ...
-    def dispatch(self, prompt_ids: npt.NDArray[np.int64], step: int, lease: Optional[float] = None) -> None: ...
+    def dispatch(
+        self,
+        prompt_ids: npt.NDArray[np.int64],
+        step: int,
+        lease: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> None: ...
+    def admissible(self, step: int, /) -> int: ...
     def renew(self, prompt_ids: npt.NDArray[np.int64], lease: float, /) -> None: ...
     def expire_in_flight(self, older_than_s: float, /) -> int: ...
     def _set_lease_clock(self, now_ns: Optional[int], /) -> None: ...
     def complete(
-        self, traj_ids: npt.NDArray[np.int64], prompt_ids: npt.NDArray[np.int64], timeout: Optional[float], /
+        self,
+        traj_ids: npt.NDArray[np.int64],
+        prompt_ids: npt.NDArray[np.int64],
+        timeout: Optional[float] = None,
+        finish_steps: Optional[npt.NDArray[np.int64]] = None,
     ) -> None: ...
     def fail(self, prompt_ids: npt.NDArray[np.int64], /) -> None: ...
     def put(
@@ -42,8 +59,8 @@ class Ring:
         traj_ids: npt.NDArray[np.int64],
         group_ids: Optional[npt.NDArray[np.int64]],
         sample_steps: npt.NDArray[np.int64],
-        timeout: Optional[float],
-        /,
+        timeout: Optional[float] = None,
+        finish_steps: Optional[npt.NDArray[np.int64]] = None,
     ) -> None: ...
     def take(
         self, out: npt.NDArray[np.int64], batch_size: int, current_step: int, timeout: Optional[float], /

@@ -12,17 +12,32 @@ import torch
 logger = logging.getLogger("pyfast_buffer")
 
 #: Column order of ``Batch.columns``; the native core writes them in this order.
-FIELDS = ("traj_ids", "group_ids", "sample_step", "age", "uses", "policy_version", "dispatch_ns", "complete_ns")
+FIELDS = (
+    "traj_ids",
+    "group_ids",
+    "sample_step",
+    "age",
+    "uses",
+    "policy_version",
+    "dispatch_ns",
+    "complete_ns",
+    "finish_step",
+)
 #: Labels of the fixed age-histogram buckets (ages in trainer steps).
 AGE_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
 #: The log record of every take and evict_stale: dropped_stale and taken per call, buffer_left and sampled_total
-#: running, retired and evicted per call, then the max_age in force and the running count of expired prompts.
+#: running, retired and evicted per call, then the max_age in force and the running count of expired prompts,
+#: the uses this call trained over max_age, and the running admission counters of strategy="pace".
 #: New fields are only ever appended.
-LOG_FORMAT = "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d"
+LOG_FORMAT = (
+    "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d "
+    "trained_over_age=%d admitted=%d admission_refused=%d admission_waits=%d"
+)
 
 # (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight,
-#  sampled_total, max_age, expired)
-Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int]
+#  sampled_total, max_age, expired, trained_over_age, span_sum, span_max, admitted, admission_refused,
+#  admission_waits)
+Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int, int, int, int, int, int, int]
 #: Names of the ``blocked_by`` codes: ``metrics[prefix + "blocked_by"]`` is an index into this tuple.
 BLOCKED_BY = ("none", "too_few_ready", "in_flight_at_max_age")
 _BLOCKED_CODE = {name: code for code, name in enumerate(BLOCKED_BY)}
@@ -40,6 +55,12 @@ _NAMES = (
     "age_max",
     "blocked_by",
     *tuple(f"age_hist/{b}" for b in AGE_BUCKETS),
+    "trained_over_age",
+    "span_mean",
+    "span_max",
+    "admitted",
+    "admission_refused",
+    "admission_waits",
 )
 _prefix = DEFAULT_METRICS_PREFIX
 _keys = tuple(_prefix + n for n in _NAMES)
@@ -76,13 +97,17 @@ def age_bucket(age: int) -> int:
 def log_record(stats: Stats) -> None:
     """Writes the one-line log record of one take or evict_stale (LOG_FORMAT), if INFO is enabled."""
     if logger.isEnabledFor(logging.INFO):
-        taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age, expired = stats
-        logger.info(LOG_FORMAT, dropped, taken, left, sampled, retired, evicted, max_age, expired)
+        taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age, expired = stats[:13]
+        over, _, _, admitted, refused, waits = stats[13:19]
+        logger.info(
+            LOG_FORMAT, dropped, taken, left, sampled, retired, evicted, max_age, expired, over, admitted, refused, waits
+        )
 
 
 def metrics_from_stats(stats: Stats) -> Dict[str, float]:
     """Returns the metrics dict of one take or evict_stale: numeric values under the current prefix."""
     taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled = stats[:11]
+    over, span_sum, span_max, admitted, refused, waits = stats[13:19]
     values = (
         taken,
         dropped,
@@ -95,6 +120,12 @@ def metrics_from_stats(stats: Stats) -> Dict[str, float]:
         age_max,
         _BLOCKED_CODE[blocked_by],
         *hist,
+        over,
+        span_sum / taken if taken else 0.0,
+        span_max,
+        admitted,
+        refused,
+        waits,
     )
     return dict(zip(_keys, values))
 
@@ -108,7 +139,7 @@ def make_metrics(stats: Stats) -> Dict[str, float]:
 class Batch:
     """Trajectories taken together: int64 tensors of equal length plus the metrics of the take.
 
-    ``columns`` is one contiguous (8, k) int64 tensor whose rows are FIELDS; the named
+    ``columns`` is one contiguous (9, k) int64 tensor whose rows are FIELDS; the named
     attributes are views of it, so ``batch.to("cuda", non_blocking=True)`` is one copy.
     The tensors belong to the caller: no later call overwrites them.
     """
@@ -122,7 +153,7 @@ class Batch:
         *,
         stats: Optional[Stats] = None,
     ) -> None:
-        # An (8, k) int64 numpy block (what take fills) becomes a tensor sharing its memory on first access.
+        # A (9, k) int64 numpy block (what take fills) becomes a tensor sharing its memory on first access.
         self._columns: Optional[torch.Tensor] = None if isinstance(columns, np.ndarray) else columns
         self._array: Optional[np.ndarray] = columns if isinstance(columns, np.ndarray) else None
         self._metrics = metrics
@@ -130,7 +161,7 @@ class Batch:
 
     @property
     def columns(self) -> torch.Tensor:
-        """One contiguous (8, k) int64 tensor whose rows are FIELDS."""
+        """One contiguous (9, k) int64 tensor whose rows are FIELDS."""
         if self._columns is None:
             self._columns = torch.from_numpy(self._array)
         return self._columns
@@ -205,6 +236,16 @@ class Batch:
     def complete_ns(self) -> torch.Tensor:
         """Wall clock (ns since the epoch) at completion."""
         return self._row(7)
+
+    @property
+    def finish_step(self) -> torch.Tensor:
+        """Step of the weights in force when each trajectory finished (>= sample_step; complete's finish_step)."""
+        return self._row(8)
+
+    @property
+    def span(self) -> torch.Tensor:
+        """finish_step - sample_step: the weight updates each trajectory's generation crossed (a new tensor)."""
+        return self._row(8) - self._row(2)
 
     def __len__(self) -> int:
         if self._stats is not None:

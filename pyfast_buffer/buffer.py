@@ -13,7 +13,14 @@ from . import _core, state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .batch import Batch, log_record, make_metrics
 from .checkpoint import CheckpointMethods
-from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
+from .config import (
+    BufferConfig,
+    check_capacity_fits,
+    check_max_age_keeps_lookahead,
+    config_from_verl,
+    pace_limits,
+    resolve_pin_memory,
+)
 from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError
 from .released import Released
 
@@ -36,7 +43,9 @@ class StalenessBuffer(CheckpointMethods):
         capacity: ready trajectories the ring holds (> 0); its memory is allocated once, here.
         max_age: largest age (``current_step - sample_step``) that may be trained on.
         strategy: ``"drop"`` discards stale entries at take; ``"wait"`` drops nothing and refuses
-            to take while an in-flight prompt has ``age >= max_age``.
+            to take while an in-flight prompt has ``age >= max_age``; ``"pace"`` admits prompts at dispatch
+            only while they can be trained within max_age, takes the stalest first, drops nothing, and waits at
+            take only for an in-flight prompt that would otherwise pass max_age (docs/design.md, "pace").
         max_uses: times an entry may be taken before it retires (1 = pure on-policy).
         on_full: what a put/complete that does not fit does: ``"evict_oldest"`` (counted as
             evicted), ``"block"`` (wait for room, with a timeout) or ``"error"`` (BufferFullError).
@@ -47,6 +56,13 @@ class StalenessBuffer(CheckpointMethods):
             past it the oldest are discarded and counted in ``ledger()["released_overflow"]``.
         unique_ids: refuse (ValueError) a trajectory id that is already ready in the ring; costs a hash
             set of the ready ids (about 40 bytes per entry) and one lookup per id put or taken.
+        prompts_per_step: under pace (required there, refused elsewhere), the prompt groups one training step
+            takes; the trainer is expected to take that many groups at every step.
+        lookahead: under pace, how many steps generation may run ahead of training (default max_age,
+            ``0 <= lookahead <= max_age``): at most ``(lookahead + 1) * prompts_per_step`` groups are in
+            flight or ready.
+        age_from: ``"start"`` measures age from the dispatch step, ``"finish"`` from each group's finish_step
+            (see complete).
     """
 
     def __init__(
@@ -61,6 +77,9 @@ class StalenessBuffer(CheckpointMethods):
         track_released: bool = False,
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
+        prompts_per_step: Optional[int] = None,
+        lookahead: Optional[int] = None,
+        age_from: str = "start",
     ) -> None:
         self.config = BufferConfig(
             capacity,
@@ -72,6 +91,9 @@ class StalenessBuffer(CheckpointMethods):
             track_released,
             release_bound,
             unique_ids,
+            prompts_per_step,
+            lookahead,
+            age_from,
         )
         check_capacity_fits(capacity)
         self._config_lock = threading.Lock()  # keeps config.max_age in step with the core's under concurrent setters
@@ -90,6 +112,9 @@ class StalenessBuffer(CheckpointMethods):
             track_released=track_released,
             release_bound=release_bound or 0,
             unique_ids=unique_ids,
+            prompts_per_step=pace_limits(self.config)[0],
+            lookahead=pace_limits(self.config)[1],
+            age_from=age_from,
         )
 
     @classmethod
@@ -97,14 +122,24 @@ class StalenessBuffer(CheckpointMethods):
         """Builds a buffer from verl's ``trainer.v1.sampler`` block and trainer config (see config_from_verl)."""
         return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
-    def dispatch(self, prompt_ids: Ids, step: int, lease: Optional[float] = None) -> None:
+    def dispatch(
+        self, prompt_ids: Ids, step: int, lease: Optional[float] = None, timeout: Optional[float] = None
+    ) -> None:
         """Marks prompts as in flight, generated with the weights of ``step``.
 
         With ``lease`` (seconds, > 0), a prompt neither completed, failed nor renewed within it is failed by
         the buffer (counted in ``failed`` and ``expired``) at the next call that looks at the in-flight table,
         or while a blocking take waits; see docs/reliability.md.
+
+        Under ``strategy="pace"`` the call admits all its prompts or none: without ``timeout`` one that does
+        not fit raises AdmissionError (a BufferFullError), with one it waits (the GIL released, interruptible)
+        until a take, fail, expiry or load frees room, or raises TimeoutError. Other strategies never wait.
         """
-        self._ring.dispatch(as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease))
+        self._ring.dispatch(as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease), as_timeout(timeout))
+
+    def admissible(self, step: int) -> int:
+        """Returns how many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
+        return self._ring.admissible(as_step(step, "step"))
 
     def renew(self, prompt_ids: Ids, lease: float) -> None:
         """Gives in-flight prompts a lease of ``lease`` seconds from now (also prompts dispatched without one)."""
@@ -120,11 +155,24 @@ class StalenessBuffer(CheckpointMethods):
         """Test hook: freezes the lease clock at ``now_ns`` (None: the monotonic clock again)."""
         self._ring._set_lease_clock(now_ns)
 
-    def complete(self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None) -> None:
-        """Moves finished trajectories into the ring; ``prompt_ids[i]`` is the prompt of ``traj_ids[i]``."""
+    def complete(
+        self,
+        traj_ids: Ids,
+        prompt_ids: Ids,
+        timeout: Optional[float] = None,
+        *,
+        finish_step: Union[None, int, Ids] = None,
+    ) -> None:
+        """Moves finished trajectories into the ring; ``prompt_ids[i]`` is the prompt of ``traj_ids[i]``.
+
+        ``finish_step`` (one int or one per trajectory, each >= its prompt's dispatch step; default the dispatch
+        step) is the step of the weights in force when the trajectory finished: the batch reports it and
+        ``span = finish_step - sample_step``; under ``age_from="finish"`` age is measured from it.
+        """
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
-        self._ring.complete(trajs, prompts, as_timeout(timeout))
+        finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
+        self._ring.complete(trajs, prompts, as_timeout(timeout), finish)
 
     def fail(self, prompt_ids: Ids) -> None:
         """Marks in-flight prompts as failed; nothing of theirs enters the ring."""
@@ -136,8 +184,11 @@ class StalenessBuffer(CheckpointMethods):
         sample_step: Union[int, Ids],
         group_ids: Optional[Ids] = None,
         timeout: Optional[float] = None,
+        *,
+        finish_step: Union[None, int, Ids] = None,
     ) -> None:
-        """Dispatch + complete in one call; ``sample_step`` is one int or one per trajectory."""
+        """Dispatch + complete in one call; ``sample_step`` and ``finish_step`` (see complete) are one int or one
+        per trajectory. Under pace each group is admitted as a dispatched prompt (``timeout`` bounds that wait too)."""
         # The common call (int64 numpy ids, one int stamp, no groups) skips the general conversions.
         if (
             type(traj_ids) is np.ndarray
@@ -156,7 +207,8 @@ class StalenessBuffer(CheckpointMethods):
         if group_ids is not None:
             groups = as_ids(group_ids, "group_ids")
             same_length(trajs, "traj_ids", groups, "group_ids")
-        self._ring.put(trajs, groups, steps, None if timeout is None else as_timeout(timeout))
+        finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
+        self._ring.put(trajs, groups, steps, None if timeout is None else as_timeout(timeout), finish)
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
         """Takes up to ``batch_size`` trajectories, oldest first, in whole groups.
@@ -229,6 +281,7 @@ class StalenessBuffer(CheckpointMethods):
     @max_age.setter
     def max_age(self, value: int) -> None:
         max_age = as_count(value, "max_age", 0)
+        check_max_age_keeps_lookahead(self.config, max_age)
         with self._config_lock:
             self._ring.max_age = max_age
             self.config = dataclasses.replace(self.config, max_age=max_age)
@@ -267,7 +320,7 @@ class StalenessBuffer(CheckpointMethods):
     def state_dict(self) -> Dict[str, Any]:
         """Returns the whole state (entries, in-flight prompts, ledger, clock) as torch tensors."""
         s = self._ring.export_state()
-        entries = {k: s[k] for k in state.ENTRY_COLUMNS}
+        entries = {k: s[k] for k in state.ENTRY_COLUMNS + state.LATER_ENTRY_COLUMNS}
         in_flight = {
             "prompt_id": s["in_flight_prompt"],
             "sample_step": s["in_flight_step"],
@@ -275,7 +328,9 @@ class StalenessBuffer(CheckpointMethods):
             "lease_left_ns": s["in_flight_lease_left_ns"],
             "held_ns": s["in_flight_held_ns"],
         }
-        return state.pack(self.config, entries, in_flight, s["ledger"], s["clock"], s["evicted_unreported"])
+        return state.pack(
+            self.config, entries, in_flight, s["ledger"], s["clock"], s["evicted_unreported"], s["next_take"]
+        )
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Replaces the contents and ledger with a state_dict's; this buffer keeps its own configuration."""
@@ -294,5 +349,6 @@ class StalenessBuffer(CheckpointMethods):
             ledger=s["ledger"],
             clock=s["clock"],
             evicted_unreported=s["evicted_unreported"],
+            next_take=s["next_take"],
         )
         self._ring.import_state(flat)

@@ -11,7 +11,8 @@ import torch
 
 from ._args import MAX_CAPACITY, as_count, as_step
 
-STRATEGIES = ("drop", "wait")
+STRATEGIES = ("drop", "wait", "pace")
+AGE_FROM = ("start", "finish")
 ON_FULL = ("evict_oldest", "block", "error")
 DEFAULT_VERL_THRESHOLD = 8  # verl's max_off_policy_threshold default
 DEFAULT_VERL_CAPACITY = 1 << 16
@@ -30,13 +31,16 @@ class BufferConfig:
     track_released: bool = False
     release_bound: Optional[int] = None
     unique_ids: bool = False
+    prompts_per_step: Optional[int] = None
+    lookahead: Optional[int] = None
+    age_from: str = "start"
 
     def __post_init__(self) -> None:
         as_count(self.capacity, "capacity", 1, MAX_CAPACITY)
         as_count(self.max_age, "max_age", 0)
         as_count(self.max_uses, "max_uses", 1, 2**31 - 1)
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy={self.strategy!r} is unknown; use 'drop' or 'wait'")
+            raise ValueError(f"strategy={self.strategy!r} is unknown; use 'drop', 'wait' or 'pace'")
         if self.on_full not in ON_FULL:
             raise ValueError(f"on_full={self.on_full!r} is unknown; use 'evict_oldest', 'block' or 'error'")
         if self.parameter_sync_step is not None:
@@ -48,7 +52,53 @@ class BufferConfig:
             as_count(self.release_bound, "release_bound", 1)
             if not self.track_released:
                 raise ValueError(f"release_bound={self.release_bound} needs track_released=True")
+        if self.age_from not in AGE_FROM:
+            raise ValueError(f"age_from={self.age_from!r} is unknown; use 'start' (dispatch step) or 'finish'")
+        self._check_pace()
 
+    def _check_pace(self) -> None:
+        if self.strategy != "pace":
+            for name in ("prompts_per_step", "lookahead"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)!r} is used only by strategy='pace'; "
+                        f"leave it unset or pass strategy='pace'"
+                    )
+            return
+        if self.prompts_per_step is None:
+            raise ValueError(
+                "strategy='pace' needs prompts_per_step: the prompt groups one training step takes "
+                "(e.g. train_batch_size // group size)"
+            )
+        as_count(self.prompts_per_step, "prompts_per_step", 1, PACE_MAX_PROMPTS_PER_STEP)
+        if self.lookahead is not None:
+            as_count(self.lookahead, "lookahead", 0)
+            if self.lookahead > self.max_age:
+                raise ValueError(
+                    f"lookahead={self.lookahead} exceeds max_age={self.max_age}; generation may run at most "
+                    "max_age steps ahead of training under pace, so pass lookahead <= max_age"
+                )
+
+
+def pace_limits(config: BufferConfig) -> tuple:
+    """Returns the core's (prompts_per_step, lookahead) for ``config``: (0, 0) unless strategy='pace', where an
+    unset lookahead is the max_age the buffer is built with (fixed from then on, as the core keeps it)."""
+    if config.strategy != "pace":
+        return 0, 0
+    return config.prompts_per_step, config.max_age if config.lookahead is None else config.lookahead
+
+
+def check_max_age_keeps_lookahead(config: BufferConfig, max_age: int) -> None:
+    """Raises ValueError, before anything changes, if setting ``max_age`` would put it below an explicit lookahead."""
+    if config.strategy == "pace" and config.lookahead is not None and max_age < config.lookahead:
+        raise ValueError(
+            f"max_age={max_age} is below lookahead={config.lookahead}; a paced buffer's lookahead never exceeds "
+            "its max_age, so build it with a smaller lookahead to lower max_age this far"
+        )
+
+
+#: Largest prompts_per_step accepted (the core's kMaxPromptsPerStep).
+PACE_MAX_PROMPTS_PER_STEP = 2**40
 
 #: Bytes one ready entry takes in the native ring (six int64 and two int32 columns; the core's kBytesPerEntry).
 BYTES_PER_ENTRY = 56

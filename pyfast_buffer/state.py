@@ -19,6 +19,9 @@ ENTRY_COLUMNS = (
     "uses",
     "group_len",
 )
+#: Entry columns added later: written by pack, and a state_dict without one loads it as given here.
+#: ``finish_step``: a state_dict from before version spans loads each entry as finished at its sample_step.
+LATER_ENTRY_COLUMNS = ("finish_step",)
 IN_FLIGHT_COLUMNS = ("prompt_id", "sample_step", "dispatch_ns")
 #: Lease columns of in-flight prompts: ns of lease left when saved (-1: no lease) and ns in flight when saved.
 #: A state_dict from before leases lacks them: its prompts load without a lease, as dispatched at load time.
@@ -26,7 +29,7 @@ LEASE_COLUMNS = ("lease_left_ns", "held_ns")
 _LEASE_DEFAULTS = {"lease_left_ns": -1, "held_ns": 0}
 LEDGER_KEYS = ("dispatched", "completed", "failed", "put_total", "taken", "retired", "dropped_stale", "evicted")
 #: Counters added later: written by pack, read as 0 from a state_dict that predates them.
-LATER_LEDGER_KEYS = ("max_age_changes", "expired")
+LATER_LEDGER_KEYS = ("max_age_changes", "expired", "admitted", "admission_refused", "admission_waits", "trained_over_age")
 ALL_LEDGER_KEYS = LEDGER_KEYS + LATER_LEDGER_KEYS
 #: Largest ledger counter a state_dict may carry (the core's Ledger::kMaxCounter).
 MAX_COUNTER = 2**60
@@ -42,18 +45,23 @@ def pack(
     ledger: Mapping[str, int],
     clock: int,
     evicted_unreported: int,
+    next_take: int = 0,
 ) -> Dict[str, Any]:
-    """Returns a state_dict from numpy columns in ring order (oldest first)."""
+    """Returns a state_dict from numpy columns in ring order (oldest first); ``next_take`` is the pace state
+    (the step of the trainer's next take, docs/design.md), 0 for the other strategies."""
     return {
         "format": FORMAT,
         "config": dataclasses.asdict(config),
-        "entries": {k: torch.from_numpy(np.asarray(entries[k], dtype=np.int64)) for k in ENTRY_COLUMNS},
+        "entries": {
+            k: torch.from_numpy(np.asarray(entries[k], dtype=np.int64)) for k in ENTRY_COLUMNS + LATER_ENTRY_COLUMNS
+        },
         "in_flight": {
             k: torch.from_numpy(np.asarray(in_flight[k], dtype=np.int64)) for k in IN_FLIGHT_COLUMNS + LEASE_COLUMNS
         },
         "ledger": {k: int(ledger[k]) for k in ALL_LEDGER_KEYS},
         "clock": int(clock),
         "evicted_unreported": int(evicted_unreported),
+        "next_take": int(next_take),
     }
 
 
@@ -107,6 +115,11 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
     if not isinstance(sd, dict) or sd.get("format") != FORMAT:
         raise TypeError(f"state_dict must be a dict made by state_dict() (format {FORMAT!r})")
     entries = {k: _column(sd.get("entries", {}), k, "entries") for k in ENTRY_COLUMNS}
+    entries["finish_step"] = (
+        _column(sd["entries"], "finish_step", "entries")
+        if "finish_step" in sd.get("entries", {})
+        else entries["sample_step"].copy()
+    )
     in_flight = {k: _column(sd.get("in_flight", {}), k, "in_flight") for k in IN_FLIGHT_COLUMNS}
     for k in LEASE_COLUMNS:
         section = sd.get("in_flight", {})
@@ -130,6 +143,8 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
     steps, uses = entries["sample_step"], entries["uses"]
     if n and (steps.min() < 0 or steps.max() > clock):
         raise ValueError(f"state_dict has sample steps outside [0, clock={clock}]")
+    if n and ((entries["finish_step"] < steps).any() or entries["finish_step"].max() > clock):
+        raise ValueError(f"state_dict has finish steps before their sample step or after clock={clock}")
     if n and (uses.min() < 0 or uses.max() >= max_uses):
         raise ValueError(
             f"state_dict has entries used {int(uses.max())} times, not below max_uses={max_uses}; "
@@ -147,6 +162,9 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         )
     led = {k: int(ledger.get(k, 0)) for k in ALL_LEDGER_KEYS}
     evicted_unreported = int(sd.get("evicted_unreported", 0))
+    next_take = int(sd.get("next_take", 0))
+    if not 0 <= next_take <= MAX_COUNTER:
+        raise ValueError("state_dict has next_take outside [0, 2**60]; it was edited or is corrupt")
     # The clock is a step the API accepted (<= 2**63 - 1) or -1 before any. Counters stay within the
     # core's bound (Ledger::kMaxCounter), so the buffer can go on adding to them without overflow.
     if any(not 0 <= v <= MAX_COUNTER for v in (*led.values(), evicted_unreported)):
@@ -158,6 +176,8 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         or led["dispatched"] != led["completed"] + led["failed"] + len(prompts)
         or not 0 <= evicted_unreported <= led["evicted"]
         or led["expired"] > led["failed"]
+        or led["admitted"] > led["dispatched"]
+        or led["trained_over_age"] > led["taken"]
     ):
         raise ValueError("state_dict's ledger does not balance with the entries it holds; it was edited or is corrupt")
     return {
@@ -166,4 +186,5 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         "ledger": led,
         "clock": clock,
         "evicted_unreported": evicted_unreported,
+        "next_take": next_take,
     }

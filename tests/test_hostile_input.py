@@ -82,7 +82,7 @@ def _ring() -> _core.Ring:
 def test_no_nan_or_inf_reaches_the_clock_through_the_private_core(seconds):
     ring = _ring()
     ring.put(np.arange(8, dtype=np.int64), None, np.zeros(1, dtype=np.int64), None)
-    out = np.empty(8 * 8, dtype=np.int64)
+    out = np.empty(_core.BATCH_COLUMNS * 8, dtype=np.int64)
     ring.dispatch(np.array([1], dtype=np.int64), 0)
     before = ring.ledger()
     for call in (
@@ -122,7 +122,7 @@ def test_a_small_batch_of_a_huge_request_owns_only_its_rows(impl):
     buf.put([1], 0)
     batch = buf.take(10**9, 0)
     assert batch.traj_ids.tolist() == [1]
-    assert batch.columns.untyped_storage().nbytes() == 8 * 8  # eight int64 fields of one row, not 1e6 rows
+    assert batch.columns.untyped_storage().nbytes() == 8 * len(pfb.FIELDS)  # the int64 fields of one row, not 1e6
     assert batch.columns.is_contiguous()
 
 
@@ -130,4 +130,4 @@ def test_a_full_batch_is_not_copied():
     buf = pfb.StalenessBuffer(64)
     buf.put(list(range(64)), 0)
     batch = buf.take(64, 0)
-    assert batch.columns.untyped_storage().nbytes() == 8 * 8 * 64
+    assert batch.columns.untyped_storage().nbytes() == 8 * len(pfb.FIELDS) * 64
