@@ -1441,6 +1441,13 @@ bool StalenessRing::wait_for_admission(Lock& lock, const StepCounts& groups, int
                                        std::optional<double> timeout, const char* call,
                                        std::optional<SteadyTime>& deadline, bool& waited) {
   if (pace_admits(groups, total)) return true;
+  if (first_step + max_age_ < pace_next_take()) {  // past its deadline already: no take can make room for it
+    ledger_.admission_refused += total;
+    throw AdmissionFull(concat(call, ": prompts stamped ", first_step, " would pass max_age=", max_age_,
+                               " before the trainer's next take at step ", pace_next_take(),
+                               ", so no wait can admit them; dispatch with newer weights (step >= ",
+                               pace_next_take() - max_age_, ")"));
+  }
   if (!timeout) {
     ledger_.admission_refused += total;
     throw AdmissionFull(concat(call, ": ", admission_message(groups, total, first_step),

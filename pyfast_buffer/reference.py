@@ -253,6 +253,14 @@ class ReferenceBuffer(CheckpointMethods):
         """Returns True if admitted at once, False after waiting (the caller re-validates); raises otherwise."""
         if self._pace_admits(stamps):
             return True
+        first, max_age, next_take = min(stamps), self.config.max_age, self._pace_next_take()
+        if first + max_age < next_take:  # past its deadline already: no take can make room for it
+            self._counts["admission_refused"] += len(stamps)
+            raise AdmissionError(
+                f"{call}: prompts stamped {first} would pass max_age={max_age} before the trainer's next take at "
+                f"step {next_take}, so no wait can admit them; dispatch with newer weights (step >= "
+                f"{next_take - max_age})"
+            )
         if timeout is None:
             self._counts["admission_refused"] += len(stamps)
             raise AdmissionError(f"{call}: {self._admission_message(stamps)}; or pass timeout= to wait for a slot")

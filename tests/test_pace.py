@@ -74,6 +74,18 @@ def test_a_take_frees_slots_and_moves_the_deadlines(impl):
     buf.dispatch([6, 7], step=1)
 
 
+def test_a_prompt_stamped_past_its_deadline_is_refused_at_once_even_with_a_timeout(impl):
+    buf = paced(impl, max_age=1, per_step=1)
+    for step in range(3):
+        buf.take(1, current_step=step)  # the next take is at step 3: a prompt stamped 1 would be 2 old
+    start = time.monotonic()
+    with pytest.raises(pfb.AdmissionError, match=r"stamped 1 would pass max_age=1.*next take at step 3.*step >= 2"):
+        buf.dispatch([1], step=1, timeout=30)
+    assert time.monotonic() - start < 10  # refused, not waited for
+    assert buf.admissible(1) == 0 and buf.ledger()["admission_refused"] == 1
+    buf.dispatch([1], step=2)
+
+
 def test_pace_never_drops_and_takes_the_stalest_group_first(impl):
     buf = paced(impl, max_age=3, per_step=1)
     buf.dispatch([1], step=0)
