@@ -4,7 +4,8 @@ A deque of groups, each a list of per-trajectory record dicts, a dict of
 in-flight prompts and a few counters, all under one threading.Condition. It has
 the same API, the same semantics and the same exceptions as the native buffer:
 it is the test oracle and the benchmark baseline, so it favours obviousness
-over speed.
+over speed. Its sections follow the core's files (``csrc/ring_common.cpp``, ``ring_in_flight``,
+``ring_write``, ``ring_take``, ``ring_evict``, ``ring_state``), so one can be read beside the other.
 """
 
 from __future__ import annotations
@@ -20,17 +21,10 @@ import torch
 
 from . import _reference_pace, state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from ._buffer_base import BufferBase
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
-from .checkpoint import CheckpointMethods
-from .config import (
-    BufferConfig,
-    check_capacity_fits,
-    check_max_age_keeps_lookahead,
-    config_from_verl,
-    pace_limits,
-    resolve_pin_memory,
-)
-from .errors import CLOSED_MESSAGE, NO_COPY, AdmissionError, BufferClosedError, BufferFullError
+from .config import check_max_age_keeps_lookahead, pace_limits, resolve_pin_memory
+from .errors import CLOSED_MESSAGE, AdmissionError, BufferClosedError, BufferFullError
 from .released import NOT_TRACKED, Released, default_release_bound
 
 _RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of RELEASE_REASONS
@@ -48,9 +42,10 @@ class _Plan:
         self.pace_blocker: Optional[int] = None  # pace: the in-flight stamp that blocked the take
 
 
-class ReferenceBuffer(CheckpointMethods):
+class ReferenceBuffer(BufferBase):
     """Pure-Python StalenessBuffer; see that class for the arguments (pin_memory is accepted and ignored)."""
 
+    # -- construction, validation, the clock, interrupts, release notes (csrc/ring_common.cpp) -----------------------
     def __init__(
         self,
         capacity: int,
@@ -67,23 +62,9 @@ class ReferenceBuffer(CheckpointMethods):
         lookahead: Optional[int] = None,
         age_from: str = "start",
     ) -> None:
-        self.config = BufferConfig(
-            capacity,
-            max_age,
-            strategy,
-            max_uses,
-            on_full,
-            parameter_sync_step,
-            track_released,
-            release_bound,
-            unique_ids,
-            prompts_per_step,
-            lookahead,
-            age_from,
-        )
+        self._configure(locals())
         self._per_step, self._lookahead = pace_limits(self.config)
         self._next_take = 0  # pace: one past the step of the latest take
-        check_capacity_fits(capacity)
         # (id, reason code) of everything that left, oldest first, until released() drains it
         self._released: Optional[deque] = deque() if track_released else None
         self._release_bound = release_bound or default_release_bound(capacity)
@@ -103,11 +84,6 @@ class ReferenceBuffer(CheckpointMethods):
         self._closed = False
         self._cond = threading.Condition()
 
-    @classmethod
-    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> ReferenceBuffer:
-        return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
-
-    # -- helpers -------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise BufferClosedError(CLOSED_MESSAGE)
@@ -125,23 +101,6 @@ class ReferenceBuffer(CheckpointMethods):
                 f"traj_ids: {n} trajectories exceed capacity={self.config.capacity}; raise capacity or {fix} per call"
             )
 
-    def _check_in_flight(self, prompts) -> None:
-        for p in prompts:
-            if p not in self._in_flight:
-                raise ValueError(
-                    f"prompt_ids: prompt {p} is not in flight; dispatch it first "
-                    "(it may already be completed, failed or expired)"
-                )
-
-    def _note_left(self, id_: int, code: int) -> None:
-        if self._released is not None:
-            if len(self._released) >= self._release_bound:
-                self._released.popleft()
-                self._released_overflow += 1
-            self._released.append((id_, code))
-        if self._live is not None and code <= _EVICTED:
-            self._live.discard(id_)
-
     def _check_not_live(self, traj_list: List[int]) -> None:
         if self._live is None:
             return
@@ -152,216 +111,6 @@ class ReferenceBuffer(CheckpointMethods):
                     "give every trajectory a fresh id (or pass unique_ids=False)"
                 )
 
-    def _lease_now(self) -> int:
-        return self._manual_clock if self._manual_clock is not None else time.monotonic_ns()
-
-    def _pop_in_flight(self, prompt: int) -> tuple:
-        self._leases.pop(prompt, None)
-        return self._in_flight.pop(prompt)
-
-    def _expire(self, prompts: List[int]) -> None:
-        for p in prompts:
-            self._pop_in_flight(p)
-            self._note_left(p, _EXPIRED)
-        self._counts["failed"] += len(prompts)
-        self._counts["expired"] += len(prompts)
-        if prompts:
-            self._cond.notify_all()
-
-    def _expire_due(self) -> int:
-        """Fails every prompt whose lease passed, by deadline then id; returns how many."""
-        if self._closed or not self._leases:
-            return 0
-        now = self._lease_now()
-        due = sorted((d, p) for p, d in self._leases.items() if d <= now)
-        self._expire([p for _, p in due])
-        return len(due)
-
-    def _wait(self, deadline: float) -> None:
-        """Sleeps on the condition until notified, the deadline, the earliest lease deadline or _WAKE_S."""
-        wait = min(deadline - time.monotonic(), _WAKE_S)
-        if self._leases and self._manual_clock is None:
-            wait = min(wait, (min(self._leases.values()) - time.monotonic_ns()) / 1e9)
-        self._cond.wait(max(wait, 0.0))
-
-    def _policy_version(self, step: int) -> int:
-        sync = self.config.parameter_sync_step
-        return step // sync if sync else -1
-
-    # -- pace ------------------------------------------------------------------------------
-    def _paced(self) -> bool:
-        return self.config.strategy == "pace"
-
-    def _age_stamp(self, group: List[dict]) -> int:
-        """The step a group's age is measured from: its dispatch step, or under age_from='finish' its finish step."""
-        return group[0]["finish_step" if self.config.age_from == "finish" else "sample_step"]
-
-    def _pace_next_take(self) -> int:
-        return max(self._next_take, self._clock, 0)
-
-    def _outstanding(self) -> List[int]:
-        """One stamp per in-flight prompt (its dispatch step) and per ready group (its age stamp)."""
-        return [rec[0] for rec in self._in_flight.values()] + [self._age_stamp(g) for g in self._groups]
-
-    def _pace_admits(self, stamps: List[int]) -> bool:
-        """Whether groups stamped ``stamps`` may start now: each stamp admitted one after the other, oldest first."""
-        outstanding = self._outstanding()
-        for stamp in sorted(stamps):
-            limit = self.config.max_age
-            if _reference_pace.admissible(outstanding, stamp, self._pace_next_take(), limit, *self._pace_args()) < 1:
-                return False
-            outstanding.append(stamp)
-        return True
-
-    def _pace_args(self) -> tuple:
-        return self._per_step, self._lookahead
-
-    def _admissible_now(self, step: int) -> int:
-        return _reference_pace.admissible(
-            self._outstanding(), step, self._pace_next_take(), self.config.max_age, *self._pace_args()
-        )
-
-    def _check_pace_call_size(self, groups: int, call: str) -> None:
-        limit = (self._lookahead + 1) * self._per_step
-        if groups > limit:
-            what = "traj_ids" if call == "put" else "prompt_ids"
-            unit = "groups" if call == "put" else "prompts"
-            raise ValueError(
-                f"{what}: {groups} {unit} exceed the admission limit {limit} = (lookahead + 1) * prompts_per_step; "
-                f"{call} at most {limit} per call"
-            )
-
-    def _admission_message(self, stamps: List[int]) -> str:
-        limit = (self._lookahead + 1) * self._per_step
-        ready, in_flight = len(self._groups), len(self._in_flight)
-        first = min(stamps)
-        room = self._admissible_now(first)
-        unit = "groups" if len(set(stamps)) > 1 else "prompts"
-        text = (
-            f"{len(stamps)} {unit} at step {first} do not fit strategy='pace': limit (lookahead + 1) * "
-            f"prompts_per_step = {limit} prompt groups, {ready + in_flight} outstanding ({in_flight} in flight, "
-            f"{ready} ready), {room} admissible now"
-        )
-        if room < limit - ready - in_flight:
-            text += (
-                f"; prompts stamped {first} must be trained by step {first + self.config.max_age} and the trainer's "
-                f"next take is at step {self._pace_next_take()}, so fewer slots remain for them"
-            )
-        return text + "; take (train) to free slots, fail stuck prompts, dispatch with newer weights, or raise lookahead"
-
-    def _wait_for_admission(self, stamps: List[int], timeout: Optional[float], call: str, deadline: float) -> bool:
-        """Returns True if admitted at once, False after waiting (the caller re-validates); raises otherwise."""
-        if self._pace_admits(stamps):
-            return True
-        first, max_age, next_take = min(stamps), self.config.max_age, self._pace_next_take()
-        if first + max_age < next_take:  # past its deadline already: no take can make room for it
-            self._counts["admission_refused"] += len(stamps)
-            raise AdmissionError(
-                f"{call}: prompts stamped {first} would pass max_age={max_age} before the trainer's next take at "
-                f"step {next_take}, so no wait can admit them; dispatch with newer weights (step >= "
-                f"{next_take - max_age})"
-            )
-        if timeout is None:
-            self._counts["admission_refused"] += len(stamps)
-            raise AdmissionError(f"{call}: {self._admission_message(stamps)}; or pass timeout= to wait for a slot")
-        while True:
-            self._wait(deadline)
-            self._check_open()
-            self._expire_due()
-            if self._pace_admits(stamps):
-                return False
-            if time.monotonic() >= deadline:
-                break
-        self._counts["admission_refused"] += len(stamps)
-        self._counts["admission_waits"] += 1
-        raise TimeoutError(
-            f"{call} timed out after {timeout} s waiting for admission under pace: {self._admission_message(stamps)}"
-        )
-
-    def _restore_order(self) -> None:
-        """Under pace the groups stay sorted by age stamp (stable): oldest first is deque order."""
-        if self._paced():
-            self._groups = deque(sorted(self._groups, key=self._age_stamp))
-
-    def _pace_blocker(self, plan: _Plan, current_step: int) -> Optional[int]:
-        taken_groups = plan.walked
-        return _reference_pace.blocker(
-            [rec[0] for rec in self._in_flight.values()],
-            [self._age_stamp(g) for g in self._groups],
-            taken_groups,
-            current_step,
-            self.config.max_age,
-            self._per_step,
-        )
-
-    def _pace_blocked_message(self, stamp: int, current_step: int) -> str:
-        blocking = sorted((rec[0], p) for p, rec in self._in_flight.items() if rec[0] <= stamp)
-        names = ", ".join(f"prompt {p} since step {s}" for s, p in blocking[:8])
-        more = ", ..." if len(blocking) > 8 else ""
-        return (
-            f"{len(blocking)} in-flight prompt(s) stamped <= {stamp} ({names}{more}) would pass "
-            f"max_age={self.config.max_age} if the trainer took newer groups at step {current_step} "
-            f"(prompts_per_step={self._per_step} per step); complete or fail them, or increase max_age "
-            "(max_off_policy_threshold)"
-        )
-
-    def admissible(self, step: int) -> int:
-        if not self._paced():
-            raise ValueError(
-                f"admissible(): only strategy='pace' admits prompts; this buffer's strategy is "
-                f"'{self.config.strategy}', which starts every dispatch at once"
-            )
-        step = as_step(step, "step")
-        with self._cond:
-            self._expire_due()
-            return self._admissible_now(step)
-
-    def _wait_for_room(self, n: int, timeout: Optional[float], call: str, deadline: float) -> bool:
-        cap, on_full = self.config.capacity, self.config.on_full
-        if self._size + n <= cap or on_full == "evict_oldest":
-            return True
-        if on_full == "error" or timeout is None:
-            hint = ", or pass timeout= to wait for room" if on_full == "block" else " or 'block'"
-            raise BufferFullError(
-                f"ring full: {n} entries do not fit, {self._size} of capacity={cap} are ready; "
-                f"take more often, raise capacity, use on_full='evict_oldest'{hint}"
-            )
-        while True:
-            self._wait(deadline)
-            self._check_open()
-            if self._size + n <= cap:
-                return False  # room after waiting: the caller re-validates its arguments
-            if time.monotonic() >= deadline:
-                break
-        raise TimeoutError(
-            f"{call} timed out after {timeout} s waiting for room: {n} entries need room, "
-            f"{self._size} of capacity={cap} are ready; take more often, raise capacity "
-            "or use on_full='evict_oldest'"
-        )
-
-    def _append(self, records: List[dict]) -> None:
-        need = len(records)
-        evicted = 0
-        while self._size + need > self.config.capacity:  # on_full="evict_oldest": whole groups, oldest first
-            oldest = self._groups.popleft()
-            self._size -= len(oldest)
-            evicted += len(oldest)
-            for rec in oldest:
-                self._note_left(rec["traj_id"], _EVICTED)
-        self._counts["evicted"] += evicted
-        self._evicted_unreported += evicted
-        self._groups.append(records)
-        self._size += need
-        if self._live is not None:
-            self._live.update(rec["traj_id"] for rec in records)
-
-    @staticmethod
-    def _group_stably(keys: np.ndarray) -> Dict[int, List[int]]:
-        groups: Dict[int, List[int]] = {}
-        for i, key in enumerate(keys.tolist()):
-            groups.setdefault(key, []).append(i)
-        return groups  # dicts keep first-appearance order
-
     @staticmethod
     def _first_duplicate(ids: List[int]) -> Optional[int]:
         seen = set()
@@ -371,7 +120,27 @@ class ReferenceBuffer(CheckpointMethods):
             seen.add(i)
         return None
 
-    # -- producer side -------------------------------------------------------------------
+    def _wait(self, deadline: float) -> None:
+        """Sleeps on the condition until notified, the deadline, the earliest lease deadline or _WAKE_S."""
+        wait = min(deadline - time.monotonic(), _WAKE_S)
+        if self._leases and self._manual_clock is None:
+            wait = min(wait, (min(self._leases.values()) - time.monotonic_ns()) / 1e9)
+        self._cond.wait(max(wait, 0.0))
+
+    def _note_left(self, id_: int, code: int) -> None:
+        if self._released is not None:
+            if len(self._released) >= self._release_bound:
+                self._released.popleft()
+                self._released_overflow += 1
+            self._released.append((id_, code))
+        if self._live is not None and code <= _EVICTED:
+            self._live.discard(id_)
+
+    def _report_evicted(self) -> int:
+        evicted, self._evicted_unreported = self._evicted_unreported, 0
+        return evicted
+
+    # -- in-flight prompts: dispatch, fail, renew, leases, expiry (csrc/ring_in_flight.cpp) --------------------------
     def dispatch(
         self, prompt_ids: Any, step: int, lease: Optional[float] = None, timeout: Optional[float] = None
     ) -> None:
@@ -465,6 +234,40 @@ class ReferenceBuffer(CheckpointMethods):
             self._manual_clock = now_ns
             self._cond.notify_all()
 
+    def _check_in_flight(self, prompts) -> None:
+        for p in prompts:
+            if p not in self._in_flight:
+                raise ValueError(
+                    f"prompt_ids: prompt {p} is not in flight; dispatch it first "
+                    "(it may already be completed, failed or expired)"
+                )
+
+    def _lease_now(self) -> int:
+        return self._manual_clock if self._manual_clock is not None else time.monotonic_ns()
+
+    def _pop_in_flight(self, prompt: int) -> tuple:
+        self._leases.pop(prompt, None)
+        return self._in_flight.pop(prompt)
+
+    def _expire(self, prompts: List[int]) -> None:
+        for p in prompts:
+            self._pop_in_flight(p)
+            self._note_left(p, _EXPIRED)
+        self._counts["failed"] += len(prompts)
+        self._counts["expired"] += len(prompts)
+        if prompts:
+            self._cond.notify_all()
+
+    def _expire_due(self) -> int:
+        """Fails every prompt whose lease passed, by deadline then id; returns how many."""
+        if self._closed or not self._leases:
+            return 0
+        now = self._lease_now()
+        due = sorted((d, p) for p, d in self._leases.items() if d <= now)
+        self._expire([p for _, p in due])
+        return len(due)
+
+    # -- writing: complete, put, grouping, on_full, eviction of the oldest (csrc/ring_write.cpp) ---------------------
     def _finish_list(self, finish_step: Any, n: int) -> Optional[List[int]]:
         if finish_step is None:
             return None
@@ -617,6 +420,13 @@ class ReferenceBuffer(CheckpointMethods):
             self._clock = max(self._clock, max(steps), *(finish or [-1]))
             self._cond.notify_all()
 
+    @staticmethod
+    def _group_stably(keys: np.ndarray) -> Dict[int, List[int]]:
+        groups: Dict[int, List[int]] = {}
+        for i, key in enumerate(keys.tolist()):
+            groups.setdefault(key, []).append(i)
+        return groups  # dicts keep first-appearance order
+
     def _record(
         self, traj_id: int, group_id: int, step: int, dispatch_ns: int, complete_ns: int, finish_step: int
     ) -> dict:
@@ -631,59 +441,178 @@ class ReferenceBuffer(CheckpointMethods):
             "finish_step": finish_step,
         }
 
-    # -- consumer side -------------------------------------------------------------------
-    def _wait_blocked(self, current_step: int) -> bool:
-        if not self._in_flight:
-            return False
-        oldest = min(rec[0] for rec in self._in_flight.values())
-        return current_step - oldest >= self.config.max_age
+    def _policy_version(self, step: int) -> int:
+        sync = self.config.parameter_sync_step
+        return step // sync if sync else -1
 
-    def _wait_blocked_message(self, current_step: int) -> str:
-        limit = current_step - self.config.max_age
-        blocking = sorted((rec[0], p) for p, rec in self._in_flight.items() if rec[0] <= limit)
+    def _wait_for_room(self, n: int, timeout: Optional[float], call: str, deadline: float) -> bool:
+        cap, on_full = self.config.capacity, self.config.on_full
+        if self._size + n <= cap or on_full == "evict_oldest":
+            return True
+        if on_full == "error" or timeout is None:
+            hint = ", or pass timeout= to wait for room" if on_full == "block" else " or 'block'"
+            raise BufferFullError(
+                f"ring full: {n} entries do not fit, {self._size} of capacity={cap} are ready; "
+                f"take more often, raise capacity, use on_full='evict_oldest'{hint}"
+            )
+        while True:
+            self._wait(deadline)
+            self._check_open()
+            if self._size + n <= cap:
+                return False  # room after waiting: the caller re-validates its arguments
+            if time.monotonic() >= deadline:
+                break
+        raise TimeoutError(
+            f"{call} timed out after {timeout} s waiting for room: {n} entries need room, "
+            f"{self._size} of capacity={cap} are ready; take more often, raise capacity "
+            "or use on_full='evict_oldest'"
+        )
+
+    def _append(self, records: List[dict]) -> None:
+        need = len(records)
+        evicted = 0
+        while self._size + need > self.config.capacity:  # on_full="evict_oldest": whole groups, oldest first
+            oldest = self._groups.popleft()
+            self._size -= len(oldest)
+            evicted += len(oldest)
+            for rec in oldest:
+                self._note_left(rec["traj_id"], _EVICTED)
+        self._counts["evicted"] += evicted
+        self._evicted_unreported += evicted
+        self._groups.append(records)
+        self._size += need
+        if self._live is not None:
+            self._live.update(rec["traj_id"] for rec in records)
+
+    # -- pace: admission, the take gate, the stamp order (csrc/ring_admission.cpp) ---------------------------------
+    def _paced(self) -> bool:
+        return self.config.strategy == "pace"
+
+    def _age_stamp(self, group: List[dict]) -> int:
+        """The step a group's age is measured from: its dispatch step, or under age_from='finish' its finish step."""
+        return group[0]["finish_step" if self.config.age_from == "finish" else "sample_step"]
+
+    def _pace_next_take(self) -> int:
+        return max(self._next_take, self._clock, 0)
+
+    def _outstanding(self) -> List[int]:
+        """One stamp per in-flight prompt (its dispatch step) and per ready group (its age stamp)."""
+        return [rec[0] for rec in self._in_flight.values()] + [self._age_stamp(g) for g in self._groups]
+
+    def _pace_admits(self, stamps: List[int]) -> bool:
+        """Whether groups stamped ``stamps`` may start now: each stamp admitted one after the other, oldest first."""
+        outstanding = self._outstanding()
+        for stamp in sorted(stamps):
+            limit = self.config.max_age
+            if _reference_pace.admissible(outstanding, stamp, self._pace_next_take(), limit, *self._pace_args()) < 1:
+                return False
+            outstanding.append(stamp)
+        return True
+
+    def _pace_args(self) -> tuple:
+        return self._per_step, self._lookahead
+
+    def _admissible_now(self, step: int) -> int:
+        return _reference_pace.admissible(
+            self._outstanding(), step, self._pace_next_take(), self.config.max_age, *self._pace_args()
+        )
+
+    def _check_pace_call_size(self, groups: int, call: str) -> None:
+        limit = (self._lookahead + 1) * self._per_step
+        if groups > limit:
+            what = "traj_ids" if call == "put" else "prompt_ids"
+            unit = "groups" if call == "put" else "prompts"
+            raise ValueError(
+                f"{what}: {groups} {unit} exceed the admission limit {limit} = (lookahead + 1) * prompts_per_step; "
+                f"{call} at most {limit} per call"
+            )
+
+    def _admission_message(self, stamps: List[int]) -> str:
+        limit = (self._lookahead + 1) * self._per_step
+        ready, in_flight = len(self._groups), len(self._in_flight)
+        first = min(stamps)
+        room = self._admissible_now(first)
+        unit = "groups" if len(set(stamps)) > 1 else "prompts"
+        text = (
+            f"{len(stamps)} {unit} at step {first} do not fit strategy='pace': limit (lookahead + 1) * "
+            f"prompts_per_step = {limit} prompt groups, {ready + in_flight} outstanding ({in_flight} in flight, "
+            f"{ready} ready), {room} admissible now"
+        )
+        if room < limit - ready - in_flight:
+            text += (
+                f"; prompts stamped {first} must be trained by step {first + self.config.max_age} and the trainer's "
+                f"next take is at step {self._pace_next_take()}, so fewer slots remain for them"
+            )
+        return text + "; take (train) to free slots, fail stuck prompts, dispatch with newer weights, or raise lookahead"
+
+    def _wait_for_admission(self, stamps: List[int], timeout: Optional[float], call: str, deadline: float) -> bool:
+        """Returns True if admitted at once, False after waiting (the caller re-validates); raises otherwise."""
+        if self._pace_admits(stamps):
+            return True
+        first, max_age, next_take = min(stamps), self.config.max_age, self._pace_next_take()
+        if first + max_age < next_take:  # past its deadline already: no take can make room for it
+            self._counts["admission_refused"] += len(stamps)
+            raise AdmissionError(
+                f"{call}: prompts stamped {first} would pass max_age={max_age} before the trainer's next take at "
+                f"step {next_take}, so no wait can admit them; dispatch with newer weights (step >= "
+                f"{next_take - max_age})"
+            )
+        if timeout is None:
+            self._counts["admission_refused"] += len(stamps)
+            raise AdmissionError(f"{call}: {self._admission_message(stamps)}; or pass timeout= to wait for a slot")
+        while True:
+            self._wait(deadline)
+            self._check_open()
+            self._expire_due()
+            if self._pace_admits(stamps):
+                return False
+            if time.monotonic() >= deadline:
+                break
+        self._counts["admission_refused"] += len(stamps)
+        self._counts["admission_waits"] += 1
+        raise TimeoutError(
+            f"{call} timed out after {timeout} s waiting for admission under pace: {self._admission_message(stamps)}"
+        )
+
+    def _restore_order(self) -> None:
+        """Under pace the groups stay sorted by age stamp (stable): oldest first is deque order."""
+        if self._paced():
+            self._groups = deque(sorted(self._groups, key=self._age_stamp))
+
+    def _pace_blocker(self, plan: _Plan, current_step: int) -> Optional[int]:
+        taken_groups = plan.walked
+        return _reference_pace.blocker(
+            [rec[0] for rec in self._in_flight.values()],
+            [self._age_stamp(g) for g in self._groups],
+            taken_groups,
+            current_step,
+            self.config.max_age,
+            self._per_step,
+        )
+
+    def _pace_blocked_message(self, stamp: int, current_step: int) -> str:
+        blocking = sorted((rec[0], p) for p, rec in self._in_flight.items() if rec[0] <= stamp)
         names = ", ".join(f"prompt {p} since step {s}" for s, p in blocking[:8])
         more = ", ..." if len(blocking) > 8 else ""
         return (
-            f"{len(blocking)} in-flight prompt(s) at max_age={self.config.max_age} ({names}{more}); "
-            "complete or fail them, or increase max_age (max_off_policy_threshold)"
+            f"{len(blocking)} in-flight prompt(s) stamped <= {stamp} ({names}{more}) would pass "
+            f"max_age={self.config.max_age} if the trainer took newer groups at step {current_step} "
+            f"(prompts_per_step={self._per_step} per step); complete or fail them, or increase max_age "
+            "(max_off_policy_threshold)"
         )
 
-    def _is_stale(self, group: List[dict], current_step: int) -> bool:
-        return self.config.strategy == "drop" and current_step - self._age_stamp(group) > self.config.max_age
+    def admissible(self, step: int) -> int:
+        if not self._paced():
+            raise ValueError(
+                f"admissible(): only strategy='pace' admits prompts; this buffer's strategy is "
+                f"'{self.config.strategy}', which starts every dispatch at once"
+            )
+        step = as_step(step, "step")
+        with self._cond:
+            self._expire_due()
+            return self._admissible_now(step)
 
-    def _plan(self, batch_size: int, current_step: int) -> _Plan:
-        plan = _Plan()
-        if self.config.strategy == "wait" and self._wait_blocked(current_step):
-            plan.blocked_by = "in_flight_at_max_age"
-            return plan
-        for group in self._groups:
-            if self._is_stale(group, current_step):
-                plan.dropped += len(group)
-                plan.walked += 1
-                continue
-            if len(group) > batch_size:
-                raise ValueError(
-                    f"batch_size={batch_size} is smaller than group {group[0]['group_id']} of "
-                    f"{len(group)} trajectories; raise batch_size to at least {len(group)} "
-                    "(a batch never splits a group)"
-                )
-            if plan.taken + len(group) > batch_size:
-                plan.full = True
-                break
-            plan.taken += len(group)
-            plan.walked += 1
-            if plan.taken == batch_size:
-                plan.full = True
-                break
-        plan.blocked_by = "none" if plan.full else "too_few_ready"
-        if self._paced():  # the oldest groups are the batch; take it only if no in-flight prompt then passes max_age
-            stamp = self._pace_blocker(plan, current_step)
-            if stamp is not None:
-                plan = _Plan()
-                plan.blocked_by = "in_flight_at_max_age"
-                plan.pace_blocker = stamp
-        return plan
-
+    # -- taking: plan, commit, take, the wait gate (csrc/ring_take.cpp) ----------------------------------------------
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
         batch_size = as_count(batch_size, "batch_size", 1)
         current_step = as_step(current_step, "current_step")
@@ -722,6 +651,39 @@ class ReferenceBuffer(CheckpointMethods):
                 self._next_take = max(self._next_take, current_step + 1)
                 self._cond.notify_all()
             return batch
+
+    def _plan(self, batch_size: int, current_step: int) -> _Plan:
+        plan = _Plan()
+        if self.config.strategy == "wait" and self._wait_blocked(current_step):
+            plan.blocked_by = "in_flight_at_max_age"
+            return plan
+        for group in self._groups:
+            if self._is_stale(group, current_step):
+                plan.dropped += len(group)
+                plan.walked += 1
+                continue
+            if len(group) > batch_size:
+                raise ValueError(
+                    f"batch_size={batch_size} is smaller than group {group[0]['group_id']} of "
+                    f"{len(group)} trajectories; raise batch_size to at least {len(group)} "
+                    "(a batch never splits a group)"
+                )
+            if plan.taken + len(group) > batch_size:
+                plan.full = True
+                break
+            plan.taken += len(group)
+            plan.walked += 1
+            if plan.taken == batch_size:
+                plan.full = True
+                break
+        plan.blocked_by = "none" if plan.full else "too_few_ready"
+        if self._paced():  # the oldest groups are the batch; take it only if no in-flight prompt then passes max_age
+            stamp = self._pace_blocker(plan, current_step)
+            if stamp is not None:
+                plan = _Plan()
+                plan.blocked_by = "in_flight_at_max_age"
+                plan.pace_blocker = stamp
+        return plan
 
     def _commit(self, plan: _Plan, current_step: int) -> Batch:
         columns: List[List[int]] = [[] for _ in range(9)]
@@ -798,10 +760,26 @@ class ReferenceBuffer(CheckpointMethods):
         )
         return Batch(torch.tensor(columns, dtype=torch.int64).reshape(9, plan.taken), make_metrics(stats))
 
-    def _report_evicted(self) -> int:
-        evicted, self._evicted_unreported = self._evicted_unreported, 0
-        return evicted
+    def _is_stale(self, group: List[dict], current_step: int) -> bool:
+        return self.config.strategy == "drop" and current_step - self._age_stamp(group) > self.config.max_age
 
+    def _wait_blocked(self, current_step: int) -> bool:
+        if not self._in_flight:
+            return False
+        oldest = min(rec[0] for rec in self._in_flight.values())
+        return current_step - oldest >= self.config.max_age
+
+    def _wait_blocked_message(self, current_step: int) -> str:
+        limit = current_step - self.config.max_age
+        blocking = sorted((rec[0], p) for p, rec in self._in_flight.items() if rec[0] <= limit)
+        names = ", ".join(f"prompt {p} since step {s}" for s, p in blocking[:8])
+        more = ", ..." if len(blocking) > 8 else ""
+        return (
+            f"{len(blocking)} in-flight prompt(s) at max_age={self.config.max_age} ({names}{more}); "
+            "complete or fail them, or increase max_age (max_off_policy_threshold)"
+        )
+
+    # -- evict_stale (csrc/ring_evict.cpp) ---------------------------------------------------------------------------
     def evict_stale(self, current_step: int) -> int:
         current_step = as_step(current_step, "current_step")
         with self._cond:
@@ -844,7 +822,7 @@ class ReferenceBuffer(CheckpointMethods):
         make_metrics(stats)
         return removed
 
-    # -- introspection, lifecycle, checkpoints ---------------------------------------------
+    # -- state: the ledger, getters, close, export and import of the state (csrc/ring_state.cpp) ---------------------
     def released(self) -> Released:
         with self._cond:
             if self._released is None:
@@ -911,21 +889,6 @@ class ReferenceBuffer(CheckpointMethods):
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-    def __copy__(self) -> ReferenceBuffer:
-        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
-
-    def __deepcopy__(self, memo: Any) -> ReferenceBuffer:
-        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
-
-    def __enter__(self) -> ReferenceBuffer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         c = self.config

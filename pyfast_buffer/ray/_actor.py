@@ -17,7 +17,7 @@ import ray
 
 from ..buffer import StalenessBuffer
 from ..config import BufferConfig
-from ..released import RELEASE_REASONS, Released
+from ..released import RELEASE_REASONS, Released, default_release_bound
 from ._payloads import PayloadStore, ReleasedReport, own
 
 #: Concurrency group of the calls that may block (take/put/complete with a timeout).
@@ -37,12 +37,16 @@ class BufferActor:
         self._payloads = PayloadStore()
         self._settle_lock = threading.Lock()
         self._max_uses = self._buf.config.max_uses
-        self._report = ReleasedReport(self._buf.config.release_bound or 2 * self._buf.config.capacity + 65536)
+        config = self._buf.config
+        self._report = ReleasedReport(config.release_bound or default_release_bound(config.capacity))
 
     # -- in-flight prompts and trajectories ------------------------------------------------------------------------
-    def dispatch(self, prompt_ids: np.ndarray, step: int, lease: Optional[float]) -> None:
-        self._buf.dispatch(prompt_ids, step, lease)
+    def dispatch(self, prompt_ids: np.ndarray, step: int, lease: Optional[float], timeout: Optional[float]) -> None:
+        self._buf.dispatch(prompt_ids, step, lease, timeout)  # a paced wait: in the blocking group, GIL released
         self._settle()
+
+    def admissible(self, step: int) -> int:
+        return self._buf.admissible(step)
 
     def renew(self, prompt_ids: np.ndarray, lease: float) -> None:
         self._buf.renew(prompt_ids, lease)
@@ -54,9 +58,15 @@ class BufferActor:
         return n
 
     def complete(
-        self, traj_ids: np.ndarray, prompt_ids: np.ndarray, timeout: Optional[float], payloads: Optional[Sequence[Any]]
+        self,
+        traj_ids: np.ndarray,
+        prompt_ids: np.ndarray,
+        timeout: Optional[float],
+        payloads: Optional[Sequence[Any]],
+        finish_step: Optional[np.ndarray] = None,
     ) -> None:
-        self._with_payloads(traj_ids, payloads, lambda: self._buf.complete(traj_ids, prompt_ids, timeout))
+        call = lambda: self._buf.complete(traj_ids, prompt_ids, timeout, finish_step=finish_step)  # noqa: E731
+        self._with_payloads(traj_ids, payloads, call)
 
     def fail(self, prompt_ids: np.ndarray) -> None:
         self._buf.fail(prompt_ids)
@@ -69,8 +79,10 @@ class BufferActor:
         group_ids: Optional[np.ndarray],
         timeout: Optional[float],
         payloads: Optional[Sequence[Any]],
+        finish_step: Optional[np.ndarray] = None,
     ) -> None:
-        self._with_payloads(traj_ids, payloads, lambda: self._buf.put(traj_ids, sample_step, group_ids, timeout))
+        call = lambda: self._buf.put(traj_ids, sample_step, group_ids, timeout, finish_step=finish_step)  # noqa: E731
+        self._with_payloads(traj_ids, payloads, call)
 
     def _with_payloads(self, traj_ids: np.ndarray, payloads: Optional[Sequence[Any]], call: Any) -> None:
         if payloads is None:

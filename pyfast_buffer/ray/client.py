@@ -14,7 +14,8 @@ from ray.actor import ActorHandle
 from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from ..batch import Batch
 from ..buffer import Ids
-from ..config import BufferConfig, config_from_verl
+from ..config import BufferConfig, config_from_arguments
+from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
 from . import _errors
 from ._actor import BLOCKING_GROUP, BufferActor
@@ -71,6 +72,9 @@ class RemoteBuffer:
         track_released: bool = False,
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
+        prompts_per_step: Optional[int] = None,
+        lookahead: Optional[int] = None,
+        age_from: str = "start",
         *,
         name: Optional[str] = None,
         namespace: Optional[str] = None,
@@ -88,17 +92,7 @@ class RemoteBuffer:
         this driver exits. ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve
         calls with a timeout; ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
         """
-        config = BufferConfig(
-            capacity,
-            max_age,
-            strategy,
-            max_uses,
-            on_full,
-            parameter_sync_step,
-            track_released,
-            release_bound,
-            unique_ids,
-        )
+        config = config_from_arguments(locals())
         as_count(max_concurrency, "max_concurrency", 1)
         as_count(blocking_calls, "blocking_calls", 1)
         threads: Dict[str, Any] = dict(
@@ -129,10 +123,19 @@ class RemoteBuffer:
         return (RemoteBuffer, (self.actor,))
 
     # -- the StalenessBuffer API ---------------------------------------------------------------------------------
-    def dispatch(self, prompt_ids: Ids, step: int, lease: Optional[float] = None) -> None:
+    def dispatch(
+        self, prompt_ids: Ids, step: int, lease: Optional[float] = None, timeout: Optional[float] = None
+    ) -> None:
         """Marks prompts as in flight; with ``lease`` (seconds) the buffer fails them if not completed,
-        failed or renewed in time, so a producer that died never holds a ``wait`` trainer longer."""
-        self._call("dispatch", as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease))
+        failed or renewed in time, so a producer that died never holds a ``wait`` trainer longer. Under pace
+        with ``timeout`` it waits for admission in one of the actor's ``blocking_calls`` threads."""
+        wait = as_timeout(timeout)
+        prompts, stamp = as_ids(prompt_ids, "prompt_ids"), as_step(step, "step")
+        self._call("dispatch", prompts, stamp, as_lease(lease), wait, blocking=wait is not None)
+
+    def admissible(self, step: int) -> int:
+        """How many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
+        return self._call("admissible", as_step(step, "step"))
 
     def renew(self, prompt_ids: Ids, lease: float) -> None:
         """Gives in-flight prompts a lease of ``lease`` seconds from now (a producer's heartbeat)."""
@@ -144,13 +147,22 @@ class RemoteBuffer:
         return self._call("expire_in_flight", as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0"))
 
     def complete(
-        self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None, payloads: Optional[Sequence[Any]] = None
+        self,
+        traj_ids: Ids,
+        prompt_ids: Ids,
+        timeout: Optional[float] = None,
+        payloads: Optional[Sequence[Any]] = None,
+        *,
+        finish_step: Union[None, int, Ids] = None,
     ) -> None:
-        """Moves finished trajectories into the ring, with optional payloads (one per trajectory)."""
+        """Moves finished trajectories into the ring, with optional payloads (one per trajectory) and finish
+        steps (see StalenessBuffer.complete)."""
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
+        finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
         wait = as_timeout(timeout)
-        self._call("complete", trajs, prompts, wait, _payload_list(payloads, len(trajs)), blocking=wait is not None)
+        payload_list = _payload_list(payloads, len(trajs))
+        self._call("complete", trajs, prompts, wait, payload_list, finish, blocking=wait is not None)
 
     def fail(self, prompt_ids: Ids) -> None:
         """Marks in-flight prompts as failed."""
@@ -163,8 +175,10 @@ class RemoteBuffer:
         group_ids: Optional[Ids] = None,
         timeout: Optional[float] = None,
         payloads: Optional[Sequence[Any]] = None,
+        *,
+        finish_step: Union[None, int, Ids] = None,
     ) -> None:
-        """Dispatch + complete in one call, with optional payloads (one per trajectory)."""
+        """Dispatch + complete in one call, with optional payloads (one per trajectory) and finish steps."""
         trajs = as_ids(traj_ids, "traj_ids")
         steps = as_steps(sample_step, "sample_step", len(trajs))
         stamp: Union[int, np.ndarray] = int(steps[0]) if len(steps) == 1 else steps  # one stamp stays one int
@@ -172,8 +186,10 @@ class RemoteBuffer:
         if group_ids is not None:
             groups = as_ids(group_ids, "group_ids")
             same_length(trajs, "traj_ids", groups, "group_ids")
+        finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
         wait = as_timeout(timeout)
-        self._call("put", trajs, stamp, groups, wait, _payload_list(payloads, len(trajs)), blocking=wait is not None)
+        payload_list = _payload_list(payloads, len(trajs))
+        self._call("put", trajs, stamp, groups, wait, payload_list, finish, blocking=wait is not None)
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> RemoteBatch:
         """Takes up to ``batch_size`` trajectories (see StalenessBuffer.take); refs in ``batch.payloads``."""
