@@ -103,7 +103,7 @@ def test_config_from_arguments_passes_each_field_by_keyword():
 
 @pytest.mark.parametrize("cls", [StalenessBuffer, ReferenceBuffer])
 def test_each_argument_reaches_its_field(cls):
-    buf = cls(9, 3, "wait", 2, "error", False, 4, True, 5, True)
+    buf = cls(9, 3, "pace", 2, "error", False, 4, True, 5, True, 6, 1, "finish")
     assert dataclasses.asdict(buf.config) == VALUES
     assert buf.pin_memory is False
     buf.close()
