@@ -18,11 +18,11 @@ except PackageNotFoundError:  # running from a source tree without installing
 
 __all__ = [
     "AGE_BUCKETS",
-    "AdmissionError",
     "BLOCKED_BY",
     "FIELDS",
     "LOG_FORMAT",
     "RELEASE_REASONS",
+    "AdmissionError",
     "Batch",
     "BufferClosedError",
     "BufferConfig",

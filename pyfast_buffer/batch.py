@@ -100,7 +100,19 @@ def log_record(stats: Stats) -> None:
         taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age, expired = stats[:13]
         over, _, _, admitted, refused, waits = stats[13:19]
         logger.info(
-            LOG_FORMAT, dropped, taken, left, sampled, retired, evicted, max_age, expired, over, admitted, refused, waits
+            LOG_FORMAT,
+            dropped,
+            taken,
+            left,
+            sampled,
+            retired,
+            evicted,
+            max_age,
+            expired,
+            over,
+            admitted,
+            refused,
+            waits,
         )
 
 

@@ -109,7 +109,9 @@ class StalenessBuffer(BufferBase):
         not fit raises AdmissionError (a BufferFullError), with one it waits (the GIL released, interruptible)
         until a take, fail, expiry or load frees room, or raises TimeoutError. Other strategies never wait.
         """
-        self._ring.dispatch(as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease), as_timeout(timeout))
+        self._ring.dispatch(
+            as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease), as_timeout(timeout)
+        )
 
     def admissible(self, step: int) -> int:
         """Returns how many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
@@ -135,7 +137,7 @@ class StalenessBuffer(BufferBase):
         prompt_ids: Ids,
         timeout: Optional[float] = None,
         *,
-        finish_step: Union[None, int, Ids] = None,
+        finish_step: Union[int, Ids, None] = None,
     ) -> None:
         """Moves finished trajectories into the ring; ``prompt_ids[i]`` is the prompt of ``traj_ids[i]``.
 
@@ -159,7 +161,7 @@ class StalenessBuffer(BufferBase):
         group_ids: Optional[Ids] = None,
         timeout: Optional[float] = None,
         *,
-        finish_step: Union[None, int, Ids] = None,
+        finish_step: Union[int, Ids, None] = None,
     ) -> None:
         """Dispatch + complete in one call; ``sample_step`` and ``finish_step`` (see complete) are one int or one
         per trajectory. Under pace each group is admitted as a dispatched prompt (``timeout`` bounds that wait too)."""

@@ -117,6 +117,7 @@ def check_max_age_keeps_lookahead(config: BufferConfig, max_age: int) -> None:
 #: Largest prompts_per_step accepted (the core's kMaxPromptsPerStep).
 PACE_MAX_PROMPTS_PER_STEP = 2**40
 
+
 def config_from_arguments(arguments: Mapping[str, Any]) -> BufferConfig:
     """Returns the BufferConfig of a constructor's arguments (its ``locals()``), every field passed by keyword.
 

@@ -408,7 +408,12 @@ class ReferenceBuffer(BufferBase):
                 self._append(
                     [
                         self._record(
-                            traj_list[i], gid, step_of(members[0]), now, now, step_of(i) if finish is None else finish[i]
+                            traj_list[i],
+                            gid,
+                            step_of(members[0]),
+                            now,
+                            now,
+                            step_of(i) if finish is None else finish[i],
                         )
                         for i in members
                     ]
@@ -543,7 +548,9 @@ class ReferenceBuffer(BufferBase):
                 f"; prompts stamped {first} must be trained by step {first + self.config.max_age} and the trainer's "
                 f"next take is at step {self._pace_next_take()}, so fewer slots remain for them"
             )
-        return text + "; take (train) to free slots, fail stuck prompts, dispatch with newer weights, or raise lookahead"
+        return (
+            text + "; take (train) to free slots, fail stuck prompts, dispatch with newer weights, or raise lookahead"
+        )
 
     def _wait_for_admission(self, stamps: List[int], timeout: Optional[float], call: str, deadline: float) -> bool:
         """Returns True if admitted at once, False after waiting (the caller re-validates); raises otherwise."""

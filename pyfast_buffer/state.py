@@ -29,7 +29,14 @@ LEASE_COLUMNS = ("lease_left_ns", "held_ns")
 _LEASE_DEFAULTS = {"lease_left_ns": -1, "held_ns": 0}
 LEDGER_KEYS = ("dispatched", "completed", "failed", "put_total", "taken", "retired", "dropped_stale", "evicted")
 #: Counters added later: written by pack, read as 0 from a state_dict that predates them.
-LATER_LEDGER_KEYS = ("max_age_changes", "expired", "admitted", "admission_refused", "admission_waits", "trained_over_age")
+LATER_LEDGER_KEYS = (
+    "max_age_changes",
+    "expired",
+    "admitted",
+    "admission_refused",
+    "admission_waits",
+    "trained_over_age",
+)
 ALL_LEDGER_KEYS = LEDGER_KEYS + LATER_LEDGER_KEYS
 #: Largest ledger counter a state_dict may carry (the core's Ledger::kMaxCounter).
 MAX_COUNTER = 2**60

@@ -16,15 +16,15 @@ def paced(impl, max_age=2, per_step=2, lookahead=None, capacity=64, **kwargs):
 def test_pace_needs_prompts_per_step_and_refuses_it_elsewhere(impl):
     with pytest.raises(ValueError, match="prompts_per_step"):
         impl(8, strategy="pace")
-    with pytest.raises(ValueError, match="prompts_per_step.*strategy='pace'"):
+    with pytest.raises(ValueError, match=r"prompts_per_step.*strategy='pace'"):
         impl(8, strategy="drop", prompts_per_step=4)
-    with pytest.raises(ValueError, match="lookahead.*strategy='pace'"):
+    with pytest.raises(ValueError, match=r"lookahead.*strategy='pace'"):
         impl(8, strategy="wait", lookahead=1)
     with pytest.raises(ValueError, match=r"lookahead=5.*max_age=2"):
         paced(impl, max_age=2, lookahead=5)
     with pytest.raises(ValueError, match="prompts_per_step"):
         paced(impl, per_step=0)
-    with pytest.raises(ValueError, match="admissible.*strategy='pace'"):
+    with pytest.raises(ValueError, match=r"admissible.*strategy='pace'"):
         impl(8, strategy="drop").admissible(0)
 
 
@@ -39,7 +39,9 @@ def test_a_dispatch_that_does_not_fit_admits_nothing_and_names_the_counts(impl):
     buf.dispatch([0, 1, 2, 3], step=0)
     buf.complete([10, 11], [0, 0])
     before = buf.ledger()
-    with pytest.raises(pfb.AdmissionError, match=r"3 prompts.*limit.*6.*4 outstanding \(3 in flight, 1 ready\).*2 admissible"):
+    with pytest.raises(
+        pfb.AdmissionError, match=r"3 prompts.*limit.*6.*4 outstanding \(3 in flight, 1 ready\).*2 admissible"
+    ):
         buf.dispatch([4, 5, 6], step=0)
     assert issubclass(pfb.AdmissionError, pfb.BufferFullError)
     after = buf.ledger()
@@ -110,7 +112,9 @@ def test_the_take_gate_waits_for_a_prompt_that_would_otherwise_pass_max_age(impl
     buf.complete([130], [3])
     blocked = buf.take(1, current_step=1)
     assert len(blocked) == 0 and blocked.blocked_by == "in_flight_at_max_age"
-    with pytest.raises(TimeoutError, match=r"under pace.*prompt 1 since step 0.*prompt 2 since step 0.*would pass max_age=2"):
+    with pytest.raises(
+        TimeoutError, match=r"under pace.*prompt 1 since step 0.*prompt 2 since step 0.*would pass max_age=2"
+    ):
         buf.take(1, current_step=1, timeout=0.05)
     buf.complete([110], [1])
     assert buf.take(1, current_step=1).traj_ids.tolist() == [110]  # the stalest, not the newer 130

@@ -45,6 +45,7 @@ class Run:
 
     taken: List[int] = field(default_factory=list)
     ages: List[int] = field(default_factory=list)
+    max_age_in_training: int = 0  # largest age trained during the STEPS steps (the drain after them excluded)
     completed: List[int] = field(default_factory=list)
     trainer_wait_s: float = 0.0
     overruns: List[str] = field(default_factory=list)  # calls that outlived timeout + HANG_SLACK_S
@@ -101,8 +102,15 @@ def scenario(impl, strategy: str, seed: int = 0) -> Run:
                 next_prompt[0] += 1
             step = max(0, published[0] - rng.randint(0, 2))  # weight lag 0-2 steps
             try:
-                timed(run, lock, "dispatch", DISPATCH_TIMEOUT,
-                      lambda: buf.dispatch([prompt], step, timeout=DISPATCH_TIMEOUT if paced else None))
+                timed(
+                    run,
+                    lock,
+                    "dispatch",
+                    DISPATCH_TIMEOUT,
+                    lambda prompt=prompt, step=step: buf.dispatch(
+                        [prompt], step, timeout=DISPATCH_TIMEOUT if paced else None
+                    ),
+                )
             except (TimeoutError, pfb.AdmissionError):  # no slot in time, or the lagged weights are past use:
                 continue  # try again with the weights in force then
             except pfb.BufferClosedError:
@@ -151,6 +159,7 @@ def scenario(impl, strategy: str, seed: int = 0) -> Run:
                 except TimeoutError as exc:  # a full batch did not arrive in time: report it, try the step again
                     run.violations.append(f"step {step}: {exc}")
             published[0] = step + 1
+        run.max_age_in_training = max(run.ages)
     finally:
         stop.set()
         for thread in threads:
@@ -191,7 +200,8 @@ def test_report_the_same_scenario_under_each_strategy(strategy, capsys):
         print(
             f"\n{strategy:>5}: generated {generated} trajectories, never trained {never_trained} "
             f"({100 * never_trained / max(generated, 1):.1f}%), trained over max_age={MAX_AGE}: "
-            f"{led['trained_over_age']}, max trained age {max(run.ages)}, trainer waited "
+            f"{led['trained_over_age']}, max trained age {run.max_age_in_training} (in the drain {max(run.ages)}), "
+            f"trainer waited "
             f"{run.trainer_wait_s:.2f} s of {run.wall_s:.2f} s, admission waits {led['admission_waits']}"
         )
     assert run.violations == [] and run.overruns == []

@@ -153,7 +153,7 @@ class RemoteBuffer:
         timeout: Optional[float] = None,
         payloads: Optional[Sequence[Any]] = None,
         *,
-        finish_step: Union[None, int, Ids] = None,
+        finish_step: Union[int, Ids, None] = None,
     ) -> None:
         """Moves finished trajectories into the ring, with optional payloads (one per trajectory) and finish
         steps (see StalenessBuffer.complete)."""
@@ -176,7 +176,7 @@ class RemoteBuffer:
         timeout: Optional[float] = None,
         payloads: Optional[Sequence[Any]] = None,
         *,
-        finish_step: Union[None, int, Ids] = None,
+        finish_step: Union[int, Ids, None] = None,
     ) -> None:
         """Dispatch + complete in one call, with optional payloads (one per trajectory) and finish steps."""
         trajs = as_ids(traj_ids, "traj_ids")
