@@ -16,6 +16,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
 from pyfast_buffer import StalenessBuffer  # noqa: E402
+from pyfast_buffer._core import BATCH_COLUMNS  # noqa: E402
 from pyfast_buffer.bench.plan import CURRENT_STEP  # noqa: E402
 from pyfast_buffer.bench.ray_cluster import init_local_cluster  # noqa: E402
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
@@ -87,10 +88,10 @@ def test_take_round_trip(benchmark, targets, name, batch):
 
         def take():
             return len(target.get_nowait_batch(batch))
-    elif name == "actor call floor":  # the bytes of a batch's 8 int64 columns
+    elif name == "actor call floor":  # the bytes of a batch's int64 columns
 
         def take():
-            return ray.get(target.give.remote(8 * batch)).size // 8
+            return ray.get(target.give.remote(BATCH_COLUMNS * batch)).size // BATCH_COLUMNS
     else:
 
         def take():

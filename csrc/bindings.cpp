@@ -27,7 +27,14 @@ std::vector<int32_t> owned32(const std::optional<I32Array>& a) {
 pfb::Strategy parse_strategy(const std::string& s) {
   if (s == "drop") return pfb::Strategy::kDrop;
   if (s == "wait") return pfb::Strategy::kWait;
-  throw pfb::InvalidArgument("strategy='" + s + "' is unknown; use 'drop' or 'wait'");
+  if (s == "pace") return pfb::Strategy::kPace;
+  throw pfb::InvalidArgument("strategy='" + s + "' is unknown; use 'drop', 'wait' or 'pace'");
+}
+
+pfb::AgeFrom parse_age_from(const std::string& s) {
+  if (s == "start") return pfb::AgeFrom::kStart;
+  if (s == "finish") return pfb::AgeFrom::kFinish;
+  throw pfb::InvalidArgument("age_from='" + s + "' is unknown; use 'start' or 'finish'");
 }
 
 pfb::OnFull parse_on_full(const std::string& s) {
@@ -82,7 +89,8 @@ py::tuple stats_tuple(const pfb::TakeStats& s) {
     sources[i] = py::make_tuple(s.sources[i][0] - 1, s.sources[i][1], s.sources[i][2]);  // (source, taken, dropped)
   return py::make_tuple(s.taken, s.dropped_stale, s.retired, s.evicted, blocked_by_name(s.blocked_by),
                         to_pyint(s.age_sum), s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total, s.max_age,
-                        s.expired, attempts_tuple(s.attempts), sources);
+                        s.expired, s.trained_over_age, to_pyint(s.span_sum), s.span_max, s.admitted,
+                        s.admission_refused, s.admission_waits, attempts_tuple(s.attempts), sources);
 }
 
 // The starved gauge of every tagged source that has any starved prompt: {source: count}.
@@ -133,6 +141,8 @@ py::dict ledger_dict(const pfb::Ledger& l) {
   d["in_flight"] = l.in_flight, d["buffer_left"] = l.buffer_left;
   d["max_age_changes"] = l.max_age_changes, d["expired"] = l.expired;
   d["released_overflow"] = l.released_overflow;
+  d["admitted"] = l.admitted, d["admission_refused"] = l.admission_refused;
+  d["admission_waits"] = l.admission_waits, d["trained_over_age"] = l.trained_over_age;
   return d;
 }
 
@@ -160,9 +170,11 @@ std::vector<T> from_numpy(const py::dict& d, const char* key,
 std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::string& strategy, int64_t max_uses,
                                   const std::string& on_full, int64_t parameter_sync_step,
                                   std::optional<py::tuple> columns, bool track_released, int64_t release_bound,
-                                  bool unique_ids, int64_t max_attempts, int64_t attempts_bound) {
-  pfb::RingConfig cfg{capacity,      max_age,       parse_strategy(strategy), max_uses,   parse_on_full(on_full),
-                      parameter_sync_step, track_released, release_bound,  unique_ids, max_attempts,
+                                  bool unique_ids, int64_t prompts_per_step, int64_t lookahead,
+                                  const std::string& age_from, int64_t max_attempts, int64_t attempts_bound) {
+  pfb::RingConfig cfg{capacity,       max_age,       parse_strategy(strategy), max_uses,
+                      parse_on_full(on_full), parameter_sync_step, track_released, release_bound,
+                      unique_ids,     prompts_per_step, lookahead, parse_age_from(age_from), max_attempts,
                       attempts_bound};
   auto out = std::make_unique<PyRing>();
   if (!columns) {
@@ -190,7 +202,7 @@ std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::
     out->borrowed_arrays.push_back(a);
   }
   ptrs.traj_id = wide[0], ptrs.group_id = wide[1], ptrs.sample_step = wide[2];
-  ptrs.policy_version = wide[3], ptrs.dispatch_ns = wide[4], ptrs.complete_ns = wide[5], ptrs.meta = wide[6];
+  ptrs.finish_step = wide[3], ptrs.dispatch_ns = wide[4], ptrs.complete_ns = wide[5], ptrs.meta = wide[6];
   ptrs.uses = narrow[0], ptrs.group_len = narrow[1];
   out->ring = std::make_unique<pfb::StalenessRing>(cfg, &ptrs);
   out->ring->set_interrupt_check(check_signals);
@@ -202,7 +214,9 @@ std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Native core of pyfast_buffer: a staleness-aware ring of trajectory ids.";
   py::register_exception<pfb::Closed>(m, "BufferClosedError", PyExc_ValueError);
-  py::register_exception<pfb::Full>(m, "BufferFullError", PyExc_RuntimeError);
+  auto full = py::register_exception<pfb::Full>(m, "BufferFullError", PyExc_RuntimeError);
+  // Registered after its base, so that its translator runs first.
+  py::register_exception<pfb::AdmissionFull>(m, "AdmissionError", full.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -220,6 +234,7 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init(&make_ring), py::arg("capacity"), py::arg("max_age"), py::arg("strategy"), py::arg("max_uses"),
            py::arg("on_full"), py::arg("parameter_sync_step"), py::arg("columns") = py::none(),
            py::arg("track_released") = false, py::arg("release_bound") = 0, py::arg("unique_ids") = false,
+           py::arg("prompts_per_step") = 0, py::arg("lookahead") = 0, py::arg("age_from") = "start",
            py::arg("max_attempts") = 0, py::arg("attempts_bound") = 0)
       .def("released",
            [](PyRing& self) {
@@ -229,14 +244,20 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "dispatch",
           [](PyRing& self, const I64Array& prompt_ids, int64_t step, std::optional<double> lease,
-             std::optional<I32Array> slots) {
+             std::optional<double> timeout, std::optional<I32Array> slots) {
             const std::vector<int64_t> ids = owned(prompt_ids);
             const std::vector<int32_t> sl = owned32(slots);
-            py::gil_scoped_release release;
-            self.ring->dispatch(ids.data(), static_cast<int64_t>(ids.size()), step, lease, slots ? sl.data() : nullptr,
-                                static_cast<int64_t>(sl.size()));
+            py::gil_scoped_release release;  // a paced dispatch may block: never while holding the GIL
+            self.ring->dispatch(ids.data(), static_cast<int64_t>(ids.size()), step, lease, timeout,
+                                slots ? sl.data() : nullptr, static_cast<int64_t>(sl.size()));
           },
-          py::arg("prompt_ids"), py::arg("step"), py::arg("lease") = py::none(), py::arg("slots") = py::none())
+          py::arg("prompt_ids"), py::arg("step"), py::arg("lease") = py::none(), py::arg("timeout") = py::none(),
+          py::arg("slots") = py::none())
+      .def("admissible",
+           [](PyRing& self, int64_t step) {
+             py::gil_scoped_release release;
+             return self.ring->admissible(step);
+           })
       .def("renew",
            [](PyRing& self, const I64Array& prompt_ids, double lease) {
              const std::vector<int64_t> ids = owned(prompt_ids);
@@ -251,16 +272,18 @@ PYBIND11_MODULE(_core, m) {
       .def("_set_lease_clock", [](PyRing& self, std::optional<int64_t> now_ns) { self.ring->set_lease_clock(now_ns); })
       .def("complete",
            [](PyRing& self, const I64Array& traj_ids, const I64Array& prompt_ids, std::optional<double> timeout,
-              std::optional<I64Array> lengths) {
+              std::optional<I64Array> finish_steps, std::optional<I64Array> lengths) {
              if (traj_ids.size() != prompt_ids.size() || (lengths && lengths->size() != traj_ids.size()))
                throw pfb::InvalidArgument("traj_ids, prompt_ids and lengths differ in length");
              const std::vector<int64_t> t = owned(traj_ids), p = owned(prompt_ids);
+             const std::vector<int64_t> f = finish_steps ? owned(*finish_steps) : std::vector<int64_t>();
              const std::vector<int64_t> l = lengths ? owned(*lengths) : std::vector<int64_t>();
              py::gil_scoped_release release;
-             self.ring->complete(t.data(), p.data(), static_cast<int64_t>(t.size()), timeout,
-                                 lengths ? l.data() : nullptr);
+             self.ring->complete(t.data(), p.data(), static_cast<int64_t>(t.size()), timeout, f.data(),
+                                 static_cast<int64_t>(f.size()), lengths ? l.data() : nullptr);
            },
-           py::arg("traj_ids"), py::arg("prompt_ids"), py::arg("timeout"), py::arg("lengths") = py::none())
+           py::arg("traj_ids"), py::arg("prompt_ids"), py::arg("timeout") = py::none(),
+           py::arg("finish_steps") = py::none(), py::arg("lengths") = py::none())
       .def("fail",
            [](PyRing& self, const I64Array& prompt_ids) {
              const std::vector<int64_t> ids = owned(prompt_ids);
@@ -269,19 +292,21 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("put",
            [](PyRing& self, const I64Array& traj_ids, std::optional<I64Array> group_ids, const I64Array& sample_steps,
-              std::optional<double> timeout, std::optional<I32Array> slots) {
+              std::optional<double> timeout, std::optional<I64Array> finish_steps,
+              std::optional<I32Array> slots) {
              if (group_ids && group_ids->size() != traj_ids.size())
                throw pfb::InvalidArgument("traj_ids and group_ids differ in length");
              const std::vector<int64_t> t = owned(traj_ids), s = owned(sample_steps);
              const std::vector<int64_t> g = group_ids ? owned(*group_ids) : std::vector<int64_t>();
+             const std::vector<int64_t> f = finish_steps ? owned(*finish_steps) : std::vector<int64_t>();
              const std::vector<int32_t> sl = owned32(slots);
              const int64_t n = static_cast<int64_t>(t.size()), n_steps = static_cast<int64_t>(s.size());
              py::gil_scoped_release release;
-             self.ring->put(t.data(), group_ids ? g.data() : nullptr, s.data(), n_steps, n, timeout,
-                            slots ? sl.data() : nullptr, static_cast<int64_t>(sl.size()));
+             self.ring->put(t.data(), group_ids ? g.data() : nullptr, s.data(), n_steps, n, timeout, f.data(),
+                            static_cast<int64_t>(f.size()), slots ? sl.data() : nullptr, static_cast<int64_t>(sl.size()));
            },
-           py::arg("traj_ids"), py::arg("group_ids"), py::arg("sample_steps"), py::arg("timeout"),
-           py::arg("slots") = py::none())
+           py::arg("traj_ids"), py::arg("group_ids"), py::arg("sample_steps"), py::arg("timeout") = py::none(),
+           py::arg("finish_steps") = py::none(), py::arg("slots") = py::none())
       .def("take",
            [](PyRing& self, I64Array& out, int64_t batch_size, int64_t current_step, std::optional<double> timeout) {
              // A batch never exceeds the capacity, so out needs room for min(batch_size, capacity) rows.
@@ -359,6 +384,8 @@ PYBIND11_MODULE(_core, m) {
              d["dispatch_ns"] = to_numpy(std::move(s.dispatch_ns));
              d["complete_ns"] = to_numpy(std::move(s.complete_ns));
              d["uses"] = to_numpy(std::move(s.uses)), d["group_len"] = to_numpy(std::move(s.group_len));
+             d["finish_step"] = to_numpy(std::move(s.finish_step));
+             d["next_take"] = s.next_take;
              d["meta"] = to_numpy(std::move(s.meta));
              d["in_flight_meta"] = to_numpy(std::move(s.in_flight_meta));
              std::vector<int64_t> ids, attempts, trained, pending, slot, lost, flags, since;
@@ -397,6 +424,8 @@ PYBIND11_MODULE(_core, m) {
         s.policy_version = from_numpy<int64_t>(d, "policy_version");
         s.dispatch_ns = from_numpy<int64_t>(d, "dispatch_ns"), s.complete_ns = from_numpy<int64_t>(d, "complete_ns");
         s.uses = from_numpy<int32_t>(d, "uses"), s.group_len = from_numpy<int32_t>(d, "group_len");
+        if (d.contains("finish_step")) s.finish_step = from_numpy<int64_t>(d, "finish_step");  // else: sample_step
+        s.next_take = optional_int(d, "next_take", 0);
         s.meta = from_numpy<int64_t>(d, "meta", std::make_pair(s.traj_id.size(), pfb::kPutMeta));
         s.in_flight_prompt = from_numpy<int64_t>(d, "in_flight_prompt");
         s.in_flight_step = from_numpy<int64_t>(d, "in_flight_step");
@@ -443,6 +472,10 @@ PYBIND11_MODULE(_core, m) {
         s.ledger.dropped_stale = l["dropped_stale"].cast<int64_t>(), s.ledger.evicted = l["evicted"].cast<int64_t>();
         s.ledger.max_age_changes = optional_int(l, "max_age_changes", 0);
         s.ledger.expired = optional_int(l, "expired", 0);
+        s.ledger.admitted = optional_int(l, "admitted", 0);
+        s.ledger.admission_refused = optional_int(l, "admission_refused", 0);
+        s.ledger.admission_waits = optional_int(l, "admission_waits", 0);
+        s.ledger.trained_over_age = optional_int(l, "trained_over_age", 0);
         s.clock = d["clock"].cast<int64_t>();
         s.evicted_unreported = d["evicted_unreported"].cast<int64_t>();
         py::gil_scoped_release release;

@@ -36,16 +36,17 @@ __attribute__((target("avx512f,avx512vl"))) inline void move32(int32_t* col, int
 }
 }  // namespace
 
-__attribute__((target("avx512f,avx512vl"))) int64_t compact_rows_simd(const ColumnPointers& c, int64_t read,
-                                                                        int64_t write, int64_t n, int64_t cutoff) {
+__attribute__((target("avx512f,avx512vl"))) int64_t compact_rows_simd(const ColumnPointers& c, const int64_t* key,
+                                                                        int64_t read, int64_t write, int64_t n,
+                                                                        int64_t cutoff) {
   const __m512i cut = _mm512_set1_epi64(cutoff);
   const int64_t start = write;
   for (int64_t end = read + n; read < end; read += 8) {
-    const __mmask8 keep = _mm512_cmpge_epi64_mask(_mm512_loadu_si512(c.sample_step + read), cut);
+    const __mmask8 keep = _mm512_cmpge_epi64_mask(_mm512_loadu_si512(key + read), cut);
     move64(c.traj_id, read, write, keep);
     move64(c.group_id, read, write, keep);
     move64(c.sample_step, read, write, keep);
-    move64(c.policy_version, read, write, keep);
+    move64(c.finish_step, read, write, keep);
     move64(c.dispatch_ns, read, write, keep);
     move64(c.complete_ns, read, write, keep);
     move64(c.meta, read, write, keep);
@@ -60,7 +61,7 @@ __attribute__((target("avx512f,avx512vl"))) int64_t compact_rows_simd(const Colu
 
 bool simd_compaction_available() { return false; }
 
-int64_t compact_rows_simd(const ColumnPointers&, int64_t, int64_t, int64_t, int64_t) { return 0; }
+int64_t compact_rows_simd(const ColumnPointers&, const int64_t*, int64_t, int64_t, int64_t, int64_t) { return 0; }
 
 #endif
 

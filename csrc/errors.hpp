@@ -36,4 +36,11 @@ class Full : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Thrown when a paced dispatch or put without a timeout does not fit the admission limit; only the
+/// admission_refused counter changes.
+class AdmissionFull : public Full {
+ public:
+  using Full::Full;
+};
+
 }  // namespace pyfast_buffer

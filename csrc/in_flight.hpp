@@ -101,6 +101,9 @@ class InFlightTable {
     return false;
   }
 
+  /// Returns how many prompts are in flight per sample_step, oldest step first.
+  const std::map<int64_t, int64_t>& step_counts() const { return step_counts_; }
+
   /// Returns the number of prompts in flight.
   int64_t size() const { return static_cast<int64_t>(prompts_.size()); }
 

@@ -20,6 +20,10 @@ struct Ledger {
   int64_t max_age_changes = 0;  // set_max_age calls that changed max_age
   int64_t expired = 0;          // prompts failed by the buffer: lease passed, or expire_in_flight
   int64_t released_overflow = 0;  // released-id records discarded unread (log full); not part of any state
+  int64_t admitted = 0;           // prompts (put: groups) the pace admission rule let in; <= dispatched
+  int64_t admission_refused = 0;  // prompts of dispatch/put calls pace refused (AdmissionError or timeout)
+  int64_t admission_waits = 0;    // dispatch/put calls that waited for admission under pace
+  int64_t trained_over_age = 0;   // uses taken at age > max_age (pace and wait; 0 under drop); <= taken
 
   /// Largest counter a checkpoint may carry: far beyond any real run, and small enough that the
   /// sums below and the next increments cannot overflow int64.
@@ -28,15 +32,17 @@ struct Ledger {
   /// Returns true iff every counter lies in [0, kMaxCounter].
   bool in_range() const {
     for (int64_t v : {dispatched, completed, failed, put_total, taken, retired, dropped_stale, evicted, in_flight,
-                      buffer_left, max_age_changes, expired})
+                      buffer_left, max_age_changes, expired, admitted, admission_refused, admission_waits,
+                      trained_over_age})
       if (v < 0 || v > kMaxCounter) return false;
     return true;
   }
 
-  /// Returns true iff both invariants of docs/design.md ("The ledger") hold (call it on counters that are in_range()).
+  /// Returns true iff the invariants of docs/design.md ("The ledger") hold (call it on counters that are in_range()).
   bool balanced() const {
     return put_total == retired + dropped_stale + evicted + buffer_left &&
-           dispatched == completed + failed + in_flight && 0 <= expired && expired <= failed;
+           dispatched == completed + failed + in_flight && 0 <= expired && expired <= failed &&
+           admitted <= dispatched && trained_over_age <= taken;
   }
 };
 

@@ -35,7 +35,7 @@ void StalenessRing::observe_walked(int64_t walked, int64_t current_step, bool fi
     const int64_t p = phys(i);
     const int64_t len = c.group_len[p], m = c.meta[p];
     const auto slot = static_cast<size_t>(meta_slot(m));
-    const bool stale = per_entry ? stale_at(p) : c.sample_step[p] < cutoff;
+    const bool stale = per_entry ? stale_at(p) : age_steps()[p] < cutoff;
     if (stale) {
       by_slot[slot][1] += len;
       observe_lost_group(p, false);

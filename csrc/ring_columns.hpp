@@ -16,7 +16,8 @@ struct ColumnPointers {
   int64_t* traj_id = nullptr;
   int64_t* group_id = nullptr;
   int64_t* sample_step = nullptr;
-  int64_t* policy_version = nullptr;
+  int64_t* finish_step = nullptr;  // step of the weights in force when the trajectory finished (policy_version
+                                   // is derived at take from sample_step, so it needs no column)
   int64_t* dispatch_ns = nullptr;
   int64_t* complete_ns = nullptr;
   int64_t* meta = nullptr;       // length, source slot and flags (entry_meta.hpp)
@@ -25,7 +26,7 @@ struct ColumnPointers {
 
   /// Returns true iff every column pointer is set.
   bool complete() const {
-    return traj_id && group_id && sample_step && policy_version && dispatch_ns && complete_ns && meta &&
+    return traj_id && group_id && sample_step && finish_step && dispatch_ns && complete_ns && meta &&
            uses && group_len;
   }
 };
@@ -56,7 +57,7 @@ class RingColumns {
     for (int64_t at = 0; at < bytes; at += kPage) page[at] = 0;
     char* at = owned_.get();
     int64_t** wide_cols[] = {&cols_.traj_id,        &cols_.group_id,    &cols_.sample_step,
-                             &cols_.policy_version, &cols_.dispatch_ns, &cols_.complete_ns,
+                             &cols_.finish_step, &cols_.dispatch_ns, &cols_.complete_ns,
                              &cols_.meta};
     for (int64_t** col : wide_cols) *col = reinterpret_cast<int64_t*>(at), at += wide;
     cols_.uses = reinterpret_cast<int32_t*>(at), at += narrow;

@@ -69,6 +69,15 @@ const RingConfig& validated(const RingConfig& config, const ColumnPointers* borr
   if (borrowed && !borrowed->complete()) throw InvalidArgument("borrowed columns: every column must be set");
   if (config.release_bound < 0)
     throw InvalidArgument(concat("release_bound=", config.release_bound, " must be > 0 (or 0 for the default)"));
+  if (config.strategy == Strategy::kPace) {
+    if (config.prompts_per_step < 1 || config.prompts_per_step > kMaxPromptsPerStep)
+      throw InvalidArgument(concat("prompts_per_step=", config.prompts_per_step, " must be in [1, ", kMaxPromptsPerStep,
+                                   "]: the prompt groups one training step takes"));
+    if (config.lookahead < 0 || config.lookahead > config.max_age)
+      throw InvalidArgument(concat("lookahead=", config.lookahead, " must be in [0, max_age=", config.max_age, "]"));
+  } else if (config.prompts_per_step != 0 || config.lookahead != 0) {
+    throw InvalidArgument("prompts_per_step and lookahead are used only by strategy='pace'; leave them unset");
+  }
   if (config.max_attempts < 0 || config.max_attempts > std::numeric_limits<int32_t>::max())
     throw InvalidArgument(concat("max_attempts=", config.max_attempts, " must be >= 1 (or 0 for no cap)"));
   if (config.attempts_bound < 0)
@@ -109,10 +118,11 @@ void StalenessRing::note_walked(int64_t walked, int64_t current_step) {
   const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
                                                               : std::numeric_limits<int64_t>::min();
   const ColumnPointers& c = columns_.get();
+  const int64_t* ages = age_steps();
   const bool per_entry = per_entry_cutoffs();
   for (int64_t i = 0; i < walked; ++i) {
     const int64_t p = phys(i);
-    if (per_entry ? stale_at(p) : c.sample_step[p] < cutoff)
+    if (per_entry ? stale_at(p) : ages[p] < cutoff)
       note_left(c.traj_id[p], ReleaseReason::kDroppedStale);
     else if (c.uses[p] >= config_.max_uses)
       note_left(c.traj_id[p], ReleaseReason::kRetired);

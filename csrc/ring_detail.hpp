@@ -40,7 +40,13 @@ inline int64_t add_saturating(int64_t a, int64_t b) {
 }
 
 /// Returns the strategy's name as the Python API spells it.
-inline const char* strategy_name(Strategy s) { return s == Strategy::kDrop ? "drop" : "wait"; }
+inline const char* strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::kDrop: return "drop";
+    case Strategy::kWait: return "wait";
+    default: return "pace";
+  }
+}
 
 /// Returns the concatenation of `parts` as streamed text (error messages).
 template <class... Parts>
@@ -87,7 +93,7 @@ inline void StalenessRing::note_prefix_left(int64_t count, ReleaseReason reason)
 inline void StalenessRing::remove_prefix(int64_t n) {
   head_ = phys(n);
   size_ -= n;
-  if (size_ == 0) head_ = 0, sorted_ = true, plain_meta_ = !tagged_;
+  if (size_ == 0) head_ = 0, sorted_ = true, spans_ = false, plain_meta_ = !tagged_;
 }
 
 inline void StalenessRing::fill_state(TakeStats& stats) {
@@ -98,6 +104,9 @@ inline void StalenessRing::fill_state(TakeStats& stats) {
   stats.sampled_total = ledger_.put_total;
   stats.max_age = max_age_;
   stats.expired = ledger_.expired;
+  stats.admitted = ledger_.admitted;
+  stats.admission_refused = ledger_.admission_refused;
+  stats.admission_waits = ledger_.admission_waits;
   stats.attempts = attempts_.totals();
 }
 

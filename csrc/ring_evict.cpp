@@ -15,6 +15,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   clock_ = current_step;
   const int64_t cutoff = current_step - max_age_;
   int64_t removed = 0;
+  const int64_t* const ages = age_steps();
   const bool observe = bias_ || tagged_;
   if (per_entry_cutoffs()) {
     // Per-source bounds or protected entries: stale entries are not a prefix; one scalar compaction pass,
@@ -40,7 +41,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
         const int64_t r = phys(i + j);
         if (r != write) {
           c.traj_id[write] = c.traj_id[r], c.group_id[write] = c.group_id[r], c.sample_step[write] = c.sample_step[r];
-          c.policy_version[write] = c.policy_version[r], c.dispatch_ns[write] = c.dispatch_ns[r];
+          c.finish_step[write] = c.finish_step[r], c.dispatch_ns[write] = c.dispatch_ns[r];
           c.complete_ns[write] = c.complete_ns[r], c.meta[write] = c.meta[r];
           c.uses[write] = c.uses[r], c.group_len[write] = c.group_len[r];
         }
@@ -50,13 +51,14 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
       i += len;
     }
     bool sorted = true;
-    for (int64_t i = 1; i < kept && sorted; ++i) sorted = c.sample_step[phys(i)] >= c.sample_step[phys(i - 1)];
+    for (int64_t i = 1; i < kept && sorted; ++i) sorted = ages[phys(i)] >= ages[phys(i - 1)];
     removed = size_ - kept;
     size_ = kept;
     sorted_ = sorted;
-    if (size_ == 0) head_ = 0;
+    if (size_ == 0) head_ = 0, spans_ = false, plain_meta_ = !tagged_;
+    if (paced()) pace_count_ready();
   } else if (sorted_) {
-    const int64_t* steps = columns_.get().sample_step;
+    const int64_t* steps = ages;
     // Stamps are non-decreasing in ring order: the stale entries are a prefix.
     int64_t lo = 0, hi = size_;
     while (lo < hi) {
@@ -66,6 +68,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     removed = lo;
     if (observe) observe_lost(removed, false);
     if (leave_hooks()) note_prefix_left(removed, ReleaseReason::kDroppedStale);
+    if (paced()) pace_forget_prefix(removed);
     remove_prefix(removed);
   } else {
     // One branch-free pass: every row is copied to the write cursor, which advances only for fresh
@@ -74,17 +77,17 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     const int64_t cap = config_.capacity, total = size_;
     if (leave_hooks())  // report the stale ids before the compaction (scalar or SIMD) overwrites them
       for (int64_t i = 0; i < total; ++i)
-        if (c.sample_step[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);
+        if (ages[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);
     if (observe)  // likewise the data accounting, group by group
       for (int64_t i = 0; i < total; i += c.group_len[phys(i)])
-        if (c.sample_step[phys(i)] < cutoff) observe_lost_group(phys(i), false);
+        if (ages[phys(i)] < cutoff) observe_lost_group(phys(i), false);
     const bool simd = simd_compaction_available();
     int64_t read = head_, write = head_, kept = 0;
     for (int64_t done = 0; done < total;) {
       if (simd) {
         const int64_t span = std::min({total - done, cap - read, cap - write}) / 8 * 8;
         if (span > 0) {
-          const int64_t n_kept = compact_rows_simd(c, read, write, span, cutoff);
+          const int64_t n_kept = compact_rows_simd(c, ages, read, write, span, cutoff);
           kept += n_kept, done += span, read += span, write += n_kept;
           read -= (read == cap) ? cap : 0;
           write -= (write == cap) ? cap : 0;
@@ -95,12 +98,11 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
       // meta is the same (put-only rings), where moving it would change nothing.
       auto rows = [&](auto with_meta) {
         for (const int64_t stop = std::min(total, done + 64); done < stop; ++done) {
-          const int64_t step = c.sample_step[read];
-          const int64_t keep = step >= cutoff;
+          const int64_t keep = ages[read] >= cutoff;
           c.traj_id[write] = c.traj_id[read];
           c.group_id[write] = c.group_id[read];
-          c.sample_step[write] = step;
-          c.policy_version[write] = c.policy_version[read];
+          c.sample_step[write] = c.sample_step[read];
+          c.finish_step[write] = c.finish_step[read];
           c.dispatch_ns[write] = c.dispatch_ns[read];
           c.complete_ns[write] = c.complete_ns[read];
           if constexpr (decltype(with_meta)::value) c.meta[write] = c.meta[read];
@@ -120,18 +122,20 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     }
     // The survivors are sorted iff no kept stamp is below its predecessor; stop at the first descent.
     bool sorted = true;
-    for (int64_t i = 1, prev = c.sample_step[head_], p = phys(1); i < kept && sorted; ++i) {
-      sorted = c.sample_step[p] >= prev;
-      prev = c.sample_step[p];
+    for (int64_t i = 1, prev = ages[head_], p = phys(1); i < kept && sorted; ++i) {
+      sorted = ages[p] >= prev;
+      prev = ages[p];
       p = p + 1 == cap ? 0 : p + 1;
     }
     removed = size_ - kept;
     size_ = kept;
     sorted_ = sorted;
-    if (size_ == 0) head_ = 0, plain_meta_ = !tagged_;
+    if (size_ == 0) head_ = 0, spans_ = false, plain_meta_ = !tagged_;
+    if (paced()) pace_count_ready();
   }
   ledger_.dropped_stale += removed;
   if (removed > 0) room_cv_.notify_all();
+  if (removed > 0 && paced()) admit_cv_.notify_all();
   TakeStats stats;
   stats.dropped_stale = removed;
   stats.blocked_by = BlockedBy::kNone;

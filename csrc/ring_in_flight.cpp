@@ -26,11 +26,13 @@ void StalenessRing::expire_prompts(const std::vector<int64_t>& prompts) {
   ledger_.failed += n;
   ledger_.expired += n;
   if (n > 0) ready_cv_.notify_all();  // a waiting take may have been blocked by these prompts
+  if (n > 0 && paced()) admit_cv_.notify_all();  // their slots are free
 }
 
 void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step, std::optional<double> lease,
-                             const int32_t* slots, int64_t n_slots) {
+                             std::optional<double> timeout, const int32_t* slots, int64_t n_slots) {
   const int64_t lease_ns = lease ? checked_seconds_ns(*lease, "lease", false) : 0;
+  check_timeout(timeout);
   MutexLock lock(mutex_);
   check_open();
   expire_due();
@@ -38,11 +40,22 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
   check_slots(slots, n_slots, n, "prompts");
   if (auto dup = first_duplicate(prompt_ids, n))
     throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; dispatch each prompt once"));
-  for (int64_t i = 0; i < n; ++i)
-    if (in_flight_.contains(prompt_ids[i]))
-      throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i], " is already in flight (dispatched at step ",
-                                   in_flight_.at(prompt_ids[i]).sample_step,
-                                   "); complete or fail it before dispatching it again"));
+  if (paced() && n > 0) check_pace_call_size(n, "dispatch");
+  const StepCounts asked = paced() && n > 0 ? StepCounts{{sample_step, n}} : StepCounts{};
+  std::optional<SteadyTime> wait_until;
+  bool waited = false;
+  for (;;) {  // validate, then wait for admission; after a wait, validate again (another thread may have dispatched)
+    for (int64_t i = 0; i < n; ++i)
+      if (in_flight_.contains(prompt_ids[i]))
+        throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i], " is already in flight (dispatched at step ",
+                                     in_flight_.at(prompt_ids[i]).sample_step,
+                                     "); complete or fail it before dispatching it again"));
+    if (asked.empty() || wait_for_admission(asked, n, sample_step, timeout, "dispatch", wait_until, waited)) break;
+  }
+  if (paced()) {
+    ledger_.admitted += n;
+    ledger_.admission_waits += waited;
+  }
   const int64_t stamp = now_ns(), since = lease_now();
   const int64_t deadline = lease ? add_saturating(since, lease_ns) : kNoLease;
   if (!bias_ && n > 0) {  // the first dispatch: prompt accounting starts (put-only rings never pay for it)
@@ -78,6 +91,7 @@ void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
   ledger_.failed += n;
   lock.unlock();
   if (n > 0) ready_cv_.notify_all();
+  if (n > 0 && paced()) admit_cv_.notify_all();
 }
 
 void StalenessRing::renew(const int64_t* prompt_ids, int64_t n, double lease) {
@@ -113,6 +127,7 @@ void StalenessRing::set_lease_clock(std::optional<int64_t> now_ns) {
     manual_lease_clock_ = now_ns;
   }
   ready_cv_.notify_all();  // a waiting take re-checks the leases against the new time
+  admit_cv_.notify_all();  // so does a waiting paced dispatch
 }
 
 }  // namespace pyfast_buffer

@@ -38,6 +38,7 @@ void StalenessRing::set_max_age(int64_t max_age) {
   ++ledger_.max_age_changes;
   lock.unlock();
   ready_cv_.notify_all();  // under wait, a raised bound may unblock a waiting take
+  admit_cv_.notify_all();  // under pace, a raised bound gives lagged prompts more slots
 }
 
 int64_t StalenessRing::size() const {
@@ -63,6 +64,7 @@ void StalenessRing::close() {
   }
   ready_cv_.notify_all();
   room_cv_.notify_all();
+  admit_cv_.notify_all();
 }
 
 RingState StalenessRing::export_state() {
@@ -77,8 +79,12 @@ RingState StalenessRing::export_state() {
     for (int64_t i = 0, p = head; i < size; ++i, p = p + 1 == cap ? 0 : p + 1) dst[i] = col[p];
   };
   copy(s.traj_id, c.traj_id), copy(s.group_id, c.group_id), copy(s.sample_step, c.sample_step);
-  copy(s.policy_version, c.policy_version), copy(s.dispatch_ns, c.dispatch_ns);
-  copy(s.complete_ns, c.complete_ns), copy(s.uses, c.uses), copy(s.group_len, c.group_len), copy(s.meta, c.meta);
+  copy(s.finish_step, c.finish_step), copy(s.dispatch_ns, c.dispatch_ns);
+  copy(s.complete_ns, c.complete_ns), copy(s.uses, c.uses), copy(s.group_len, c.group_len);
+  copy(s.meta, c.meta);
+  s.policy_version.resize(s.sample_step.size());  // derived from sample_step: no column holds it
+  for (size_t i = 0; i < s.sample_step.size(); ++i)
+    s.policy_version[i] = config_.parameter_sync_step > 0 ? s.sample_step[i] / config_.parameter_sync_step : -1;
   const int64_t now = lease_now();
   for (const auto& [prompt, rec] : in_flight_.sorted_items()) {
     s.in_flight_prompt.push_back(prompt);
@@ -93,6 +99,7 @@ RingState StalenessRing::export_state() {
   s.ledger.buffer_left = size_;
   s.clock = clock_;
   s.evicted_unreported = evicted_unreported_;
+  s.next_take = next_take_;
   s.attempts = attempts_.export_records();
   s.attempt_counters = attempts_.counters();
   s.source_counts = source_counts_;
@@ -109,6 +116,15 @@ void StalenessRing::import_state(const RingState& s) {
   if (n > config_.capacity)
     throw InvalidArgument(concat("state_dict: ", n, " ready entries exceed capacity=", config_.capacity,
                                  "; load it into a buffer with capacity >= ", n));
+  if (!s.finish_step.empty() && s.finish_step.size() != un)
+    throw InvalidArgument("state_dict: finish_step and the other ready columns differ in length");
+  const std::vector<int64_t>& finish = s.finish_step.empty() ? s.sample_step : s.finish_step;
+  for (int64_t i = 0; i < n; ++i)
+    if (finish[i] < s.sample_step[i] || finish[i] > s.clock)
+      throw InvalidArgument(concat("state_dict: entry ", i, " has finish_step=", finish[i], " outside [sample_step=",
+                                   s.sample_step[i], ", clock=", s.clock, "]"));
+  if (s.next_take < 0 || s.next_take > Ledger::kMaxCounter)
+    throw InvalidArgument(concat("state_dict: next_take=", s.next_take, " is outside [0, 2**60]; it was edited or is corrupt"));
   for (int64_t i = 0; i < n;) {
     const int64_t len = s.group_len[i];
     if (len < 1 || i + len > n)
@@ -117,6 +133,9 @@ void StalenessRing::import_state(const RingState& s) {
       if (s.group_len[j] != len || s.sample_step[j] != s.sample_step[i] || s.group_id[j] != s.group_id[i] ||
           s.uses[j] != s.uses[i] || meta_cut_index(s.meta[j]) != meta_cut_index(s.meta[i]))
         throw InvalidArgument(concat("state_dict: group at entry ", i, " is not contiguous and uniform"));
+      if (config_.age_from == AgeFrom::kFinish && finish[j] != finish[i])
+        throw InvalidArgument(concat("state_dict: group at entry ", i, " has finish steps ", finish[i], " and ",
+                                     finish[j], ", which age_from='finish' forbids; load it with age_from='start'"));
       if (s.sample_step[j] < 0 || s.sample_step[j] > s.clock)
         throw InvalidArgument(concat("state_dict: entry ", j, " has sample_step=", s.sample_step[j],
                                      " outside [0, clock=", s.clock, "]"));
@@ -177,19 +196,27 @@ void StalenessRing::import_state(const RingState& s) {
   MutexLock lock(mutex_);
   check_open();
   const ColumnPointers& c = columns_.get();
+  const std::vector<int64_t>& ages = config_.age_from == AgeFrom::kFinish ? finish : s.sample_step;
   bool sorted = true, protect = false, tagged = false;
   for (int64_t i = 0; i < n; ++i) {
     c.traj_id[i] = s.traj_id[i], c.group_id[i] = s.group_id[i], c.sample_step[i] = s.sample_step[i];
-    c.policy_version[i] = s.policy_version[i], c.dispatch_ns[i] = s.dispatch_ns[i];
+    c.finish_step[i] = finish[i], c.dispatch_ns[i] = s.dispatch_ns[i];
     c.complete_ns[i] = s.complete_ns[i], c.uses[i] = s.uses[i], c.group_len[i] = s.group_len[i];
     c.meta[i] = s.meta[i];
     protect |= (s.meta[i] & kMetaProtected) != 0;
     tagged |= meta_slot(s.meta[i]) != 0;
-    if (i > 0 && s.sample_step[i] < s.sample_step[i - 1]) sorted = false;
+    if (i > 0 && ages[i] < ages[i - 1]) sorted = false;
   }
   head_ = 0;
   size_ = n;
   sorted_ = sorted;
+  spans_ = false;
+  note_spans(0, n);
+  next_take_ = s.next_take;
+  if (paced()) {
+    pace_restore_order();
+    pace_count_ready();
+  }
   in_flight_.clear();
   const int64_t now = lease_now();
   for (size_t i = 0; i < m; ++i) {
@@ -215,13 +242,17 @@ void StalenessRing::import_state(const RingState& s) {
   evicted_unreported_ = s.evicted_unreported;
   ready_cv_.notify_all();
   room_cv_.notify_all();
+  admit_cv_.notify_all();
 }
 
 std::string StalenessRing::debug_string() const {
   MutexLock lock(mutex_);
   return concat("StalenessBuffer(capacity=", config_.capacity, ", max_age=", max_age_, ", strategy='",
                 strategy_name(config_.strategy), "', max_uses=", config_.max_uses, ", on_full='",
-                on_full_name(config_.on_full), "', ready=", size_, ", in_flight=", in_flight_.size(),
+                on_full_name(config_.on_full), "'",
+                paced() ? concat(", prompts_per_step=", config_.prompts_per_step, ", lookahead=", config_.lookahead) : "",
+                config_.age_from == AgeFrom::kFinish ? ", age_from='finish'" : "", ", ready=", size_,
+                ", in_flight=", in_flight_.size(),
                 ", clock=", clock_, ", pinned=", columns_.borrowed() ? "True" : "False",
                 closed_ ? ", closed=True" : "", ")");
 }

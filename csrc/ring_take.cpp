@@ -46,7 +46,7 @@ std::string StalenessRing::wait_blocked_message(int64_t current_step) const {
 
 int64_t StalenessRing::skip_stale(int64_t i, int64_t cutoff) const {
   // Scans contiguous physical runs without per-entry index arithmetic or dependent loads.
-  const int64_t* steps = columns_.get().sample_step;
+  const int64_t* steps = age_steps();
   while (i < size_) {
     const int64_t p = phys(i);
     const int64_t run = std::min(size_ - i, config_.capacity - p);
@@ -73,14 +73,14 @@ void StalenessRing::fill_cutoffs(int64_t current_step) const {
 
 bool StalenessRing::stale_at(int64_t p) const {
   const ColumnPointers& c = columns_.get();
-  return c.sample_step[p] < cutoffs_[static_cast<size_t>(meta_cut_index(c.meta[p]))];
+  return age_steps()[p] < cutoffs_[static_cast<size_t>(meta_cut_index(c.meta[p]))];
 }
 
 void StalenessRing::plan_take_per_entry(int64_t batch_size, TakePlan& plan) const {
   // Each group against its own source's cutoff (or none, when protected): one pass over whole groups, every
   // comparison a load from the small cutoff table indexed by the group's meta bits.
   const ColumnPointers& c = columns_.get();
-  const int64_t* __restrict steps = c.sample_step;
+  const int64_t* __restrict steps = age_steps();
   const int64_t* __restrict meta = c.meta;
   const int32_t* __restrict group_len = c.group_len;
   const int64_t* __restrict cut = cutoffs_.data();
@@ -110,6 +110,7 @@ void StalenessRing::plan_take_per_entry(int64_t batch_size, TakePlan& plan) cons
 
 void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const {
   plan.walked = plan.taken = plan.dropped = 0;
+  plan.pace_blocker = -1;
   plan.full = false;
   plan.spans.clear();
   if (config_.strategy == Strategy::kWait && wait_blocked(current_step)) {
@@ -119,6 +120,7 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
   if (per_entry_cutoffs()) {
     fill_cutoffs(current_step);
     plan_take_per_entry(batch_size, plan);
+    apply_pace_gate(plan, current_step);
     return;
   }
   // Under drop, stale entries are skipped one by one: a group shares one stamp, so a stale group
@@ -127,7 +129,7 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
                                                               : std::numeric_limits<int64_t>::min();
   const int32_t* group_len = columns_.get().group_len;
   const int64_t* group_id = columns_.get().group_id;
-  const int64_t* steps = columns_.get().sample_step;
+  const int64_t* steps = age_steps();
   const int64_t size = size_, cap = config_.capacity;
   int64_t i = 0, taken = 0;
   int64_t p = head_;          // phys(i), advanced with i
@@ -187,6 +189,19 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
     }
   }
   finish_plan(plan, span_start, i, taken);
+  apply_pace_gate(plan, current_step);
+}
+
+void StalenessRing::apply_pace_gate(TakePlan& plan, int64_t current_step) const {
+  if (!paced()) return;
+  // The oldest groups are the batch; take it only if no in-flight prompt then passes max_age.
+  if (const auto stamp = pace_blocker_for(plan, current_step)) {
+    plan.walked = plan.taken = 0;
+    plan.full = false;
+    plan.spans.clear();
+    plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
+    plan.pace_blocker = *stamp;
+  }
 }
 
 void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int64_t* base, TakeStats& stats) {
@@ -199,10 +214,13 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   int64_t* const o_version = base + 5 * k_all;
   int64_t* const o_dispatch = base + 6 * k_all;
   int64_t* const o_complete = base + 7 * k_all;
-  int64_t* const o_source = base + 8 * k_all;
+  int64_t* const o_finish = base + 8 * k_all;
+  int64_t* const o_source = base + 9 * k_all;
   const int32_t max_uses = static_cast<int32_t>(config_.max_uses);
   const ColumnPointers c = columns_.get();  // a local copy: the output writes cannot alias it
-  int64_t k = 0, survivors = 0, age_max = 0;
+  const int64_t* const ages = age_steps();
+  const int64_t sync = config_.parameter_sync_step, max_age = max_age_;
+  int64_t k = 0, survivors = 0, age_max = 0, over_age = 0;
   Int128 age_sum = 0;  // 2**40 ages near 2**63 overflow int64
   // With max_uses == 1 every taken entry retires and leaves with the walked prefix, so its ring `uses`
   // need not be written, unless the released-id hooks read it (note_walked) before it leaves.
@@ -215,6 +233,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     age_sum += static_cast<Int128>(run_age) * run_count;
     age_max = std::max(age_max, run_age);
     stats.age_hist[age_bucket(run_age)] += run_count;
+    over_age += run_age > max_age ? run_count : 0;
   };
   for (const Span& span : plan.spans) {
     for (int64_t i = span.start, end = span.start + span.count; i < end;) {
@@ -223,11 +242,11 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       const int64_t run = std::min(end - i, config_.capacity - p0);
       if (run < 16) {  // a short run (fresh entries scattered among stale ones): entry by entry
         for (int64_t p = p0; p < p0 + run; ++p, ++k) {
-          const int64_t age = current_step - c.sample_step[p];
+          const int64_t age = current_step - ages[p];
           const int32_t uses = uses_unread ? 1 : ++c.uses[p];
           o_traj[k] = c.traj_id[p], o_group[k] = c.group_id[p], o_step[k] = c.sample_step[p];
-          o_age[k] = age, o_uses[k] = uses, o_version[k] = c.policy_version[p];
-          o_dispatch[k] = c.dispatch_ns[p], o_complete[k] = c.complete_ns[p];
+          o_age[k] = age, o_uses[k] = uses, o_version[k] = sync > 0 ? c.sample_step[p] / sync : -1;
+          o_dispatch[k] = c.dispatch_ns[p], o_complete[k] = c.complete_ns[p], o_finish[k] = c.finish_step[p];
           o_source[k] = meta_slot(c.meta[p]) - 1;
           if (age != run_age) flush(), run_age = age, run_count = 0;
           ++run_count;
@@ -239,9 +258,18 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       std::copy_n(c.traj_id + p0, run, o_traj + k);
       std::copy_n(c.group_id + p0, run, o_group + k);
       std::copy_n(c.sample_step + p0, run, o_step + k);
-      std::copy_n(c.policy_version + p0, run, o_version + k);
+      std::copy_n(c.finish_step + p0, run, o_finish + k);
       std::copy_n(c.dispatch_ns + p0, run, o_dispatch + k);
       std::copy_n(c.complete_ns + p0, run, o_complete + k);
+      if (sync == 0) {  // policy_version is derived from sample_step: no column holds it
+        std::fill_n(o_version + k, run, -1);
+      } else if (sync == 1) {
+        std::copy_n(c.sample_step + p0, run, o_version + k);
+      } else {
+        const int64_t* __restrict from = c.sample_step + p0;
+        int64_t* __restrict version = o_version + k;
+        for (int64_t j = 0; j < run; ++j) version[j] = from[j] / sync;
+      }
       if (plain_meta_) {
         std::fill_n(o_source + k, run, int64_t{-1});  // every entry untagged
       } else {
@@ -249,7 +277,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
         int64_t* __restrict source_out = o_source + k;
         for (int64_t j = 0; j < run; ++j) source_out[j] = ((meta[j] >> kMetaSlotShift) & 0xFF) - 1;  // vectorisable
       }
-      const int64_t* __restrict step = c.sample_step + p0;
+      const int64_t* __restrict step = ages + p0;
       int64_t* __restrict age_out = o_age + k;
       const uint64_t first = static_cast<uint64_t>(step[0]);
       uint64_t differs = 0;
@@ -284,11 +312,25 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     }
   }
   flush();
+  if (spans_) {  // some ready entry crossed a weight update: one pass over the batch for the span sums
+    Int128 span_sum = 0;
+    int64_t span_max = 0;
+    for (int64_t j = 0; j < k_all; ++j) {
+      const int64_t span = o_finish[j] - o_step[j];
+      span_sum += span;
+      span_max = std::max(span_max, span);
+    }
+    stats.span_sum = span_sum;
+    stats.span_max = span_max;
+  }
   // Before survivors move, while ring order is intact: the data accounting, then the released-id hooks.
   if (bias_ || tagged_) observe_walked(plan.walked, current_step, uses_unread, stats);
   if (leave_hooks()) note_walked(plan.walked, current_step);
+  if (paced()) pace_forget_retired(plan.walked);
   stats.age_sum = age_sum;
   stats.age_max = age_max;
+  stats.trained_over_age = over_age;
+  ledger_.trained_over_age += over_age;
   if (survivors > 0) {
     // Reused entries keep their place: move them, in order, to the end of the walked prefix.
     const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
@@ -297,11 +339,11 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     int64_t write = plan.walked - 1;
     for (int64_t i = plan.walked - 1; i >= 0; --i) {
       const int64_t p = phys(i);
-      if ((per_entry ? stale_at(p) : c.sample_step[p] < cutoff) || c.uses[p] >= max_uses) continue;
+      if ((per_entry ? stale_at(p) : ages[p] < cutoff) || c.uses[p] >= max_uses) continue;
       const int64_t q = phys(write--);
       if (p == q) continue;
       c.traj_id[q] = c.traj_id[p], c.group_id[q] = c.group_id[p], c.sample_step[q] = c.sample_step[p];
-      c.policy_version[q] = c.policy_version[p], c.dispatch_ns[q] = c.dispatch_ns[p];
+      c.finish_step[q] = c.finish_step[p], c.dispatch_ns[q] = c.dispatch_ns[p];
       c.complete_ns[q] = c.complete_ns[p], c.uses[q] = c.uses[p], c.group_len[q] = c.group_len[p];
       if (!plain_meta_) c.meta[q] = c.meta[p];
     }
@@ -342,7 +384,8 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
         plan_take(batch_size, current_step, plan);
         if (plan.full) break;
         std::string cause = plan.blocked_by == BlockedBy::kInFlightAtMaxAge
-                                ? wait_blocked_message(current_step)
+                                ? (paced() ? pace_blocked_message(plan.pace_blocker, current_step)
+                                           : wait_blocked_message(current_step))
                                 : concat("only ", plan.taken, " fresh entries are ready for batch_size=", batch_size,
                                          " (", size_, " ready in all, ", in_flight_.size(),
                                          " prompts in flight); produce faster, lower batch_size or raise the timeout");
@@ -356,6 +399,12 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
   clock_ = std::max(clock_, current_step);
   commit_take(plan, current_step, out, stats);
   if (bias_) bias_->on_take();
+  if (paced()) {
+    // The trainer took at current_step: its next take is a step later (a retry at this step only finds
+    // admission tighter by one step's slots, never looser).
+    next_take_ = std::max(next_take_, current_step + 1);
+    admit_cv_.notify_all();
+  }
   fill_state(stats);
   return stats;
 }

@@ -75,12 +75,12 @@ namespace {
 // tell the compiler the column stores cannot change the inputs, so nothing is reloaded per entry.
 inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int64_t* __restrict traj_ids,
                         const int64_t* __restrict group_ids, const int64_t* __restrict order, int64_t group_id,
-                        int64_t step, int64_t version, int64_t dispatch_ns, int64_t complete_ns, int32_t group_len,
+                        int64_t step, int64_t finish, int64_t dispatch_ns, int64_t complete_ns, int32_t group_len,
                         int64_t meta) {
   int64_t* __restrict traj = c.traj_id + p;
   int64_t* __restrict group = c.group_id + p;
   if (n < 16) {  // a GRPO-sized group: one fused pass beats eight short column loops
-    int64_t *__restrict step_col = c.sample_step + p, *__restrict version_col = c.policy_version + p;
+    int64_t *__restrict step_col = c.sample_step + p, *__restrict finish_col = c.finish_step + p;
     int64_t *__restrict dispatch_col = c.dispatch_ns + p, *__restrict complete_col = c.complete_ns + p;
     int64_t* __restrict meta_col = c.meta + p;
     int32_t *__restrict uses_col = c.uses + p, *__restrict len_col = c.group_len + p;
@@ -88,7 +88,7 @@ inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int
       const int64_t src = order ? order[j] : j;
       traj[j] = traj_ids[src];
       group[j] = group_ids ? group_ids[src] : group_id;
-      step_col[j] = step, version_col[j] = version, dispatch_col[j] = dispatch_ns, complete_col[j] = complete_ns;
+      step_col[j] = step, finish_col[j] = finish, dispatch_col[j] = dispatch_ns, complete_col[j] = complete_ns;
       meta_col[j] = meta, uses_col[j] = 0, len_col[j] = group_len;
     }
     return;
@@ -107,7 +107,7 @@ inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int
       std::fill_n(group, n, group_id);
   }
   std::fill_n(c.sample_step + p, n, step);
-  std::fill_n(c.policy_version + p, n, version);
+  std::fill_n(c.finish_step + p, n, finish);
   std::fill_n(c.dispatch_ns + p, n, dispatch_ns);
   std::fill_n(c.complete_ns + p, n, complete_ns);
   std::fill_n(c.meta + p, n, meta);
@@ -118,13 +118,18 @@ inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int
 
 void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
                                  int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
-                                 int64_t complete_ns, int64_t meta) {
+                                 int64_t complete_ns, const int64_t* finish_steps, int64_t n_finish, int64_t meta) {
   const ColumnPointers c = columns_.get();  // local copies: the column stores cannot alias them
   const int64_t cap = config_.capacity;
   int64_t p = head_ + size_;
   p -= p >= cap ? cap : 0;
-  if (size_ > 0 && sample_step < c.sample_step[p == 0 ? cap - 1 : p - 1]) sorted_ = false;
-  const int64_t version = config_.parameter_sync_step > 0 ? sample_step / config_.parameter_sync_step : -1;
+  const int64_t* const members = order;  // the call's indices of the members, before the fast path below drops them
+  // One finish step for the whole group, or the dispatch step; one per trajectory is written below.
+  const int64_t finish = n_finish == 1 ? finish_steps[0] : sample_step;
+  const int64_t age_stamp = config_.age_from == AgeFrom::kFinish && n_finish > 1
+                                ? finish_steps[members ? members[0] : 0]
+                                : (config_.age_from == AgeFrom::kFinish ? finish : sample_step);
+  if (size_ > 0 && age_stamp < age_steps()[p == 0 ? cap - 1 : p - 1]) sorted_ = false;
   // Members are in increasing call order; if the last is len - 1 past the first they are consecutive.
   if (order && order[len - 1] - order[0] == len - 1) {
     traj_ids += order[0];
@@ -133,14 +138,18 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
   }
   // At most two contiguous runs: up to the end of the columns, then from row 0.
   const int64_t first = std::min(len, cap - p);
-  write_group(c, p, first, traj_ids, group_ids, order, group_id, sample_step, version, dispatch_ns, complete_ns,
+  write_group(c, p, first, traj_ids, group_ids, order, group_id, sample_step, finish, dispatch_ns, complete_ns,
               static_cast<int32_t>(len), meta);
   if (first < len) {
     const int64_t rest = len - first;
     write_group(c, 0, rest, order ? traj_ids : traj_ids + first, group_ids && !order ? group_ids + first : group_ids,
-                order ? order + first : nullptr, group_id, sample_step, version, dispatch_ns, complete_ns,
+                order ? order + first : nullptr, group_id, sample_step, finish, dispatch_ns, complete_ns,
                 static_cast<int32_t>(len), meta);
   }
+  if (n_finish > 1) {
+    for (int64_t j = 0; j < len; ++j) c.finish_step[phys(size_ + j)] = finish_steps[members ? members[j] : j];
+  }
+  if (n_finish > 0 || config_.age_from == AgeFrom::kFinish) note_spans(size_, len);
   size_ += len;
   if (config_.unique_ids)
     for (int64_t j = 0; j < len; ++j) live_ids_.insert(traj_ids[order ? order[j] : j]);
@@ -148,14 +157,18 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
 
 void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds,
                                 int64_t n_groups, const int64_t* sample_steps, int64_t n_steps, int64_t n,
-                                int64_t stamp, const int32_t* slots, int64_t n_slots) {
+                                int64_t stamp, const int64_t* finish_steps, int64_t n_finish, const int32_t* slots,
+                                int64_t n_slots) {
   const ColumnPointers c = columns_.get();  // local copies: the column stores cannot alias them
-  const int64_t cap = config_.capacity, sync = config_.parameter_sync_step;
+  const int64_t cap = config_.capacity;
   const int64_t start = head_ + size_ >= cap ? head_ + size_ - cap : head_ + size_;
-  // Sorted stays true iff the stamps continue the ring's last one without a descent.
-  int64_t prev = size_ > 0 ? c.sample_step[start == 0 ? cap - 1 : start - 1] : std::numeric_limits<int64_t>::min();
+  // Sorted stays true iff the age stamps continue the ring's last one without a descent.
+  const bool by_finish = config_.age_from == AgeFrom::kFinish && n_finish > 0;
+  const int64_t* keys = by_finish ? finish_steps : sample_steps;
+  const int64_t n_keys = by_finish ? n_finish : n_steps;
+  int64_t prev = size_ > 0 ? age_steps()[start == 0 ? cap - 1 : start - 1] : std::numeric_limits<int64_t>::min();
   bool descends = false;
-  for (int64_t i = 0; i < n_steps; ++i) descends |= sample_steps[i] < prev, prev = sample_steps[i];
+  for (int64_t i = 0; i < n_keys; ++i) descends |= keys[i] < prev, prev = keys[i];
   if (descends) sorted_ = false;
   for (int64_t done = 0, p = start; done < n; p = 0) {  // at most two contiguous runs
     const int64_t run = std::min(n - done, cap - p);
@@ -163,15 +176,18 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
     std::copy_n((group_ids ? group_ids : traj_ids) + done, run, c.group_id + p);  // ungrouped: its own group
     if (n_steps == 1) {
       std::fill_n(c.sample_step + p, run, sample_steps[0]);
-      std::fill_n(c.policy_version + p, run, sync > 0 ? sample_steps[0] / sync : -1);
     } else {
-      const int64_t* __restrict steps = sample_steps + done;
-      int64_t* __restrict version = c.policy_version + p;
-      std::copy_n(steps, run, c.sample_step + p);
-      if (sync > 0)
-        for (int64_t j = 0; j < run; ++j) version[j] = steps[j] / sync;
+      std::copy_n(sample_steps + done, run, c.sample_step + p);
+    }
+    if (n_finish == 0) {  // each trajectory finished with the weights it started with
+      if (n_steps == 1)
+        std::fill_n(c.finish_step + p, run, sample_steps[0]);
       else
-        std::fill_n(version, run, -1);
+        std::copy_n(sample_steps + done, run, c.finish_step + p);
+    } else if (n_finish == 1) {
+      std::fill_n(c.finish_step + p, run, finish_steps[0]);
+    } else {
+      std::copy_n(finish_steps + done, run, c.finish_step + p);
     }
     std::fill_n(c.dispatch_ns + p, run, stamp);
     std::fill_n(c.complete_ns + p, run, stamp);
@@ -196,9 +212,16 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
       }
     }
   }
+  if (n_finish > 0) note_spans(size_, n);
   size_ += n;
   if (config_.unique_ids)
     for (int64_t j = 0; j < n; ++j) live_ids_.insert(traj_ids[j]);
+}
+
+void StalenessRing::note_spans(int64_t first, int64_t count) {
+  if (spans_) return;
+  const ColumnPointers& c = columns_.get();
+  for (int64_t i = first; i < first + count && !spans_; ++i) spans_ = c.finish_step[phys(i)] != c.sample_step[phys(i)];
 }
 
 void StalenessRing::evict_oldest_groups(int64_t need) {
@@ -224,13 +247,15 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
   }
   if (bias_ || tagged_) observe_lost(evicted, true);
   if (leave_hooks()) note_prefix_left(evicted, ReleaseReason::kEvicted);
+  if (paced()) pace_forget_prefix(evicted);
   remove_prefix(evicted);
   ledger_.evicted += evicted;
   evicted_unreported_ += evicted;
 }
 
 void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
-                             std::optional<double> timeout, const int64_t* lengths) {
+                             std::optional<double> timeout, const int64_t* finish_steps, int64_t n_finish,
+                             const int64_t* lengths) {
   check_timeout(timeout);
   MutexLock lock(mutex_);
   check_open();
@@ -241,6 +266,9 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
                                  "; raise capacity or complete fewer prompts per call"));
   if (auto dup = first_duplicate(traj_ids, n))
     throw InvalidArgument(concat("traj_ids: trajectory ", *dup, " appears twice; complete each trajectory once"));
+  if (n_finish != 0 && n_finish != 1 && n_finish != n)
+    throw InvalidArgument(concat("finish_step: ", n_finish, " steps for ", n,
+                                 " trajectories; pass one step or one per trajectory"));
   if (lengths)
     for (int64_t i = 0; i < n; ++i)
       if (lengths[i] < 0 || lengths[i] >= kNoLength)
@@ -249,6 +277,15 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
   Groups groups;
   group_stably(prompt_ids, n, groups.order, groups.bounds);
   const size_t n_groups = groups.bounds.size() - 1;
+  if (n_finish > 1 && config_.age_from == AgeFrom::kFinish)  // one age stamp per group
+    for (size_t g = 0; g < n_groups; ++g) {
+      const int64_t first = groups.order[groups.bounds[g]];
+      for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
+        if (finish_steps[groups.order[k]] != finish_steps[first])
+          throw InvalidArgument(concat("finish_step: under age_from='finish' a group shares one finish step; group ",
+                                       prompt_ids[first], " has finish_step ", finish_steps[first], " and ",
+                                       finish_steps[groups.order[k]]));
+    }
   std::optional<SteadyTime> deadline;
   for (;;) {  // validate, then wait for room; after a wait, validate again (another thread may have failed a prompt)
     expire_due();
@@ -258,6 +295,14 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
         throw InvalidArgument(concat("prompt_ids: prompt ", prompt,
                                      " is not in flight; dispatch it first (it may already be "
                                      "completed, failed or expired)"));
+      const int64_t started = in_flight_.at(prompt).sample_step;
+      for (int64_t k = groups.bounds[g]; k < groups.bounds[g + 1] && n_finish > 0; ++k) {
+        const int64_t finish = finish_steps[n_finish == 1 ? 0 : groups.order[k]];
+        if (finish < started)
+          throw InvalidArgument(concat("finish_step=", finish, " of trajectory ", traj_ids[groups.order[k]],
+                                       " is before prompt ", prompt, " was dispatched at step ", started,
+                                       "; pass the step of the weights in force when it finished (>= ", started, ")"));
+      }
     }
     check_not_live(traj_ids, n);
     if (wait_for_room(n, timeout, "complete", deadline)) break;
@@ -269,7 +314,9 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
     const int64_t len = groups.bounds[g + 1] - groups.bounds[g];
     const int64_t prompt = prompt_ids[members[0]];
     const InFlightPrompt rec = in_flight_.at(prompt);
-    append_group(traj_ids, nullptr, members, len, prompt, rec.sample_step, rec.dispatch_ns, stamp, rec.meta);
+    append_group(traj_ids, nullptr, members, len, prompt, rec.sample_step, rec.dispatch_ns, stamp, finish_steps,
+                 n_finish, rec.meta);
+    if (paced()) ready_groups_.add(age_steps()[phys(size_ - 1)]);
     in_flight_.erase(prompt);
     // What the bound does to the data: the group's lengths, its rollout latency, its prompt's record.
     const int64_t latency_us = std::max<int64_t>(stamp - rec.dispatch_ns, 0) / 1000;
@@ -287,15 +334,18 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
     if (rec.meta & kMetaProtected) attempts_.count_protected(), protected_seen_ = true;
     source_counts_[static_cast<size_t>(meta_slot(rec.meta))].generated += len;
   }
+  if (paced()) pace_restore_order();
+  for (int64_t i = 0; i < n_finish; ++i) clock_ = std::max(clock_, finish_steps[i]);  // weights that existed
   ledger_.completed += static_cast<int64_t>(n_groups);
   ledger_.put_total += n;
   lock.unlock();  // wake consumers after the lock is free, so they do not wake only to block on it
   ready_cv_.notify_all();
+  if (paced()) admit_cv_.notify_all();  // under age_from='finish' a completion can move a group's stamp forward
 }
 
 void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
-                        int64_t n_steps, int64_t n, std::optional<double> timeout, const int32_t* slots,
-                        int64_t n_slots) {
+                        int64_t n_steps, int64_t n, std::optional<double> timeout, const int64_t* finish_steps,
+                        int64_t n_finish, const int32_t* slots, int64_t n_slots) {
   check_timeout(timeout);
   MutexLock lock(mutex_);
   check_open();
@@ -315,6 +365,16 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
       throw InvalidArgument(concat("sample_step=", sample_steps[i], " is negative; steps are ints >= 0"));
     max_step = std::max(max_step, sample_steps[i]);
   }
+  if (n_finish != 0 && n_finish != 1 && n_finish != n)
+    throw InvalidArgument(concat("finish_step: ", n_finish, " steps for ", n,
+                                 " trajectories; pass one step or one per trajectory"));
+  for (int64_t i = 0; i < std::max(n_finish, n_finish > 0 ? n_steps : 0); ++i) {
+    const int64_t finish = finish_steps[n_finish == 1 ? 0 : i], started = sample_steps[n_steps == 1 ? 0 : i];
+    if (finish < started)
+      throw InvalidArgument(concat("finish_step=", finish, " of trajectory ", traj_ids[i],
+                                   " is before its sample_step=", started,
+                                   "; pass the step of the weights in force when it finished"));
+  }
   Groups groups;
   bool contiguous = true;
   if (group_ids) {
@@ -327,6 +387,14 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
                                        sample_steps[first], " and ", sample_steps[groups.order[k]],
                                        "; a group shares one sample_step"));
     }
+    for (size_t g = 0; g + 1 < groups.bounds.size() && n_finish > 1 && config_.age_from == AgeFrom::kFinish; ++g) {
+      const int64_t first = groups.order[groups.bounds[g]];
+      for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
+        if (finish_steps[groups.order[k]] != finish_steps[first])
+          throw InvalidArgument(concat("finish_step: under age_from='finish' a group shares one finish step; group ",
+                                       group_ids[first], " has finish_step ", finish_steps[first], " and ",
+                                       finish_steps[groups.order[k]]));
+    }
     for (size_t g = 0; g + 1 < groups.bounds.size() && slots && n_slots > 1; ++g) {
       const int64_t first = groups.order[groups.bounds[g]];
       for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
@@ -335,24 +403,50 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
                                        " and ", slots[groups.order[k]] - 1, "; a group shares one source"));
     }
   }
+  // Under pace the groups are admitted like dispatched prompts, each at its age stamp.
+  StepCounts asked;
+  int64_t asked_groups = 0;
+  if (paced()) {
+    const bool by_finish = config_.age_from == AgeFrom::kFinish && n_finish > 0;
+    auto stamp_of = [&](int64_t i) {
+      return by_finish ? finish_steps[n_finish == 1 ? 0 : i] : sample_steps[n_steps == 1 ? 0 : i];
+    };
+    if (group_ids) {
+      for (size_t g = 0; g + 1 < groups.bounds.size(); ++g) ++asked[stamp_of(groups.order[groups.bounds[g]])];
+      asked_groups = static_cast<int64_t>(groups.bounds.size()) - 1;
+    } else {
+      for (int64_t i = 0; i < n; ++i) ++asked[stamp_of(i)];
+      asked_groups = n;
+    }
+    check_pace_call_size(asked_groups, "put");
+  }
   std::optional<SteadyTime> deadline;
-  do {  // after a wait, validate again: another thread may have put one of these ids
+  bool waited = false;
+  for (;;) {  // after a wait, validate again: another thread may have put one of these ids
     check_not_live(traj_ids, n);
-  } while (!wait_for_room(n, timeout, "put", deadline));
+    if (paced() && !wait_for_admission(asked, asked_groups, asked.begin()->first, timeout, "put", deadline,
+                                       waited))
+      continue;
+    if (wait_for_room(n, timeout, "put", deadline)) break;
+  }
+  if (paced()) {
+    ledger_.admitted += asked_groups;
+    ledger_.admission_waits += waited;
+  }
   if (size_ + n > config_.capacity) evict_oldest_groups(n);
   const int64_t stamp = now_ns();
   int64_t n_groups = n;
   if (group_ids) n_groups = static_cast<int64_t>(groups.bounds.size()) - 1;
   if (contiguous) {  // ungrouped, or GRPO groups as they usually arrive: whole columns at once
     append_runs(traj_ids, group_ids, group_ids ? groups.bounds.data() : nullptr, n_groups, sample_steps, n_steps, n,
-                stamp, slots, n_slots);
+                stamp, finish_steps, n_finish, slots, n_slots);
   } else {
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t* members = groups.order.data() + groups.bounds[g];
       const int64_t step = sample_steps[n_steps > 1 ? members[0] : 0];
       const int32_t slot = slots ? slots[n_slots > 1 ? members[0] : 0] : 0;
       append_group(traj_ids, group_ids, members, groups.bounds[g + 1] - groups.bounds[g], 0, step, stamp, stamp,
-                   make_meta(-1, slot, false, false));
+                   finish_steps, n_finish, make_meta(-1, slot, false, false));
     }
   }
   if (!slots || n_slots == 1) {  // the usual call: one source for all, O(1)
@@ -368,10 +462,15 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   if (slots)
     for (int64_t i = 0; i < n_slots; ++i) tagged_ |= slots[i] != 0;
   plain_meta_ &= !tagged_;
+  if (paced()) {
+    for (const auto& [age_stamp, count] : asked) ready_groups_.add(age_stamp, count);
+    pace_restore_order();
+  }
   ledger_.dispatched += n_groups;
   ledger_.completed += n_groups;
   ledger_.put_total += n;
   clock_ = std::max(clock_, max_step);
+  for (int64_t i = 0; i < n_finish; ++i) clock_ = std::max(clock_, finish_steps[i]);  // weights that existed
   lock.unlock();
   ready_cv_.notify_all();
 }

@@ -11,6 +11,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "admission.hpp"
 #include "entry_meta.hpp"
 #include "errors.hpp"
 #include "in_flight.hpp"
@@ -25,7 +26,9 @@
 
 namespace pyfast_buffer {
 
-enum class Strategy : int { kDrop = 0, kWait = 1 };
+enum class Strategy : int { kDrop = 0, kWait = 1, kPace = 2 };
+/// Which end of a trajectory's version span max_age is measured from: its dispatch step or its finish step.
+enum class AgeFrom : int { kStart = 0, kFinish = 1 };
 enum class OnFull : int { kEvictOldest = 0, kBlock = 1, kError = 2 };
 enum class BlockedBy : int { kNone = 0, kTooFewReady = 1, kInFlightAtMaxAge = 2 };
 
@@ -49,9 +52,15 @@ struct RingConfig {
   bool track_released = false;      // keep a ReleaseLog of every id that leaves (see take_released)
   int64_t release_bound = 0;        // records that log holds (> 0), or 0 for default_release_bound(capacity)
   bool unique_ids = false;          // refuse a trajectory id that is already ready in the ring
+  int64_t prompts_per_step = 0;     // pace: prompt groups one training step takes (>= 1); 0 otherwise
+  int64_t lookahead = 0;            // pace: steps generation may run ahead of training, in [0, max_age]; 0 otherwise
+  AgeFrom age_from = AgeFrom::kStart;
   int64_t max_attempts = 0;         // > 0: a prompt's max_attempts-th untrained attempt is protected; 0: none
   int64_t attempts_bound = 0;       // prompt records kept (> 0), or 0 for default_attempts_bound(capacity)
 };
+
+/// Largest prompts_per_step accepted: keeps (lookahead + 1) * prompts_per_step far from int64 overflow.
+constexpr int64_t kMaxPromptsPerStep = int64_t{1} << 40;
 
 /// Ids that left the buffer since the previous take_released(), oldest first, with ReleaseReason codes.
 struct Released {
@@ -73,8 +82,8 @@ inline int age_bucket(int64_t age) {
 }
 
 /// Number of int64 columns a take writes: traj_id, group_id, sample_step, age, uses,
-/// policy_version, dispatch_ns, complete_ns, source (-1: untagged), in that order.
-constexpr int kBatchColumns = 9;
+/// policy_version, dispatch_ns, complete_ns, finish_step, source (-1: untagged), in that order.
+constexpr int kBatchColumns = 10;
 
 /// Pointers to the output columns of one batch (see kBatchColumns for the order).
 struct BatchColumns {
@@ -86,6 +95,7 @@ struct BatchColumns {
   int64_t* policy_version;
   int64_t* dispatch_ns;
   int64_t* complete_ns;
+  int64_t* finish_step;
   int64_t* source;
 };
 
@@ -104,6 +114,10 @@ struct TakeStats {
   int64_t sampled_total = 0;
   int64_t max_age = 0;  // the max_age in force for this call
   int64_t expired = 0;  // Ledger::expired after this call
+  int64_t trained_over_age = 0;  // entries this call handed out at age > max_age
+  Int128 span_sum = 0;           // sum of finish_step - sample_step over the batch (exact, as age_sum)
+  int64_t span_max = 0;
+  int64_t admitted = 0, admission_refused = 0, admission_waits = 0;  // the Ledger's, after this call
   std::array<int64_t, 6> attempts{};  // PromptAttempts::totals() after this call
   // (slot, taken, dropped) of every source slot this call took or dropped from, when any entry is tagged
   std::vector<std::array<int64_t, 3>> sources;
@@ -122,6 +136,7 @@ struct SourceCounts {
 /// The whole logical state in ring order (oldest first), as checkpoints store it.
 struct RingState {
   std::vector<int64_t> traj_id, group_id, sample_step, policy_version, dispatch_ns, complete_ns;
+  std::vector<int64_t> finish_step;  // import: empty means "as sample_step" (state from before spans)
   std::vector<int32_t> uses, group_len;
   std::vector<int64_t> meta;  // per entry (entry_meta.hpp)
   std::vector<int64_t> in_flight_prompt, in_flight_step, in_flight_dispatch_ns, in_flight_meta;
@@ -130,6 +145,7 @@ struct RingState {
   Ledger ledger;
   int64_t clock = -1;               // largest step seen, -1 before any
   int64_t evicted_unreported = 0;   // evictions not yet reported by a take
+  int64_t next_take = 0;            // pace: the step the trainer's next take is expected at (docs/design.md)
   std::vector<AttemptRecord> attempts;  // least recently touched first
   AttemptCounters attempt_counters;
   std::array<SourceCounts, kSourceSlots> source_counts{};
@@ -146,11 +162,17 @@ class StalenessRing {
 
   /// Marks `n` prompts in flight since `sample_step`, each with a lease of `lease` seconds if given (> 0,
   /// finite, <= kMaxSeconds); throws InvalidArgument, changing nothing, if an id repeats or is in flight.
-  /// `slots` (null: all untagged) holds one source slot (0 untagged, s + 1 for source s) for all
-  /// (`n_slots` == 1) or one per prompt.
+  /// `slots` (null: all untagged) holds one source slot (0 untagged, s + 1 for source s) for all (`n_slots` == 1)
+  /// or one per prompt. Under pace, admits all `n` or none: without a timeout a call that does not fit throws AdmissionFull, with
+  /// one it waits (interruptible) until admissible() allows it, or throws Timeout; both change only the counters.
   void dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step,
-                std::optional<double> lease = std::nullopt, const int32_t* slots = nullptr, int64_t n_slots = 0)
+                std::optional<double> lease = std::nullopt, std::optional<double> timeout = std::nullopt,
+                const int32_t* slots = nullptr, int64_t n_slots = 0)
       PFB_EXCLUDES(mutex_);
+
+  /// Returns how many prompts stamped `step` a dispatch may start now under pace (docs/design.md, "pace");
+  /// throws InvalidArgument under another strategy.
+  int64_t admissible(int64_t step) PFB_EXCLUDES(mutex_);
 
   /// Gives each of `n` in-flight prompts a lease of `lease` seconds from now; throws InvalidArgument,
   /// changing nothing, if an id repeats or is not in flight.
@@ -171,8 +193,11 @@ class StalenessRing {
   /// InvalidArgument, changing nothing, if a trajectory id repeats, a prompt is not in flight, or (unique_ids) an
   /// id is already ready; with on_full=block and a timeout, waits for room (interruptible, see set_interrupt_check).
   /// `lengths` (null: none) holds one response length (>= 0, < 2**32 - 1) per trajectory.
-  void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
-                std::optional<double> timeout, const int64_t* lengths = nullptr) PFB_EXCLUDES(mutex_);
+  /// `finish_steps` holds none (`n_finish` == 0: each prompt's dispatch step), one or `n` finish steps, each
+  /// >= the prompt's dispatch step; under age_from=finish a group shares one.
+  void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n, std::optional<double> timeout,
+                const int64_t* finish_steps = nullptr, int64_t n_finish = 0, const int64_t* lengths = nullptr)
+      PFB_EXCLUDES(mutex_);
 
   /// Marks `n` prompts failed; throws InvalidArgument if one repeats or is not in flight.
   void fail(const int64_t* prompt_ids, int64_t n) PFB_EXCLUDES(mutex_);
@@ -181,10 +206,11 @@ class StalenessRing {
   /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory; refuses repeated ids (and,
   /// with unique_ids, ready ones) with InvalidArgument, changing nothing; waits for room as complete does.
   /// `slots` (null: untagged) holds one source slot for all (`n_slots` == 1) or one per trajectory; a group
-  /// shares one.
+  /// shares one. `finish_steps` as complete's (each >= its entry's sample step); under pace the groups are admitted as a
+  /// dispatch's prompts are, the same timeout bounding both waits.
   void put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
-           int64_t n_steps, int64_t n, std::optional<double> timeout, const int32_t* slots = nullptr,
-           int64_t n_slots = 0) PFB_EXCLUDES(mutex_);
+           int64_t n_steps, int64_t n, std::optional<double> timeout, const int64_t* finish_steps = nullptr,
+           int64_t n_finish = 0, const int32_t* slots = nullptr, int64_t n_slots = 0) PFB_EXCLUDES(mutex_);
 
   /// Takes up to `batch_size` entries under the strategy into `out` (room for kBatchColumns *
   /// batch_size int64), column f of a k-entry batch at out[f*k, f*k+k) so it is contiguous; without
@@ -270,6 +296,7 @@ class StalenessRing {
   };
   struct TakePlan {
     int64_t walked = 0, taken = 0, dropped = 0;
+    int64_t pace_blocker = -1;  // pace: the in-flight stamp that blocked the take, when blocked_by says so
     bool full = false;
     BlockedBy blocked_by = BlockedBy::kNone;
     std::vector<Span> spans;  // runs of fresh entries the batch takes, oldest first
@@ -306,11 +333,13 @@ class StalenessRing {
   bool wait_for_room(int64_t n, std::optional<double> timeout, const char* call, std::optional<SteadyTime>& deadline)
       PFB_REQUIRES(mutex_);
   void append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order, int64_t len,
-                    int64_t group_id, int64_t sample_step, int64_t dispatch_ns, int64_t complete_ns, int64_t meta)
-      PFB_REQUIRES(mutex_);
+                    int64_t group_id, int64_t sample_step, int64_t dispatch_ns, int64_t complete_ns,
+                    const int64_t* finish_steps, int64_t n_finish, int64_t meta) PFB_REQUIRES(mutex_);
   void append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds, int64_t n_groups,
-                   const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp, const int32_t* slots,
-                   int64_t n_slots) PFB_REQUIRES(mutex_);
+                   const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp,
+                   const int64_t* finish_steps, int64_t n_finish, const int32_t* slots, int64_t n_slots)
+      PFB_REQUIRES(mutex_);
+  void note_spans(int64_t first, int64_t count) PFB_REQUIRES(mutex_);  // sets spans_ if an appended entry spans
   void remove_prefix(int64_t n) PFB_REQUIRES(mutex_);  // drops the oldest n entries
   void evict_oldest_groups(int64_t need) PFB_REQUIRES(mutex_);  // whole groups until `need` entries fit
 
@@ -321,8 +350,33 @@ class StalenessRing {
   void plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const PFB_REQUIRES(mutex_);
   // Closes a walk's open span at `walked` and records its totals (touches only `plan`).
   static void finish_plan(TakePlan& plan, int64_t span_start, int64_t walked, int64_t taken);
+  void apply_pace_gate(TakePlan& plan, int64_t current_step) const PFB_REQUIRES(mutex_);  // pace: blocks the take
   void commit_take(const TakePlan& plan, int64_t current_step, int64_t* out, TakeStats& stats) PFB_REQUIRES(mutex_);
   void fill_state(TakeStats& stats) PFB_REQUIRES(mutex_);  // the ring's state after a take or evict_stale
+
+  // ring_admission.cpp: strategy="pace". A paced ring stays sorted by age stamp, so oldest first is ring order.
+  bool paced() const { return config_.strategy == Strategy::kPace; }
+  const int64_t* age_steps() const PFB_REQUIRES(mutex_) {  // the column ages are measured from
+    return config_.age_from == AgeFrom::kFinish ? columns_.get().finish_step : columns_.get().sample_step;
+  }
+  int64_t pace_next_take() const PFB_REQUIRES(mutex_) {  // the step of the trainer's next take
+    return std::max<int64_t>(next_take_, clock_ < 0 ? 0 : clock_);
+  }
+  int64_t pace_room(int64_t step) const PFB_REQUIRES(mutex_);  // admissible(step), the lock held
+  void check_pace_call_size(int64_t groups, const char* call) const;  // InvalidArgument past the whole limit
+  bool pace_admits(const StepCounts& groups, int64_t total) const PFB_REQUIRES(mutex_);
+  // Returns true if the groups are admitted now; false once admitted after a wait, mutex_ released meanwhile
+  // (the caller re-validates); throws AdmissionFull or Timeout, counting the refusal.
+  bool wait_for_admission(const StepCounts& groups, int64_t total, int64_t first_step, std::optional<double> timeout,
+                          const char* call, std::optional<SteadyTime>& deadline, bool& waited) PFB_REQUIRES(mutex_);
+  std::string admission_message(const StepCounts& groups, int64_t total, int64_t first_step) const
+      PFB_REQUIRES(mutex_);
+  void pace_restore_order() PFB_REQUIRES(mutex_);  // stable sort by age stamp, if an append broke the order
+  void pace_count_ready() PFB_REQUIRES(mutex_);    // rebuilds ready_groups_ from the entries
+  void pace_forget_prefix(int64_t count) PFB_REQUIRES(mutex_);   // the oldest `count` entries leave
+  void pace_forget_retired(int64_t walked) PFB_REQUIRES(mutex_);  // a take's retired groups leave
+  std::optional<int64_t> pace_blocker_for(const TakePlan& plan, int64_t current_step) const PFB_REQUIRES(mutex_);
+  std::string pace_blocked_message(int64_t stamp, int64_t current_step) const PFB_REQUIRES(mutex_);
 
   // ring_accounting.cpp: what the bound does to the data (docs/data-bias.md).
   bool per_entry_cutoffs() const PFB_REQUIRES(mutex_) { return overrides_ > 0 || protected_seen_; }
@@ -343,7 +397,8 @@ class StalenessRing {
   MonotonicCondition room_cv_;        // producers: room freed, or closed
   int64_t head_ PFB_GUARDED_BY(mutex_) = 0;
   int64_t size_ PFB_GUARDED_BY(mutex_) = 0;
-  bool sorted_ PFB_GUARDED_BY(mutex_) = true;  // sample_step non-decreasing in ring order
+  bool sorted_ PFB_GUARDED_BY(mutex_) = true;  // age stamps (age_steps()) non-decreasing in ring order
+  bool spans_ PFB_GUARDED_BY(mutex_) = false;  // a ready entry has finish_step != sample_step (else no span sums)
   bool closed_ PFB_GUARDED_BY(mutex_) = false;
   int64_t clock_ PFB_GUARDED_BY(mutex_) = -1;
   int64_t max_age_ PFB_GUARDED_BY(mutex_);  // config_.max_age until set_max_age changes it
@@ -354,6 +409,9 @@ class StalenessRing {
   std::unique_ptr<ReleaseLog> release_log_ PFB_GUARDED_BY(mutex_);    // null unless config_.track_released
   std::unordered_set<int64_t> live_ids_ PFB_GUARDED_BY(mutex_);       // ready ids, kept only with unique_ids
   std::function<void()> interrupt_check_;  // set before the ring is shared, then only read: no lock
+  ReadyGroups ready_groups_ PFB_GUARDED_BY(mutex_);  // pace: ready groups by age stamp, in step with the entries
+  int64_t next_take_ PFB_GUARDED_BY(mutex_) = 0;     // pace: one past the step of the latest take
+  MonotonicCondition admit_cv_;  // pace producers: a slot freed (take, fail, expiry, load, max_age), or closed
   // What the bound does to the data (docs/data-bias.md): attempts, per-source bounds and counts, the monitor.
   PromptAttempts attempts_ PFB_GUARDED_BY(mutex_);
   std::unique_ptr<BiasMonitor> bias_ PFB_GUARDED_BY(mutex_);                // allocated at the first dispatch

@@ -6,7 +6,7 @@ from .batch import AGE_BUCKETS, BLOCKED_BY, FIELDS, LOG_FORMAT, Batch, set_metri
 from .buffer import StalenessBuffer
 from .checkpoint import CheckpointError
 from .config import BufferConfig
-from .errors import BufferClosedError, BufferFullError
+from .errors import AdmissionError, BufferClosedError, BufferFullError
 from .integrations.verl_mapping import config_from_verl, max_age_from_threshold, sample_step_from_tag
 from .reference import ReferenceBuffer
 from .released import RELEASE_REASONS, Released
@@ -22,6 +22,7 @@ __all__ = [
     "FIELDS",
     "LOG_FORMAT",
     "RELEASE_REASONS",
+    "AdmissionError",
     "Batch",
     "BufferClosedError",
     "BufferConfig",

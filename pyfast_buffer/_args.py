@@ -24,7 +24,7 @@ MAX_SOURCE = 63
 #: Response lengths lie below this (the core's kNoLength marks "none").
 MAX_LENGTH = 2**32 - 1
 #: The staleness strategies: the buffer's ``strategy`` and verl's ``max_off_policy_strategy`` (same names).
-STRATEGIES = ("drop", "wait")
+STRATEGIES = ("drop", "wait", "pace")
 
 
 def _is_int(value: Any) -> bool:

@@ -11,9 +11,11 @@ BATCH_COLUMNS: int
 
 class BufferClosedError(ValueError): ...
 class BufferFullError(RuntimeError): ...
+class AdmissionError(BufferFullError): ...
 
 _Stats = Tuple[
-    int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int, Tuple[int, ...], Tuple[tuple, ...]
+    int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int, int, int, int, int, int, int,
+    Tuple[int, ...], Tuple[tuple, ...],
 ]
 
 class Ring:
@@ -29,6 +31,9 @@ class Ring:
         track_released: bool = False,
         release_bound: int = 0,
         unique_ids: bool = False,
+        prompts_per_step: int = 0,
+        lookahead: int = 0,
+        age_from: str = "start",
         max_attempts: int = 0,
         attempts_bound: int = 0,
     ) -> None: ...
@@ -38,8 +43,10 @@ class Ring:
         prompt_ids: npt.NDArray[np.int64],
         step: int,
         lease: Optional[float] = None,
+        timeout: Optional[float] = None,
         slots: Optional[npt.NDArray[np.int32]] = None,
     ) -> None: ...
+    def admissible(self, step: int, /) -> int: ...
     def renew(self, prompt_ids: npt.NDArray[np.int64], lease: float, /) -> None: ...
     def expire_in_flight(self, older_than_s: float, /) -> int: ...
     def _set_lease_clock(self, now_ns: Optional[int], /) -> None: ...
@@ -47,7 +54,8 @@ class Ring:
         self,
         traj_ids: npt.NDArray[np.int64],
         prompt_ids: npt.NDArray[np.int64],
-        timeout: Optional[float],
+        timeout: Optional[float] = None,
+        finish_steps: Optional[npt.NDArray[np.int64]] = None,
         lengths: Optional[npt.NDArray[np.int64]] = None,
     ) -> None: ...
     def fail(self, prompt_ids: npt.NDArray[np.int64], /) -> None: ...
@@ -56,7 +64,8 @@ class Ring:
         traj_ids: npt.NDArray[np.int64],
         group_ids: Optional[npt.NDArray[np.int64]],
         sample_steps: npt.NDArray[np.int64],
-        timeout: Optional[float],
+        timeout: Optional[float] = None,
+        finish_steps: Optional[npt.NDArray[np.int64]] = None,
         slots: Optional[npt.NDArray[np.int32]] = None,
     ) -> None: ...
     def take(

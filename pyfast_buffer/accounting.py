@@ -94,7 +94,7 @@ class AccountingMethods:
         """After each take: feeds its per-source counts to the starvation warning and, every WINDOW_TAKES
         takes with INFO logging on, writes the bias record."""
         if self._watch.share is not None:
-            self._watch.on_take({source: taken for source, taken, _ in stats[14]})
+            self._watch.on_take({source: taken for source, taken, _ in stats[20]})
         self._takes_seen += 1
         if self._takes_seen % bias.WINDOW_TAKES == 0 and bias.logger.isEnabledFor(logging.INFO):
             bias.log_bias(self._bias_now())

@@ -21,23 +21,47 @@ FIELDS = (
     "policy_version",
     "dispatch_ns",
     "complete_ns",
+    "finish_step",
     "source",
 )
 #: Labels of the fixed age-histogram buckets (ages in trainer steps).
 AGE_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
 #: The log record of every take and evict_stale: dropped_stale and taken per call, buffer_left and sampled_total
-#: running, retired and evicted per call, then the max_age in force and the running count of expired prompts.
+#: running, retired and evicted per call, then the max_age in force and the running count of expired prompts,
+#: the uses this call trained over max_age, and the running admission counters of strategy="pace".
 #: New fields are only ever appended.
 LOG_FORMAT = (
-    "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d"
+    "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d "
+    "trained_over_age=%d admitted=%d admission_refused=%d admission_waits=%d"
     " retried=%d starved=%d regenerations=%d"
 )
 
 # (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight,
-#  sampled_total, max_age, expired, attempts, sources): attempts is ATTEMPT_FIELDS in order; sources holds
-#  (source, taken, dropped) of each source this call took or dropped from (-1: untagged), once any is tagged.
+#  sampled_total, max_age, expired, trained_over_age, span_sum, span_max, admitted, admission_refused,
+#  admission_waits, attempts, sources): attempts is ATTEMPT_FIELDS in order; sources holds (source, taken,
+#  dropped) of each source this call took or dropped from (-1: untagged), once any is tagged.
 Stats = Tuple[
-    int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int, Tuple[int, ...], Tuple[tuple, ...]
+    int,
+    int,
+    int,
+    int,
+    str,
+    int,
+    int,
+    Tuple[int, ...],
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    Tuple[int, ...],
+    Tuple[tuple, ...],
 ]
 #: The prompt-attempt counters of every take (docs/data-bias.md): retries and prompts_retried, regenerations
 #: (trajectories of lost attempts whose prompt was dispatched again), protected groups (max_attempts), the
@@ -60,6 +84,12 @@ _NAMES = (
     "age_max",
     "blocked_by",
     *tuple(f"age_hist/{b}" for b in AGE_BUCKETS),
+    "trained_over_age",
+    "span_mean",
+    "span_max",
+    "admitted",
+    "admission_refused",
+    "admission_waits",
     *ATTEMPT_FIELDS,
 )
 _prefix = DEFAULT_METRICS_PREFIX
@@ -97,7 +127,9 @@ def age_bucket(age: int) -> int:
 def log_record(stats: Stats) -> None:
     """Writes the one-line log record of one take or evict_stale (LOG_FORMAT), if INFO is enabled."""
     if logger.isEnabledFor(logging.INFO):
-        taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age, expired, attempts = stats[:14]
+        taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age, expired = stats[:13]
+        over, _, _, admitted, refused, waits = stats[13:19]
+        attempts = stats[19]
         logger.info(
             LOG_FORMAT,
             dropped,
@@ -108,6 +140,10 @@ def log_record(stats: Stats) -> None:
             evicted,
             max_age,
             expired,
+            over,
+            admitted,
+            refused,
+            waits,
             attempts[1],
             attempts[4],
             attempts[2],
@@ -117,6 +153,7 @@ def log_record(stats: Stats) -> None:
 def metrics_from_stats(stats: Stats) -> Dict[str, float]:
     """Returns the metrics dict of one take or evict_stale: numeric values under the current prefix."""
     taken, dropped, retired, evicted, blocked_by, age_sum, age_max, hist, left, in_flight, sampled = stats[:11]
+    over, span_sum, span_max, admitted, refused, waits = stats[13:19]
     values = (
         taken,
         dropped,
@@ -129,10 +166,16 @@ def metrics_from_stats(stats: Stats) -> Dict[str, float]:
         age_max,
         _BLOCKED_CODE[blocked_by],
         *hist,
-        *stats[13],
+        over,
+        span_sum / taken if taken else 0.0,
+        span_max,
+        admitted,
+        refused,
+        waits,
+        *stats[19],
     )
     metrics = dict(zip(_keys, values))
-    for source, source_taken, source_dropped in stats[14]:
+    for source, source_taken, source_dropped in stats[20]:
         name = "untagged" if source < 0 else source
         metrics[f"{_prefix}source/{name}/taken"] = source_taken
         metrics[f"{_prefix}source/{name}/dropped"] = source_dropped
@@ -162,7 +205,7 @@ class Batch:
         *,
         stats: Optional[Stats] = None,
     ) -> None:
-        # An (8, k) int64 numpy block (what take fills) becomes a tensor sharing its memory on first access.
+        # A (9, k) int64 numpy block (what take fills) becomes a tensor sharing its memory on first access.
         self._columns: Optional[torch.Tensor] = None if isinstance(columns, np.ndarray) else columns
         self._array: Optional[np.ndarray] = columns if isinstance(columns, np.ndarray) else None
         self._metrics = metrics
@@ -247,9 +290,19 @@ class Batch:
         return self._row(7)
 
     @property
+    def finish_step(self) -> torch.Tensor:
+        """Step of the weights in force when each trajectory finished (>= sample_step; complete's finish_step)."""
+        return self._row(8)
+
+    @property
+    def span(self) -> torch.Tensor:
+        """finish_step - sample_step: the weight updates each trajectory's generation crossed (a new tensor)."""
+        return self._row(8) - self._row(2)
+
+    @property
     def source(self) -> torch.Tensor:
         """Source tag of each trajectory (``dispatch``/``put`` ``source=``), -1 when untagged."""
-        return self._row(8)
+        return self._row(9)
 
     def __len__(self) -> int:
         if self._stats is not None:

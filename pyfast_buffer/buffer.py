@@ -25,7 +25,7 @@ from ._args import (
 from ._buffer_base import BufferBase
 from .accounting import AccountingMethods
 from .batch import Batch, log_record, make_metrics
-from .config import SourceMaxAge, resolve_pin_memory
+from .config import SourceMaxAge, check_max_age_keeps_lookahead, pace_limits, resolve_pin_memory
 from .errors import CLOSED_MESSAGE, BufferClosedError
 from .released import Released
 
@@ -48,7 +48,9 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         capacity: ready trajectories the ring holds (> 0); its memory is allocated once, here.
         max_age: largest age (``current_step - sample_step``) that may be trained on.
         strategy: ``"drop"`` discards stale entries at take; ``"wait"`` drops nothing and refuses
-            to take while an in-flight prompt has ``age >= max_age``.
+            to take while an in-flight prompt has ``age >= max_age``; ``"pace"`` admits prompts at dispatch
+            only while they can be trained within max_age, takes the stalest first, drops nothing, and waits at
+            take only for an in-flight prompt that would otherwise pass max_age (docs/design.md, "pace").
         max_uses: times an entry may be taken before it retires (1 = pure on-policy).
         on_full: what a put/complete that does not fit does: ``"evict_oldest"`` (counted as
             evicted), ``"block"`` (wait for room, with a timeout) or ``"error"`` (BufferFullError).
@@ -59,6 +61,13 @@ class StalenessBuffer(BufferBase, AccountingMethods):
             past it the oldest are discarded and counted in ``ledger()["released_overflow"]``.
         unique_ids: refuse (ValueError) a trajectory id that is already ready in the ring; costs a hash
             set of the ready ids (about 40 bytes per entry) and one lookup per id put or taken.
+        prompts_per_step: under pace (required there, refused elsewhere), the prompt groups one training step
+            takes; the trainer is expected to take that many groups at every step.
+        lookahead: under pace, how many steps generation may run ahead of training (default max_age,
+            ``0 <= lookahead <= max_age``): at most ``(lookahead + 1) * prompts_per_step`` groups are in
+            flight or ready.
+        age_from: ``"start"`` measures age from the dispatch step, ``"finish"`` from each group's finish_step
+            (see complete).
         max_attempts: with ``k``, a prompt's k-th (and any later) attempt is protected: under ``drop`` its
             group is never dropped for staleness, so no prompt is regenerated more than k times
             (docs/data-bias.md says which age a protected group can reach).
@@ -80,6 +89,9 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         track_released: bool = False,
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
+        prompts_per_step: Optional[int] = None,
+        lookahead: Optional[int] = None,
+        age_from: str = "start",
         max_attempts: Optional[int] = None,
         source_max_age: Optional[SourceMaxAge] = None,
         starvation_share: Optional[float] = None,
@@ -101,6 +113,9 @@ class StalenessBuffer(BufferBase, AccountingMethods):
             track_released=track_released,
             release_bound=release_bound or 0,
             unique_ids=unique_ids,
+            prompts_per_step=pace_limits(self.config)[0],
+            lookahead=pace_limits(self.config)[1],
+            age_from=age_from,
             max_attempts=max_attempts or 0,
         )
         for source, age in self.config.source_bounds():
@@ -109,7 +124,13 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         self._takes_seen = 0  # takes so far: every bias.WINDOW_TAKES-th logs the bias record
 
     def dispatch(
-        self, prompt_ids: Ids, step: int, lease: Optional[float] = None, *, source: Union[int, Ids, None] = None
+        self,
+        prompt_ids: Ids,
+        step: int,
+        lease: Optional[float] = None,
+        timeout: Optional[float] = None,
+        *,
+        source: Union[int, Ids, None] = None,
     ) -> None:
         """Marks prompts as in flight, generated with the weights of ``step``.
 
@@ -118,11 +139,19 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         or while a blocking take waits; see docs/reliability.md. ``source`` tags the prompts (one int in
         [0, 63] for all, or one per prompt): ``source_max_age`` and the per-source metrics key on it. A prompt
         dispatched again after its previous attempt left untrained counts as a retry (``starved()``).
+
+        Under ``strategy="pace"`` the call admits all its prompts or none: without ``timeout`` one that does
+        not fit raises AdmissionError (a BufferFullError), with one it waits (the GIL released, interruptible)
+        until a take, fail, expiry or load frees room, or raises TimeoutError. Other strategies never wait.
         """
         prompts = as_ids(prompt_ids, "prompt_ids")
         slots = as_slots(source, len(prompts), "prompts")
-        self._ring.dispatch(prompts, as_step(step, "step"), as_lease(lease), slots)
+        self._ring.dispatch(prompts, as_step(step, "step"), as_lease(lease), as_timeout(timeout), slots)
         self._watch.on_dispatch(None if slots is None else slots - 1, len(prompts))
+
+    def admissible(self, step: int) -> int:
+        """Returns how many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
+        return self._ring.admissible(as_step(step, "step"))
 
     def renew(self, prompt_ids: Ids, lease: float) -> None:
         """Gives in-flight prompts a lease of ``lease`` seconds from now (also prompts dispatched without one)."""
@@ -139,15 +168,25 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         self._ring._set_lease_clock(now_ns)
 
     def complete(
-        self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None, *, lengths: Optional[Ids] = None
+        self,
+        traj_ids: Ids,
+        prompt_ids: Ids,
+        timeout: Optional[float] = None,
+        *,
+        finish_step: Union[int, Ids, None] = None,
+        lengths: Optional[Ids] = None,
     ) -> None:
         """Moves finished trajectories into the ring; ``prompt_ids[i]`` is the prompt of ``traj_ids[i]``.
 
-        ``lengths`` (optional, one token count per trajectory) feeds the bias monitor's length sketches.
+        ``finish_step`` (one int or one per trajectory, each >= its prompt's dispatch step; default the dispatch
+        step) is the step of the weights in force when the trajectory finished: the batch reports it and
+        ``span = finish_step - sample_step``; under ``age_from="finish"`` age is measured from it. ``lengths``
+        (optional, one token count per trajectory) feeds the bias monitor's length sketches (docs/data-bias.md).
         """
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
-        self._ring.complete(trajs, prompts, as_timeout(timeout), as_lengths(lengths, len(trajs)))
+        finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
+        self._ring.complete(trajs, prompts, as_timeout(timeout), finish, as_lengths(lengths, len(trajs)))
 
     def fail(self, prompt_ids: Ids) -> None:
         """Marks in-flight prompts as failed; nothing of theirs enters the ring."""
@@ -160,11 +199,13 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         group_ids: Optional[Ids] = None,
         timeout: Optional[float] = None,
         *,
+        finish_step: Union[int, Ids, None] = None,
         source: Union[int, Ids, None] = None,
     ) -> None:
-        """Dispatch + complete in one call; ``sample_step`` is one int or one per trajectory, ``source`` one
-        tag or one per trajectory (a group shares one). Put entries are outside the bias monitor and the
-        prompt-attempt table: the buffer never saw their rollout."""
+        """Dispatch + complete in one call; ``sample_step`` and ``finish_step`` (see complete) are one int or one
+        per trajectory, ``source`` one tag or one per trajectory (a group shares one). Under pace each group is
+        admitted as a dispatched prompt (``timeout`` bounds that wait too). Put entries are outside the bias
+        monitor and the prompt-attempt table: the buffer never saw their rollout."""
         # The common call (int64 numpy ids, one int stamp, no groups) skips the general conversions.
         if (
             type(traj_ids) is np.ndarray
@@ -183,8 +224,9 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         if group_ids is not None:
             groups = as_ids(group_ids, "group_ids")
             same_length(trajs, "traj_ids", groups, "group_ids")
+        finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
         slots = None if source is None else as_slots(source, len(trajs), "trajectories")
-        self._ring.put(trajs, groups, steps, None if timeout is None else as_timeout(timeout), slots)
+        self._ring.put(trajs, groups, steps, None if timeout is None else as_timeout(timeout), finish, slots)
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
         """Takes up to ``batch_size`` trajectories, oldest first, in whole groups.
@@ -258,6 +300,7 @@ class StalenessBuffer(BufferBase, AccountingMethods):
     @max_age.setter
     def max_age(self, value: int) -> None:
         max_age = as_count(value, "max_age", 0)
+        check_max_age_keeps_lookahead(self.config, max_age)
         with self._config_lock:
             self._ring.max_age = max_age
             self.config = dataclasses.replace(self.config, max_age=max_age)
@@ -296,7 +339,7 @@ class StalenessBuffer(BufferBase, AccountingMethods):
     def state_dict(self) -> Dict[str, Any]:
         """Returns the whole state (entries, in-flight prompts, ledger, clock) as torch tensors."""
         s = self._ring.export_state()
-        entries = {k: s[k] for k in state.ENTRY_COLUMNS}
+        entries = {k: s[k] for k in state.ENTRY_COLUMNS + state.LATER_ENTRY_COLUMNS}
         in_flight = {
             "prompt_id": s["in_flight_prompt"],
             "sample_step": s["in_flight_step"],
@@ -313,9 +356,10 @@ class StalenessBuffer(BufferBase, AccountingMethods):
             s["ledger"],
             s["clock"],
             s["evicted_unreported"],
-            s["attempts"],
-            s["attempt_counters"],
-            s["source_counts"],
+            s["next_take"],
+            attempts=s["attempts"],
+            attempt_counters=s["attempt_counters"],
+            source_counts=s["source_counts"],
         )
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -339,5 +383,6 @@ class StalenessBuffer(BufferBase, AccountingMethods):
             ledger=s["ledger"],
             clock=s["clock"],
             evicted_unreported=s["evicted_unreported"],
+            next_take=s["next_take"],
         )
         self._ring.import_state(flat)

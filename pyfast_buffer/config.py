@@ -33,6 +33,7 @@ from .integrations.verl_mapping import (
 )
 
 ON_FULL = ("evict_oldest", "block", "error")
+AGE_FROM = ("start", "finish")
 
 
 #: ``source_max_age`` as passed: ``{source: max_age}``, or the (source, max_age) pairs a config stores.
@@ -52,6 +53,9 @@ class BufferConfig:
     track_released: bool = False
     release_bound: Optional[int] = None
     unique_ids: bool = False
+    prompts_per_step: Optional[int] = None
+    lookahead: Optional[int] = None
+    age_from: str = "start"
     max_attempts: Optional[int] = None
     source_max_age: Optional[SourceMaxAge] = None
     starvation_share: Optional[float] = None
@@ -65,7 +69,7 @@ class BufferConfig:
         as_count(self.max_age, "max_age", 0)
         as_count(self.max_uses, "max_uses", 1, 2**31 - 1)
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy={self.strategy!r} is unknown; use 'drop' or 'wait'")
+            raise ValueError(f"strategy={self.strategy!r} is unknown; use 'drop', 'wait' or 'pace'")
         if self.on_full not in ON_FULL:
             raise ValueError(f"on_full={self.on_full!r} is unknown; use 'evict_oldest', 'block' or 'error'")
         if self.parameter_sync_step is not None:
@@ -77,6 +81,9 @@ class BufferConfig:
             as_count(self.release_bound, "release_bound", 1)
             if not self.track_released:
                 raise ValueError(f"release_bound={self.release_bound} needs track_released=True")
+        if self.age_from not in AGE_FROM:
+            raise ValueError(f"age_from={self.age_from!r} is unknown; use 'start' (dispatch step) or 'finish'")
+        self._check_pace()
         if self.max_attempts is not None:
             as_count(self.max_attempts, "max_attempts", 1, 2**31 - 1)
         # Stored as sorted (source, max_age) pairs: hashable, and a checkpoint keeps it (dict keys must be str there).
@@ -87,6 +94,51 @@ class BufferConfig:
                 raise TypeError(f"starvation_share={share!r} is not a number; pass a share in (0, 1) or None")
             if not 0 < share < 1:
                 raise ValueError(f"starvation_share={share} must lie in (0, 1), e.g. 0.05 for 5% of trained data")
+
+
+    def _check_pace(self) -> None:
+        if self.strategy != "pace":
+            for name in ("prompts_per_step", "lookahead"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)!r} is used only by strategy='pace'; "
+                        f"leave it unset or pass strategy='pace'"
+                    )
+            return
+        if self.prompts_per_step is None:
+            raise ValueError(
+                "strategy='pace' needs prompts_per_step: the prompt groups one training step takes "
+                "(e.g. train_batch_size // group size)"
+            )
+        as_count(self.prompts_per_step, "prompts_per_step", 1, PACE_MAX_PROMPTS_PER_STEP)
+        if self.lookahead is not None:
+            as_count(self.lookahead, "lookahead", 0)
+            if self.lookahead > self.max_age:
+                raise ValueError(
+                    f"lookahead={self.lookahead} exceeds max_age={self.max_age}; generation may run at most "
+                    "max_age steps ahead of training under pace, so pass lookahead <= max_age"
+                )
+
+
+def pace_limits(config: BufferConfig) -> tuple:
+    """Returns the core's (prompts_per_step, lookahead) for ``config``: (0, 0) unless strategy='pace', where an
+    unset lookahead is the max_age the buffer is built with (fixed from then on, as the core keeps it)."""
+    if config.strategy != "pace":
+        return 0, 0
+    return config.prompts_per_step, config.max_age if config.lookahead is None else config.lookahead
+
+
+def check_max_age_keeps_lookahead(config: BufferConfig, max_age: int) -> None:
+    """Raises ValueError, before anything changes, if setting ``max_age`` would put it below an explicit lookahead."""
+    if config.strategy == "pace" and config.lookahead is not None and max_age < config.lookahead:
+        raise ValueError(
+            f"max_age={max_age} is below lookahead={config.lookahead}; a paced buffer's lookahead never exceeds "
+            "its max_age, so build it with a smaller lookahead to lower max_age this far"
+        )
+
+
+#: Largest prompts_per_step accepted (the core's kMaxPromptsPerStep).
+PACE_MAX_PROMPTS_PER_STEP = 2**40
 
 
 def as_source(value: Any, name: str = "source") -> int:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import numpy as np
 import torch
 
-from . import bias, state
+from . import _reference_pace, bias, state
 from ._args import (
     as_count,
     as_ids,
@@ -36,8 +36,8 @@ from ._buffer_base import BufferBase
 from .accounting import AccountingMethods
 from .attempts import PromptAttempts, default_attempts_bound
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
-from .config import SourceMaxAge, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, BufferClosedError, BufferFullError
+from .config import SourceMaxAge, check_max_age_keeps_lookahead, pace_limits, resolve_pin_memory
+from .errors import CLOSED_MESSAGE, AdmissionError, BufferClosedError, BufferFullError
 from .released import NOT_TRACKED, Released, default_release_bound
 
 _RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of RELEASE_REASONS
@@ -79,6 +79,7 @@ class _Plan:
         self.walked = self.taken = self.dropped = 0  # walked counts groups here
         self.full = False
         self.blocked_by = "none"
+        self.pace_blocker: Optional[int] = None  # pace: the in-flight stamp that blocked the take
 
 
 class ReferenceBuffer(BufferBase, AccountingMethods):
@@ -97,11 +98,16 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         track_released: bool = False,
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
+        prompts_per_step: Optional[int] = None,
+        lookahead: Optional[int] = None,
+        age_from: str = "start",
         max_attempts: Optional[int] = None,
         source_max_age: Optional[SourceMaxAge] = None,
         starvation_share: Optional[float] = None,
     ) -> None:
         self._configure(locals())
+        self._per_step, self._lookahead = pace_limits(self.config)
+        self._next_take = 0  # pace: one past the step of the latest take
         # (id, reason code) of everything that left, oldest first, until released() drains it
         self._released: Optional[deque] = deque() if track_released else None
         self._release_bound = release_bound or default_release_bound(capacity)
@@ -188,23 +194,44 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         return evicted
 
     # -- in-flight prompts: dispatch, fail, renew, leases, expiry (csrc/ring_in_flight.cpp) --------------------------
-    def dispatch(self, prompt_ids: Any, step: int, lease: Optional[float] = None, *, source: Any = None) -> None:
+    def dispatch(
+        self,
+        prompt_ids: Any,
+        step: int,
+        lease: Optional[float] = None,
+        timeout: Optional[float] = None,
+        *,
+        source: Any = None,
+    ) -> None:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
         slots = as_slots(source, len(prompts), "prompts")
         step = as_step(step, "step")
         lease = as_lease(lease)
+        timeout = as_timeout(timeout)
         with self._cond:
             self._check_open()
             self._expire_due()
             dup = self._first_duplicate(prompts)
             if dup is not None:
                 raise ValueError(f"prompt_ids: prompt {dup} appears twice; dispatch each prompt once")
-            for p in prompts:
-                if p in self._in_flight:
-                    raise ValueError(
-                        f"prompt_ids: prompt {p} is already in flight (dispatched at step "
-                        f"{self._in_flight[p][0]}); complete or fail it before dispatching it again"
-                    )
+            paced = self._paced() and len(prompts) > 0
+            if paced:
+                self._check_pace_call_size(len(prompts), "dispatch")
+            deadline = time.monotonic() + (timeout or 0.0)
+            waited = False
+            while True:  # after a wait, validate again: another thread may have dispatched one of these
+                for p in prompts:
+                    if p in self._in_flight:
+                        raise ValueError(
+                            f"prompt_ids: prompt {p} is already in flight (dispatched at step "
+                            f"{self._in_flight[p][0]}); complete or fail it before dispatching it again"
+                        )
+                if not paced or self._wait_for_admission([step] * len(prompts), timeout, "dispatch", deadline):
+                    break
+                waited = True
+            if self._paced():
+                self._counts["admitted"] += len(prompts)
+                self._counts["admission_waits"] += waited
             now, since = time.time_ns(), self._lease_now()
             deadline = _NO_LEASE if lease is None else min(since + int(lease * 1e9), _NO_LEASE - 1)
             if self._bias is None and prompts:
@@ -311,9 +338,29 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         return len(due)
 
     # -- writing: complete, put, grouping, on_full, eviction of the oldest (csrc/ring_write.cpp) ---------------------
-    def complete(self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None, *, lengths: Any = None) -> None:
+    def _finish_list(self, finish_step: Any, n: int) -> Optional[List[int]]:
+        if finish_step is None:
+            return None
+        finish = as_steps(finish_step, "finish_step", n, copy=True).tolist()
+        return finish * n if len(finish) == 1 else finish
+
+    def _check_finish_groups(self, finish: Optional[List[int]], groups: Dict[int, List[int]]) -> None:
+        if finish is None or self.config.age_from != "finish":
+            return
+        for key, members in groups.items():
+            for i in members[1:]:
+                if finish[i] != finish[members[0]]:
+                    raise ValueError(
+                        f"finish_step: under age_from='finish' a group shares one finish step; group {key} has "
+                        f"finish_step {finish[members[0]]} and {finish[i]}"
+                    )
+
+    def complete(
+        self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None, *, finish_step: Any = None, lengths: Any = None
+    ) -> None:
         trajs, prompts = as_ids(traj_ids, "traj_ids", copy=True), as_ids(prompt_ids, "prompt_ids", copy=True)
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
+        finish = self._finish_list(finish_step, len(trajs))
         timeout = as_timeout(timeout)
         length_of = as_lengths(lengths, len(trajs))
         n = len(trajs)
@@ -328,10 +375,20 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             if dup is not None:
                 raise ValueError(f"traj_ids: trajectory {dup} appears twice; complete each trajectory once")
             groups = self._group_stably(prompts)
+            self._check_finish_groups(finish, groups)
             deadline = time.monotonic() + (timeout or 0.0)
             while True:
                 self._expire_due()
                 self._check_in_flight(groups)
+                for p, members in groups.items():
+                    started = self._in_flight[p][0]
+                    for i in members if finish is not None else ():
+                        if finish[i] < started:
+                            raise ValueError(
+                                f"finish_step={finish[i]} of trajectory {traj_list[i]} is before prompt {p} was "
+                                f"dispatched at step {started}; pass the step of the weights in force when it "
+                                f"finished (>= {started})"
+                            )
                 self._check_not_live(traj_list)
                 if self._wait_for_room(n, timeout, "complete", deadline):
                     break
@@ -342,7 +399,12 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 base = meta & ~_NO_LENGTH
                 metas = [meta if length_of is None else base | int(length_of[i]) for i in members]
                 self._append(
-                    [self._record(traj_list[i], p, step, dispatched_at, now, m) for i, m in zip(members, metas)]
+                    [
+                        self._record(
+                            traj_list[i], p, step, dispatched_at, now, step if finish is None else finish[i], m
+                        )
+                        for i, m in zip(members, metas)
+                    ]
                 )
                 self._bias.add(0, 0, [max(now - dispatched_at, 0) // 1000] * len(members))
                 if length_of is not None:
@@ -352,6 +414,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                     self._attempts.counters["protected"] += 1
                     self._protected_seen = True
                 self._source_counts[_slot(meta), 1] += len(members)
+            self._restore_order()
+            self._clock = max(self._clock, *(finish or [-1]))
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
             self._cond.notify_all()
@@ -363,6 +427,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         group_ids: Any = None,
         timeout: Optional[float] = None,
         *,
+        finish_step: Any = None,
         source: Any = None,
     ) -> None:
         # Owned copies: each caller array is read once, as the native wrapper's copies are.
@@ -370,6 +435,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         slots = None if source is None else as_slots(source, len(trajs), "trajectories")
         slot_of = (lambda i: 0) if slots is None else (lambda i: int(slots[0 if len(slots) == 1 else i]))
         steps = as_steps(sample_step, "sample_step", len(trajs), copy=True).tolist()
+        finish = self._finish_list(finish_step, len(trajs))
         groups_arr = None
         if group_ids is not None:
             groups_arr = as_ids(group_ids, "group_ids", copy=True)
@@ -394,23 +460,56 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 key_of = groups_arr.tolist()
                 self._check_uniform(groups, step_of, "sample_step", "stamped", "sample_step", 0)
                 self._check_uniform(groups, slot_of, "source", "tagged", "source", -1)
+            for i in range(n) if finish is not None else ():
+                if finish[i] < step_of(i):
+                    raise ValueError(
+                        f"finish_step={finish[i]} of trajectory {traj_list[i]} is before its sample_step={step_of(i)}; "
+                        "pass the step of the weights in force when it finished"
+                    )
+            if groups_arr is not None:
+                self._check_finish_groups(finish, groups)
+            by_finish = finish is not None and self.config.age_from == "finish"
+            stamps = [finish[m[0]] if by_finish else step_of(m[0]) for m in groups.values()]  # type: ignore[index]
+            if self._paced():
+                self._check_pace_call_size(len(stamps), "put")
             deadline = time.monotonic() + (timeout or 0.0)
+            waited = False
             while True:  # after a wait, validate again: another thread may have put one of these ids
                 self._check_not_live(traj_list)
+                if self._paced() and not self._wait_for_admission(stamps, timeout, "put", deadline):
+                    waited = True
+                    continue
                 if self._wait_for_room(n, timeout, "put", deadline):
                     break
+            if self._paced():
+                self._counts["admitted"] += len(stamps)
+                self._counts["admission_waits"] += waited
             now = time.time_ns()
             for members in groups.values():
                 gid = key_of[members[0]]
                 meta = _meta(-1, slot_of(members[0]), False, False)
-                self._append([self._record(traj_list[i], gid, step_of(members[0]), now, now, meta) for i in members])
+                self._append(
+                    [
+                        self._record(
+                            traj_list[i],
+                            gid,
+                            step_of(members[0]),
+                            now,
+                            now,
+                            step_of(i) if finish is None else finish[i],
+                            meta,
+                        )
+                        for i in members
+                    ]
+                )
                 self._source_counts[_slot(meta), 0] += 1
                 self._source_counts[_slot(meta), 1] += len(members)
                 self._tagged |= _slot(meta) != 0
+            self._restore_order()
             self._counts["dispatched"] += len(groups)
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
-            self._clock = max(self._clock, max(steps))
+            self._clock = max(self._clock, max(steps), *(finish or [-1]))
             self._cond.notify_all()
 
     @staticmethod
@@ -431,7 +530,9 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             groups.setdefault(key, []).append(i)
         return groups  # dicts keep first-appearance order
 
-    def _record(self, traj_id: int, group_id: int, step: int, dispatch_ns: int, complete_ns: int, meta: int) -> dict:
+    def _record(
+        self, traj_id: int, group_id: int, step: int, dispatch_ns: int, complete_ns: int, finish_step: int, meta: int
+    ) -> dict:
         return {
             "meta": meta,
             "traj_id": traj_id,
@@ -441,6 +542,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             "dispatch_ns": dispatch_ns,
             "complete_ns": complete_ns,
             "uses": 0,
+            "finish_step": finish_step,
         }
 
     def _policy_version(self, step: int) -> int:
@@ -488,6 +590,136 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         if self._live is not None:
             self._live.update(rec["traj_id"] for rec in records)
 
+    # -- pace: admission, the take gate, the stamp order (csrc/ring_admission.cpp) ---------------------------------
+    def _paced(self) -> bool:
+        return self.config.strategy == "pace"
+
+    def _age_stamp(self, group: List[dict]) -> int:
+        """The step a group's age is measured from: its dispatch step, or under age_from='finish' its finish step."""
+        return group[0]["finish_step" if self.config.age_from == "finish" else "sample_step"]
+
+    def _pace_next_take(self) -> int:
+        return max(self._next_take, self._clock, 0)
+
+    def _outstanding(self) -> List[int]:
+        """One stamp per in-flight prompt (its dispatch step) and per ready group (its age stamp)."""
+        return [rec[0] for rec in self._in_flight.values()] + [self._age_stamp(g) for g in self._groups]
+
+    def _pace_admits(self, stamps: List[int]) -> bool:
+        """Whether groups stamped ``stamps`` may start now: each stamp admitted one after the other, oldest first."""
+        outstanding = self._outstanding()
+        for stamp in sorted(stamps):
+            limit = self.config.max_age
+            if _reference_pace.admissible(outstanding, stamp, self._pace_next_take(), limit, *self._pace_args()) < 1:
+                return False
+            outstanding.append(stamp)
+        return True
+
+    def _pace_args(self) -> tuple:
+        return self._per_step, self._lookahead
+
+    def _admissible_now(self, step: int) -> int:
+        return _reference_pace.admissible(
+            self._outstanding(), step, self._pace_next_take(), self.config.max_age, *self._pace_args()
+        )
+
+    def _check_pace_call_size(self, groups: int, call: str) -> None:
+        limit = (self._lookahead + 1) * self._per_step
+        if groups > limit:
+            what = "traj_ids" if call == "put" else "prompt_ids"
+            unit = "groups" if call == "put" else "prompts"
+            raise ValueError(
+                f"{what}: {groups} {unit} exceed the admission limit {limit} = (lookahead + 1) * prompts_per_step; "
+                f"{call} at most {limit} per call"
+            )
+
+    def _admission_message(self, stamps: List[int]) -> str:
+        limit = (self._lookahead + 1) * self._per_step
+        ready, in_flight = len(self._groups), len(self._in_flight)
+        first = min(stamps)
+        room = self._admissible_now(first)
+        unit = "groups" if len(set(stamps)) > 1 else "prompts"
+        text = (
+            f"{len(stamps)} {unit} at step {first} do not fit strategy='pace': limit (lookahead + 1) * "
+            f"prompts_per_step = {limit} prompt groups, {ready + in_flight} outstanding ({in_flight} in flight, "
+            f"{ready} ready), {room} admissible now"
+        )
+        if room < limit - ready - in_flight:
+            text += (
+                f"; prompts stamped {first} must be trained by step {first + self.config.max_age} and the trainer's "
+                f"next take is at step {self._pace_next_take()}, so fewer slots remain for them"
+            )
+        return (
+            text + "; take (train) to free slots, fail stuck prompts, dispatch with newer weights, or raise lookahead"
+        )
+
+    def _wait_for_admission(self, stamps: List[int], timeout: Optional[float], call: str, deadline: float) -> bool:
+        """Returns True if admitted at once, False after waiting (the caller re-validates); raises otherwise."""
+        if self._pace_admits(stamps):
+            return True
+        first, max_age, next_take = min(stamps), self.config.max_age, self._pace_next_take()
+        if first + max_age < next_take:  # past its deadline already: no take can make room for it
+            self._counts["admission_refused"] += len(stamps)
+            raise AdmissionError(
+                f"{call}: prompts stamped {first} would pass max_age={max_age} before the trainer's next take at "
+                f"step {next_take}, so no wait can admit them; dispatch with newer weights (step >= "
+                f"{next_take - max_age})"
+            )
+        if timeout is None:
+            self._counts["admission_refused"] += len(stamps)
+            raise AdmissionError(f"{call}: {self._admission_message(stamps)}; or pass timeout= to wait for a slot")
+        while True:
+            self._wait(deadline)
+            self._check_open()
+            self._expire_due()
+            if self._pace_admits(stamps):
+                return False
+            if time.monotonic() >= deadline:
+                break
+        self._counts["admission_refused"] += len(stamps)
+        self._counts["admission_waits"] += 1
+        raise TimeoutError(
+            f"{call} timed out after {timeout} s waiting for admission under pace: {self._admission_message(stamps)}"
+        )
+
+    def _restore_order(self) -> None:
+        """Under pace the groups stay sorted by age stamp (stable): oldest first is deque order."""
+        if self._paced():
+            self._groups = deque(sorted(self._groups, key=self._age_stamp))
+
+    def _pace_blocker(self, plan: _Plan, current_step: int) -> Optional[int]:
+        taken_groups = plan.walked
+        return _reference_pace.blocker(
+            [rec[0] for rec in self._in_flight.values()],
+            [self._age_stamp(g) for g in self._groups],
+            taken_groups,
+            current_step,
+            self.config.max_age,
+            self._per_step,
+        )
+
+    def _pace_blocked_message(self, stamp: int, current_step: int) -> str:
+        blocking = sorted((rec[0], p) for p, rec in self._in_flight.items() if rec[0] <= stamp)
+        names = ", ".join(f"prompt {p} since step {s}" for s, p in blocking[:8])
+        more = ", ..." if len(blocking) > 8 else ""
+        return (
+            f"{len(blocking)} in-flight prompt(s) stamped <= {stamp} ({names}{more}) would pass "
+            f"max_age={self.config.max_age} if the trainer took newer groups at step {current_step} "
+            f"(prompts_per_step={self._per_step} per step); complete or fail them, or increase max_age "
+            "(max_off_policy_threshold)"
+        )
+
+    def admissible(self, step: int) -> int:
+        if not self._paced():
+            raise ValueError(
+                f"admissible(): only strategy='pace' admits prompts; this buffer's strategy is "
+                f"'{self.config.strategy}', which starts every dispatch at once"
+            )
+        step = as_step(step, "step")
+        with self._cond:
+            self._expire_due()
+            return self._admissible_now(step)
+
     # -- taking: plan, commit, take, the wait gate (csrc/ring_take.cpp) ----------------------------------------------
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
         batch_size = as_count(batch_size, "batch_size", 1)
@@ -508,7 +740,9 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                         plan = self._plan(batch_size, current_step)
                         if plan.full:
                             break
-                        if plan.blocked_by == "in_flight_at_max_age":
+                        if plan.blocked_by == "in_flight_at_max_age" and plan.pace_blocker is not None:
+                            cause = self._pace_blocked_message(plan.pace_blocker, current_step)
+                        elif plan.blocked_by == "in_flight_at_max_age":
                             cause = self._wait_blocked_message(current_step)
                         else:
                             cause = (
@@ -520,7 +754,11 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                     self._check_clock(current_step)  # a producer may have stamped a later step
                     plan = self._plan(batch_size, current_step)
             self._clock = max(self._clock, current_step)
-            return self._commit(plan, current_step)
+            batch = self._commit(plan, current_step)
+            if self._paced():
+                self._next_take = max(self._next_take, current_step + 1)
+                self._cond.notify_all()
+            return batch
 
     def _plan(self, batch_size: int, current_step: int) -> _Plan:
         plan = _Plan()
@@ -547,12 +785,18 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 plan.full = True
                 break
         plan.blocked_by = "none" if plan.full else "too_few_ready"
+        if self._paced():  # the oldest groups are the batch; take it only if no in-flight prompt then passes max_age
+            stamp = self._pace_blocker(plan, current_step)
+            if stamp is not None:
+                plan = _Plan()
+                plan.blocked_by = "in_flight_at_max_age"
+                plan.pace_blocker = stamp
         return plan
 
     def _commit(self, plan: _Plan, current_step: int) -> Batch:
-        columns: List[List[int]] = [[] for _ in range(9)]
+        columns: List[List[int]] = [[] for _ in range(10)]
         hist = [0] * len(AGE_BUCKETS)
-        age_sum = age_max = retired = 0
+        age_sum = age_max = retired = over_age = span_sum = span_max = 0
         keep = []
         observing = self._observing()
         by_slot: Dict[int, List[int]] = {}  # slot -> [taken, dropped] by this call
@@ -568,7 +812,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 continue
             for rec in group:
                 rec["uses"] += 1
-                age = current_step - rec["sample_step"]
+                age = current_step - self._age_stamp(group)
                 for col, value in zip(
                     columns,
                     (
@@ -580,6 +824,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                         rec["policy_version"],
                         rec["dispatch_ns"],
                         rec["complete_ns"],
+                        rec["finish_step"],
                         _slot(rec["meta"]) - 1,
                     ),
                 ):
@@ -587,6 +832,10 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 age_sum += age
                 age_max = max(age_max, age)
                 hist[age_bucket(age)] += 1
+                over_age += age > self.config.max_age
+                span = rec["finish_step"] - rec["sample_step"]
+                span_sum += span
+                span_max = max(span_max, span)
             if observing:
                 by_slot.setdefault(_slot(group[0]["meta"]), [0, 0])[0] += len(group)
                 self._observe_taken(group)
@@ -602,6 +851,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         self._counts["taken"] += plan.taken
         self._counts["retired"] += retired
         self._counts["dropped_stale"] += plan.dropped
+        self._counts["trained_over_age"] += over_age
         if plan.walked:
             self._cond.notify_all()
         stats = (
@@ -618,13 +868,19 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._counts["put_total"],
             self.config.max_age,
             self._counts["expired"],
+            over_age,
+            span_sum,
+            span_max,
+            self._counts["admitted"],
+            self._counts["admission_refused"],
+            self._counts["admission_waits"],
             self._attempts.snapshot()[0],
             tuple((slot - 1, *by_slot[slot]) for slot in sorted(by_slot)) if self._tagged else (),
         )
         if self._bias is not None:
             self._bias.on_take()
         self._watch_take(stats)
-        return Batch(torch.tensor(columns, dtype=torch.int64).reshape(9, plan.taken), make_metrics(stats))
+        return Batch(torch.tensor(columns, dtype=torch.int64).reshape(len(columns), plan.taken), make_metrics(stats))
 
     def _own_max_age(self, slot: int) -> int:
         return self._source_max_age.get(slot - 1, self.config.max_age) if slot else self.config.max_age
@@ -635,7 +891,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         meta = group[0]["meta"]
         if (self.config.strategy != "drop" and not any_strategy) or meta & _PROTECTED:
             return False
-        return current_step - group[0]["sample_step"] > self._own_max_age(_slot(meta))
+        return current_step - self._age_stamp(group) > self._own_max_age(_slot(meta))
 
     def _observing(self) -> bool:
         return self._bias is not None or self._tagged
@@ -712,6 +968,12 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 self._counts["put_total"],
                 self.config.max_age,
                 self._counts["expired"],
+                0,
+                0,
+                0,
+                self._counts["admitted"],
+                self._counts["admission_refused"],
+                self._counts["admission_waits"],
                 self._attempts.snapshot()[0],
                 (),
             )
@@ -746,6 +1008,10 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 "max_age_changes": c["max_age_changes"],
                 "expired": c["expired"],
                 "released_overflow": self._released_overflow,
+                "admitted": c["admitted"],
+                "admission_refused": c["admission_refused"],
+                "admission_waits": c["admission_waits"],
+                "trained_over_age": c["trained_over_age"],
             }
 
     def __len__(self) -> int:
@@ -759,6 +1025,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
     @max_age.setter
     def max_age(self, value: int) -> None:
         max_age = as_count(value, "max_age", 0)
+        check_max_age_keeps_lookahead(self.config, max_age)
         with self._cond:
             if max_age == self.config.max_age:
                 return
@@ -817,8 +1084,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         with self._cond:
             self._expire_due()
             records = [(rec, len(g)) for g in self._groups for rec in g]
-            keys = state.ENTRY_COLUMNS + tuple(state.LATER_ENTRY_COLUMNS)
-            entries = {k: [r[k] for r, _ in records] for k in keys if k != "group_len"}
+            columns = state.ENTRY_COLUMNS + state.LATER_ENTRY_COLUMNS
+            entries = {k: [r[k] for r, _ in records] for k in columns if k != "group_len"}
             entries["group_len"] = [n for _, n in records]
             prompts = sorted(self._in_flight.items())
             now = self._lease_now()
@@ -837,9 +1104,10 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 self._counts,
                 self._clock,
                 self._evicted_unreported,
-                self._attempts.export(),
-                self._attempts.counters,
-                self._source_counts,
+                self._next_take,
+                attempts=self._attempts.export(),
+                attempt_counters=self._attempts.counters,
+                source_counts=self._source_counts,
             )
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -847,7 +1115,6 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._check_open()
             s = state.unpack(state_dict, self.config.capacity, self.config.max_uses)
             cols = {k: v.tolist() for k, v in s["entries"].items()}
-            keys = state.ENTRY_COLUMNS + tuple(state.LATER_ENTRY_COLUMNS)
             live = None
             if self._live is not None:
                 live = set(cols["traj_id"])
@@ -861,7 +1128,19 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             i = 0
             while i < len(cols["traj_id"]):
                 n = cols["group_len"][i]
-                groups.append([{k: cols[k][j] for k in keys if k != "group_len"} for j in range(i, i + n)])
+                group = [
+                    {k: cols[k][j] for k in state.ENTRY_COLUMNS + state.LATER_ENTRY_COLUMNS if k != "group_len"}
+                    for j in range(i, i + n)
+                ]
+                for rec in group:  # derived from sample_step with this buffer's parameter_sync_step, as the core does
+                    rec["policy_version"] = self._policy_version(rec["sample_step"])
+                if self.config.age_from == "finish" and len({rec["finish_step"] for rec in group}) > 1:
+                    steps = sorted({rec["finish_step"] for rec in group})
+                    raise ValueError(
+                        f"state_dict: group at entry {i} has finish steps {steps[0]} and {steps[1]}, which "
+                        "age_from='finish' forbids; load it with age_from='start'"
+                    )
+                groups.append(group)
                 i += n
             self._groups, self._size = groups, len(cols["traj_id"])
             self._live = live
@@ -889,4 +1168,6 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._counts = dict(s["ledger"])
             self._clock = s["clock"]
             self._evicted_unreported = s["evicted_unreported"]
+            self._next_take = s["next_take"]
+            self._restore_order()
             self._cond.notify_all()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Sequence, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -19,10 +19,12 @@ ENTRY_COLUMNS = (
     "uses",
     "group_len",
 )
-#: Entry columns added later, with the value a state_dict that predates them loads as: ``meta`` packs the
-#: response length, source slot and the protected/observed flags (csrc/entry_meta.hpp); an old entry is an
-#: untagged put entry without a length.
-LATER_ENTRY_COLUMNS = {"meta": 0xFFFFFFFF}
+#: Entry columns added later: written by pack, and a state_dict without one loads it as given here.
+#: ``finish_step``: a state_dict from before version spans loads each entry as finished at its sample_step.
+#: ``meta``: the response length, source slot and protected/observed flags (csrc/entry_meta.hpp); a state_dict
+#: from before them loads each entry as an untagged put entry without a length (META_DEFAULT).
+LATER_ENTRY_COLUMNS = ("finish_step", "meta")
+META_DEFAULT = 0xFFFFFFFF
 IN_FLIGHT_COLUMNS = ("prompt_id", "sample_step", "dispatch_ns")
 #: An in-flight prompt saved before ``meta``: untagged, observed (it came through dispatch), not protected.
 _IN_FLIGHT_META_DEFAULT = 0xFFFFFFFF | (1 << 41)
@@ -39,7 +41,14 @@ LEASE_COLUMNS = ("lease_left_ns", "held_ns")
 _LEASE_DEFAULTS = {"lease_left_ns": -1, "held_ns": 0}
 LEDGER_KEYS = ("dispatched", "completed", "failed", "put_total", "taken", "retired", "dropped_stale", "evicted")
 #: Counters added later: written by pack, read as 0 from a state_dict that predates them.
-LATER_LEDGER_KEYS = ("max_age_changes", "expired")
+LATER_LEDGER_KEYS = (
+    "max_age_changes",
+    "expired",
+    "admitted",
+    "admission_refused",
+    "admission_waits",
+    "trained_over_age",
+)
 ALL_LEDGER_KEYS = LEDGER_KEYS + LATER_LEDGER_KEYS
 #: Largest ledger counter a state_dict may carry (the core's Ledger::kMaxCounter).
 MAX_COUNTER = 2**60
@@ -55,23 +64,29 @@ def pack(
     ledger: Mapping[str, int],
     clock: int,
     evicted_unreported: int,
-    attempts: Mapping[str, Column],
-    attempt_counters: Mapping[str, int],
-    source_counts: np.ndarray,
+    next_take: int = 0,
+    attempts: Optional[Mapping[str, Column]] = None,
+    attempt_counters: Optional[Mapping[str, int]] = None,
+    source_counts: Optional[np.ndarray] = None,
 ) -> Dict[str, Any]:
-    """Returns a state_dict from numpy columns in ring order (oldest first)."""
+    """Returns a state_dict from numpy columns in ring order (oldest first); ``next_take`` is the pace state
+    (the step of the trainer's next take, docs/design.md), 0 for the other strategies; ``attempts``,
+    ``attempt_counters`` and ``source_counts`` are the data accounting (docs/data-bias.md)."""
     as_tensor = lambda v: torch.from_numpy(np.asarray(v, dtype=np.int64))  # noqa: E731
+    empty = {k: np.empty(0, np.int64) for k in ATTEMPT_COLUMNS}
+    counts = np.zeros((SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)), np.int64) if source_counts is None else source_counts
     return {
         "format": FORMAT,
         "config": dataclasses.asdict(config),
-        "entries": {k: as_tensor(entries[k]) for k in ENTRY_COLUMNS + tuple(LATER_ENTRY_COLUMNS)},
+        "entries": {k: as_tensor(entries[k]) for k in ENTRY_COLUMNS + LATER_ENTRY_COLUMNS},
         "in_flight": {k: as_tensor(in_flight[k]) for k in IN_FLIGHT_COLUMNS + LEASE_COLUMNS + ("meta",)},
         "ledger": {k: int(ledger[k]) for k in ALL_LEDGER_KEYS},
         "clock": int(clock),
         "evicted_unreported": int(evicted_unreported),
-        "attempts": {k: as_tensor(attempts[k]) for k in ATTEMPT_COLUMNS},
-        "attempt_counters": {k: int(attempt_counters[k]) for k in ATTEMPT_COUNTERS},
-        "source_counts": as_tensor(source_counts).reshape(SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)),
+        "next_take": int(next_take),
+        "attempts": {k: as_tensor((attempts or empty)[k]) for k in ATTEMPT_COLUMNS},
+        "attempt_counters": {k: int((attempt_counters or {}).get(k, 0)) for k in ATTEMPT_COUNTERS},
+        "source_counts": as_tensor(counts).reshape(SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)),
     }
 
 
@@ -125,11 +140,17 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
     if not isinstance(sd, dict) or sd.get("format") != FORMAT:
         raise TypeError(f"state_dict must be a dict made by state_dict() (format {FORMAT!r})")
     entries = {k: _column(sd.get("entries", {}), k, "entries") for k in ENTRY_COLUMNS}
+    entries["finish_step"] = (
+        _column(sd["entries"], "finish_step", "entries")
+        if "finish_step" in sd.get("entries", {})
+        else entries["sample_step"].copy()
+    )
     in_flight = {k: _column(sd.get("in_flight", {}), k, "in_flight") for k in IN_FLIGHT_COLUMNS}
-    for k, default in LATER_ENTRY_COLUMNS.items():
-        section = sd.get("entries", {})
-        n_entries = len(entries["traj_id"])
-        entries[k] = _column(section, k, "entries") if k in section else np.full(n_entries, default, dtype=np.int64)
+    section = sd.get("entries", {})
+    n_entries = len(entries["traj_id"])
+    entries["meta"] = (
+        _column(section, "meta", "entries") if "meta" in section else np.full(n_entries, META_DEFAULT, dtype=np.int64)
+    )
     section = sd.get("in_flight", {})
     n_prompts = len(in_flight["prompt_id"])
     in_flight["meta"] = (
@@ -159,6 +180,8 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
     steps, uses = entries["sample_step"], entries["uses"]
     if n and (steps.min() < 0 or steps.max() > clock):
         raise ValueError(f"state_dict has sample steps outside [0, clock={clock}]")
+    if n and ((entries["finish_step"] < steps).any() or entries["finish_step"].max() > clock):
+        raise ValueError(f"state_dict has finish steps before their sample step or after clock={clock}")
     if n and (uses.min() < 0 or uses.max() >= max_uses):
         raise ValueError(
             f"state_dict has entries used {int(uses.max())} times, not below max_uses={max_uses}; "
@@ -179,6 +202,9 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         )
     led = {k: int(ledger.get(k, 0)) for k in ALL_LEDGER_KEYS}
     evicted_unreported = int(sd.get("evicted_unreported", 0))
+    next_take = int(sd.get("next_take", 0))
+    if not 0 <= next_take <= MAX_COUNTER:
+        raise ValueError("state_dict has next_take outside [0, 2**60]; it was edited or is corrupt")
     # The clock is a step the API accepted (<= 2**63 - 1) or -1 before any. Counters stay within the
     # core's bound (Ledger::kMaxCounter), so the buffer can go on adding to them without overflow.
     if any(not 0 <= v <= MAX_COUNTER for v in (*led.values(), evicted_unreported)):
@@ -190,6 +216,8 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         or led["dispatched"] != led["completed"] + led["failed"] + len(prompts)
         or not 0 <= evicted_unreported <= led["evicted"]
         or led["expired"] > led["failed"]
+        or led["admitted"] > led["dispatched"]
+        or led["trained_over_age"] > led["taken"]
     ):
         raise ValueError("state_dict's ledger does not balance with the entries it holds; it was edited or is corrupt")
     return {
@@ -198,6 +226,7 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         "ledger": led,
         "clock": clock,
         "evicted_unreported": evicted_unreported,
+        "next_take": next_take,
         **_unpack_accounting(sd),
     }
 

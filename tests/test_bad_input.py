@@ -23,7 +23,7 @@ def _loaded(impl):
         ({"capacity": -5}, ValueError, "capacity=-5"),
         ({"capacity": 2.5}, TypeError, "capacity=2.5 is not an int"),
         ({"capacity": 4, "max_age": -1}, ValueError, "max_age=-1 must be >= 0"),
-        ({"capacity": 4, "strategy": "fifo"}, ValueError, "strategy='fifo' is unknown; use 'drop' or 'wait'"),
+        ({"capacity": 4, "strategy": "fifo"}, ValueError, "strategy='fifo' is unknown; use 'drop', 'wait' or 'pace'"),
         ({"capacity": 4, "on_full": "grow"}, ValueError, "on_full='grow' is unknown"),
         ({"capacity": 4, "max_uses": 0}, ValueError, "max_uses=0 must be >= 1"),
         ({"capacity": 4, "parameter_sync_step": 0}, ValueError, "parameter_sync_step=0 must be >= 1"),

@@ -3,7 +3,7 @@
 import pytest
 from _helpers import assert_balanced, rows
 
-from pyfast_buffer.batch import FIELDS
+import pyfast_buffer as pfb
 
 
 def test_take_returns_oldest_first_with_age_and_uses(impl):
@@ -136,7 +136,7 @@ def test_batch_columns_are_contiguous_int64(impl):
     buf.put([1, 2, 3], 0)
     batch = buf.take(8, 0)
     assert batch.columns.dtype == torch.int64 and batch.columns.is_contiguous()
-    assert batch.columns.shape == (len(FIELDS), 3)
+    assert batch.columns.shape == (len(pfb.FIELDS), 3)
     moved = batch.to("cpu", non_blocking=True)
     assert moved.traj_ids.tolist() == [1, 2, 3] and moved.metrics is batch.metrics
 

@@ -22,14 +22,21 @@ class NativeMatchesReference(RuleBasedStateMachine):
     @initialize(
         capacity=st.integers(2, 10),
         max_age=st.integers(0, 4),
-        strategy=st.sampled_from(["drop", "wait"]),
+        strategy=st.sampled_from(["drop", "wait", "pace", "pace"]),
         max_uses=st.integers(1, 3),
         on_full=st.sampled_from(["evict_oldest", "error", "block"]),
         sync=st.sampled_from([None, 1, 2]),
         unique=st.booleans(),
+        per_step=st.integers(1, 3),
+        lookahead=st.sampled_from([None, 0, 1, 2]),
+        age_from=st.sampled_from(["start", "finish"]),
     )
-    def build(self, capacity, max_age, strategy, max_uses, on_full, sync, unique):
+    def build(self, capacity, max_age, strategy, max_uses, on_full, sync, unique, per_step, lookahead, age_from):
+        pace = strategy == "pace"
         kwargs = dict(
+            prompts_per_step=per_step if pace else None,
+            lookahead=min(lookahead, max_age) if pace and lookahead is not None else None,
+            age_from=age_from,
             capacity=capacity,
             max_age=max_age,
             strategy=strategy,
@@ -76,14 +83,23 @@ class NativeMatchesReference(RuleBasedStateMachine):
         lag=st.integers(0, 3),
         reuse_old=st.booleans(),
         lease=st.sampled_from([None, None, 0.5, 1, 2.5]),
+        timeout=st.sampled_from([None, None, 0]),
     )
-    def dispatch(self, count, lag, reuse_old, lease):
+    def dispatch(self, count, lag, reuse_old, lease, timeout):
         prompts = list(range(self.next_prompt, self.next_prompt + count))
         if reuse_old and self.next_prompt:
             prompts[0] = self.next_prompt - 1  # may still be in flight: then both must refuse
         self.next_prompt += count
         step = max(0, self.clock + 1 - lag)
-        self.both(lambda b: b.dispatch(prompts, step, lease=lease))
+        # Under pace a dispatch that does not fit is refused (timeout None) or times out at once (0) in both.
+        self.both(lambda b: b.dispatch(prompts, step, lease=lease, timeout=timeout))
+
+    @precondition(lambda self: self.ref.config.strategy == "pace")
+    @rule(lag=st.integers(0, 3))
+    def admissible(self, lag):
+        step = max(0, self.clock + 1 - lag)
+        result = self.both(lambda b: b.admissible(step))
+        assert result is not None and result[0] == result[1]
 
     @rule(seconds=st.sampled_from([0.25, 0.5, 1, 2]))
     def advance_lease_clock(self, seconds):
@@ -111,7 +127,21 @@ class NativeMatchesReference(RuleBasedStateMachine):
         prompts = data.draw(st.permutations(prompts))
         trajs = list(range(self.next_traj, self.next_traj + len(prompts)))
         self.next_traj += len(prompts)
-        if self.both(lambda b: b.complete(trajs, prompts)):
+        # finish_step: none, one for all, or one per prompt plus a drawn offset (-1 is before dispatch: refused;
+        # per trajectory it can split a group, which age_from='finish' refuses).
+        how = data.draw(st.sampled_from(["none", "none", "one", "per_prompt", "per_trajectory"]))
+        started = {p: self.ref._in_flight[p][0] for p in chosen}
+        finish = None
+        if how == "one":
+            finish = max(started.values()) + data.draw(st.integers(-1, 2))
+        elif how == "per_prompt":
+            offset = {p: data.draw(st.integers(0, 2)) for p in chosen}
+            finish = [started[p] + offset[p] for p in prompts]
+        elif how == "per_trajectory":
+            finish = [started[p] + data.draw(st.integers(-1, 2)) for p in prompts]
+        if finish is not None and min(finish if isinstance(finish, list) else [finish]) < 0:
+            finish = None
+        if self.both(lambda b: b.complete(trajs, prompts, finish_step=finish)):
             self.entered.update(trajs)
 
     @rule(prompt=st.integers(0, 30))
@@ -133,7 +163,8 @@ class NativeMatchesReference(RuleBasedStateMachine):
         step = max(0, self.clock + 1 - lag)
         groups = [t // 2 for t in trajs] if grouped else None
         stamps = [step] * n if per_entry else step
-        if self.both(lambda b: b.put(trajs, stamps, group_ids=groups)):
+        finish = [step + t % 2 for t in trajs] if per_entry and lag % 2 else None
+        if self.both(lambda b: b.put(trajs, stamps, group_ids=groups, finish_step=finish)):
             self.entered.update(trajs)
 
     @rule(batch_size=st.integers(1, 6), advance=st.integers(-1, 2), timeout=st.sampled_from([None, None, 0]))
@@ -143,6 +174,7 @@ class NativeMatchesReference(RuleBasedStateMachine):
         if result:
             native, ref = result
             assert rows(native) == rows(ref)
+            assert native.finish_step.tolist() == ref.finish_step.tolist()
             assert native.metrics == ref.metrics
 
     @rule(advance=st.integers(0, 3))
@@ -153,8 +185,8 @@ class NativeMatchesReference(RuleBasedStateMachine):
 
     @rule(max_age=st.integers(0, 5))
     def set_max_age(self, max_age):
-        self.both(lambda b: setattr(b, "max_age", max_age))
-        assert self.native.max_age == self.ref.max_age == max_age
+        if self.both(lambda b: setattr(b, "max_age", max_age)) is not None:  # pace refuses max_age < lookahead
+            assert self.native.max_age == self.ref.max_age == max_age
 
     @rule()
     def checkpoint_round_trip(self):

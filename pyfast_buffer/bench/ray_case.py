@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .._core import BATCH_COLUMNS
 from .plan import CURRENT_STEP, Plan
 from .ray_cluster import init_local_cluster
 from .timing import median, percentile
@@ -211,9 +212,9 @@ def _takes(batches: Tuple[int, ...], repeat: int, sink: Any, client: Any, queue:
         def take_local(batch: int = batch) -> int:
             return len(local.take(batch, CURRENT_STEP))
 
-        def take_floor(batch: int = batch) -> int:  # the same bytes as a batch's 8 int64 columns, one actor call
-            columns: np.ndarray = ray.get(sink.give.remote(8 * batch))
-            return columns.size // 8
+        def take_floor(batch: int = batch) -> int:  # the same bytes as a batch's int64 columns, one actor call
+            columns: np.ndarray = ray.get(sink.give.remote(BATCH_COLUMNS * batch))
+            return columns.size // BATCH_COLUMNS
 
         cases: List[Tuple[str, Callable[[], int], Callable[[], None]]] = [
             (OURS, take_remote, refill_buffer),

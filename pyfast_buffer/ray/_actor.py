@@ -41,9 +41,12 @@ class BufferActor:
         self._report = ReleasedReport(config.release_bound or default_release_bound(config.capacity))
 
     # -- in-flight prompts and trajectories ------------------------------------------------------------------------
-    def dispatch(self, prompt_ids: np.ndarray, step: int, lease: Optional[float]) -> None:
-        self._buf.dispatch(prompt_ids, step, lease)
+    def dispatch(self, prompt_ids: np.ndarray, step: int, lease: Optional[float], timeout: Optional[float]) -> None:
+        self._buf.dispatch(prompt_ids, step, lease, timeout)  # a paced wait: in the blocking group, GIL released
         self._settle()
+
+    def admissible(self, step: int) -> int:
+        return self._buf.admissible(step)
 
     def renew(self, prompt_ids: np.ndarray, lease: float) -> None:
         self._buf.renew(prompt_ids, lease)
@@ -55,9 +58,15 @@ class BufferActor:
         return n
 
     def complete(
-        self, traj_ids: np.ndarray, prompt_ids: np.ndarray, timeout: Optional[float], payloads: Optional[Sequence[Any]]
+        self,
+        traj_ids: np.ndarray,
+        prompt_ids: np.ndarray,
+        timeout: Optional[float],
+        payloads: Optional[Sequence[Any]],
+        finish_step: Optional[np.ndarray] = None,
     ) -> None:
-        self._with_payloads(traj_ids, payloads, lambda: self._buf.complete(traj_ids, prompt_ids, timeout))
+        call = lambda: self._buf.complete(traj_ids, prompt_ids, timeout, finish_step=finish_step)  # noqa: E731
+        self._with_payloads(traj_ids, payloads, call)
 
     def fail(self, prompt_ids: np.ndarray) -> None:
         self._buf.fail(prompt_ids)
@@ -70,8 +79,10 @@ class BufferActor:
         group_ids: Optional[np.ndarray],
         timeout: Optional[float],
         payloads: Optional[Sequence[Any]],
+        finish_step: Optional[np.ndarray] = None,
     ) -> None:
-        self._with_payloads(traj_ids, payloads, lambda: self._buf.put(traj_ids, sample_step, group_ids, timeout))
+        call = lambda: self._buf.put(traj_ids, sample_step, group_ids, timeout, finish_step=finish_step)  # noqa: E731
+        self._with_payloads(traj_ids, payloads, call)
 
     def _with_payloads(self, traj_ids: np.ndarray, payloads: Optional[Sequence[Any]], call: Any) -> None:
         if payloads is None:

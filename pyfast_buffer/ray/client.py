@@ -72,6 +72,9 @@ class RemoteBuffer:
         track_released: bool = False,
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
+        prompts_per_step: Optional[int] = None,
+        lookahead: Optional[int] = None,
+        age_from: str = "start",
         max_attempts: Optional[int] = None,
         source_max_age: Optional[SourceMaxAge] = None,
         starvation_share: Optional[float] = None,
@@ -123,10 +126,19 @@ class RemoteBuffer:
         return (RemoteBuffer, (self.actor,))
 
     # -- the StalenessBuffer API ---------------------------------------------------------------------------------
-    def dispatch(self, prompt_ids: Ids, step: int, lease: Optional[float] = None) -> None:
+    def dispatch(
+        self, prompt_ids: Ids, step: int, lease: Optional[float] = None, timeout: Optional[float] = None
+    ) -> None:
         """Marks prompts as in flight; with ``lease`` (seconds) the buffer fails them if not completed,
-        failed or renewed in time, so a producer that died never holds a ``wait`` trainer longer."""
-        self._call("dispatch", as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease))
+        failed or renewed in time, so a producer that died never holds a ``wait`` trainer longer. Under pace
+        with ``timeout`` it waits for admission in one of the actor's ``blocking_calls`` threads."""
+        wait = as_timeout(timeout)
+        prompts, stamp = as_ids(prompt_ids, "prompt_ids"), as_step(step, "step")
+        self._call("dispatch", prompts, stamp, as_lease(lease), wait, blocking=wait is not None)
+
+    def admissible(self, step: int) -> int:
+        """How many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
+        return self._call("admissible", as_step(step, "step"))
 
     def renew(self, prompt_ids: Ids, lease: float) -> None:
         """Gives in-flight prompts a lease of ``lease`` seconds from now (a producer's heartbeat)."""
@@ -138,13 +150,22 @@ class RemoteBuffer:
         return self._call("expire_in_flight", as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0"))
 
     def complete(
-        self, traj_ids: Ids, prompt_ids: Ids, timeout: Optional[float] = None, payloads: Optional[Sequence[Any]] = None
+        self,
+        traj_ids: Ids,
+        prompt_ids: Ids,
+        timeout: Optional[float] = None,
+        payloads: Optional[Sequence[Any]] = None,
+        *,
+        finish_step: Union[int, Ids, None] = None,
     ) -> None:
-        """Moves finished trajectories into the ring, with optional payloads (one per trajectory)."""
+        """Moves finished trajectories into the ring, with optional payloads (one per trajectory) and finish
+        steps (see StalenessBuffer.complete)."""
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
+        finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
         wait = as_timeout(timeout)
-        self._call("complete", trajs, prompts, wait, _payload_list(payloads, len(trajs)), blocking=wait is not None)
+        payload_list = _payload_list(payloads, len(trajs))
+        self._call("complete", trajs, prompts, wait, payload_list, finish, blocking=wait is not None)
 
     def fail(self, prompt_ids: Ids) -> None:
         """Marks in-flight prompts as failed."""
@@ -157,8 +178,10 @@ class RemoteBuffer:
         group_ids: Optional[Ids] = None,
         timeout: Optional[float] = None,
         payloads: Optional[Sequence[Any]] = None,
+        *,
+        finish_step: Union[int, Ids, None] = None,
     ) -> None:
-        """Dispatch + complete in one call, with optional payloads (one per trajectory)."""
+        """Dispatch + complete in one call, with optional payloads (one per trajectory) and finish steps."""
         trajs = as_ids(traj_ids, "traj_ids")
         steps = as_steps(sample_step, "sample_step", len(trajs))
         stamp: Union[int, np.ndarray] = int(steps[0]) if len(steps) == 1 else steps  # one stamp stays one int
@@ -166,8 +189,10 @@ class RemoteBuffer:
         if group_ids is not None:
             groups = as_ids(group_ids, "group_ids")
             same_length(trajs, "traj_ids", groups, "group_ids")
+        finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
         wait = as_timeout(timeout)
-        self._call("put", trajs, stamp, groups, wait, _payload_list(payloads, len(trajs)), blocking=wait is not None)
+        payload_list = _payload_list(payloads, len(trajs))
+        self._call("put", trajs, stamp, groups, wait, payload_list, finish, blocking=wait is not None)
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> RemoteBatch:
         """Takes up to ``batch_size`` trajectories (see StalenessBuffer.take); refs in ``batch.payloads``."""

@@ -103,7 +103,7 @@ struct BorrowedColumns {
     for (auto& c : wide) c.assign(static_cast<size_t>(capacity), -7);
     for (auto& c : narrow) c.assign(static_cast<size_t>(capacity), -7);
     ptrs.traj_id = wide[0].data(), ptrs.group_id = wide[1].data(), ptrs.sample_step = wide[2].data();
-    ptrs.policy_version = wide[3].data(), ptrs.dispatch_ns = wide[4].data(), ptrs.complete_ns = wide[5].data();
+    ptrs.finish_step = wide[3].data(), ptrs.dispatch_ns = wide[4].data(), ptrs.complete_ns = wide[5].data();
     ptrs.meta = wide[6].data();
     ptrs.uses = narrow[0].data(), ptrs.group_len = narrow[1].data();
   }
@@ -455,9 +455,10 @@ class Session {
              fresh.traj_id[w] = before.traj_id[i], fresh.group_id[w] = before.group_id[i];
              fresh.sample_step[w] = before.sample_step[i], fresh.uses[w] = before.uses[i];
              fresh.group_len[w] = before.group_len[i], fresh.policy_version[w] = before.policy_version[i];
+             fresh.finish_step[w] = before.finish_step[i];
              ++w;
            }
-           for (auto* c : {&fresh.traj_id, &fresh.group_id, &fresh.sample_step, &fresh.policy_version})
+           for (auto* c : {&fresh.traj_id, &fresh.group_id, &fresh.sample_step, &fresh.policy_version, &fresh.finish_step})
              c->resize(w);
            fresh.uses.resize(w), fresh.group_len.resize(w);
            if (fresh.traj_id != after.traj_id || fresh.group_len != after.group_len || fresh.uses != after.uses ||
@@ -610,7 +611,8 @@ class Session {
         break;
       default:
         if (n) {  // drop the last entry everywhere
-          for (auto* c : {&s.traj_id, &s.group_id, &s.sample_step, &s.policy_version, &s.dispatch_ns, &s.complete_ns})
+          for (auto* c : {&s.traj_id, &s.group_id, &s.sample_step, &s.policy_version, &s.dispatch_ns, &s.complete_ns,
+                          &s.finish_step})
             c->pop_back();
           s.uses.pop_back(), s.group_len.pop_back();
         }
