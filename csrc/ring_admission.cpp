@@ -3,7 +3,6 @@
 #include "ring_detail.hpp"
 
 #include <algorithm>
-#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -95,18 +94,18 @@ void StalenessRing::pace_restore_order() {
   // admission bounds by (lookahead + 1) * prompts_per_step groups.
   const ColumnPointers c = columns_.get();
   const int64_t* ages = age_steps();
-  std::vector<int64_t> order(static_cast<size_t>(size_));
-  std::iota(order.begin(), order.end(), int64_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return ages[phys(a)] < ages[phys(b)]; });
+  std::vector<int64_t> rows(static_cast<size_t>(size_));  // physical rows in ring order, then in stamp order
+  for (int64_t i = 0; i < size_; ++i) rows[i] = phys(i);
+  std::stable_sort(rows.begin(), rows.end(), [ages](int64_t a, int64_t b) { return ages[a] < ages[b]; });
   std::vector<int64_t> wide(static_cast<size_t>(size_));
-  for (int64_t* col : {c.traj_id, c.group_id, c.sample_step, c.finish_step, c.dispatch_ns, c.complete_ns}) {
-    for (int64_t i = 0; i < size_; ++i) wide[i] = col[phys(order[i])];
+  for (int64_t* col :
+       {c.traj_id, c.group_id, c.sample_step, c.finish_step, c.dispatch_ns, c.complete_ns, c.meta}) {
+    for (int64_t i = 0; i < size_; ++i) wide[i] = col[rows[i]];
     for (int64_t i = 0; i < size_; ++i) col[phys(i)] = wide[i];
   }
   std::vector<int32_t> narrow(static_cast<size_t>(size_));
   for (int32_t* col : {c.uses, c.group_len}) {
-    for (int64_t i = 0; i < size_; ++i) narrow[i] = col[phys(order[i])];
+    for (int64_t i = 0; i < size_; ++i) narrow[i] = col[rows[i]];
     for (int64_t i = 0; i < size_; ++i) col[phys(i)] = narrow[i];
   }
   sorted_ = true;

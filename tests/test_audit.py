@@ -150,3 +150,38 @@ def test_namespaced_keys_are_fields_but_longer_names_are_not():
 def test_ledger_gap_is_the_one_identity():
     assert audit.ledger_gap(546, 208, 312, 26, 0) == 0
     assert audit.ledger_gap(258, 164, 46, 0, 0) == 48
+
+
+def test_a_paced_buffers_log_reconciles_its_pace_counters(tmp_path, caplog, capsys):
+    import logging
+
+    import pyfast_buffer as pfb
+
+    caplog.set_level(logging.INFO, logger="pyfast_buffer")
+    buf = pfb.StalenessBuffer(64, max_age=1, strategy="pace", prompts_per_step=2)
+    for step in range(6):
+        prompts = [10 * step + i for i in range(4 if step == 0 else 2)]  # the limit is (1 + 1) * 2 groups
+        buf.dispatch(prompts, step)
+        try:
+            buf.dispatch([10 * step + 9], step)  # beyond the limit: refused and counted
+        except pfb.AdmissionError:
+            pass
+        buf.complete(prompts, prompts)
+        buf.take(2, current_step=step)
+    buf.max_age = 0  # the two groups still ready are over age at the next take: trained and counted, not dropped
+    buf.take(2, current_step=7)
+    log = tmp_path / "paced.log"
+    log.write_text("\n".join(r.getMessage() for r in caplog.records if r.name == "pyfast_buffer") + "\n")
+    led = buf.ledger()
+    result = audit.audit([str(log)])
+    seg = result.segments[0]
+    assert result.exit_code == 0 and seg.balanced
+    assert seg.pace["trained_over_age"] == led["trained_over_age"] > 0
+    assert seg.pace["admitted"] == led["admitted"] and seg.pace["admission_refused"] == led["admission_refused"] > 0
+    code, out, _ = run_cli(capsys, "audit", str(log))
+    assert code == 0 and f"trained over max_age: {led['trained_over_age']} of {led['taken']} uses" in out
+    assert f"admission_refused={led['admission_refused']}" in out
+    # More uses over max_age than uses taken cannot come from a buffer: the audit says so.
+    bad = tmp_path / "bad.log"
+    bad.write_text("dropped_stale=0 taken=2 buffer_left=0 sampled_total=2 retired=2 evicted=0 trained_over_age=3\n")
+    assert audit.audit([str(bad)]).exit_code == 1

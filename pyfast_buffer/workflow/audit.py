@@ -37,6 +37,13 @@ _FIELD = re.compile(
     + r')"?\s*[=:]\s*(-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])'
 )
 _AGE = re.compile(r'"?age_hist/([0-9+\-]+)"?\s*[=:]\s*(\d+)')
+#: The counters strategy="pace" adds to the line (docs/design.md, "pace"), read when present and never needed
+#: for the balance: trained_over_age counts per record (summed, a subset of taken), the admission counters run.
+PACE_COUNT_FIELDS = ("trained_over_age",)
+PACE_RUNNING_FIELDS = ("admitted", "admission_refused", "admission_waits")
+_PACE_FIELD = re.compile(
+    r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?(' + "|".join(PACE_COUNT_FIELDS + PACE_RUNNING_FIELDS) + r')"?\s*[=:]\s*(\d+)(?![\w.])'
+)
 #: The prompt-attempt fields of the buffer's record (running values: the last one counts), see docs/data-bias.md.
 DATA_FIELDS = ("retried", "starved", "regenerations")
 _DATA = re.compile(r"(?<![\w/.\-])(" + "|".join(DATA_FIELDS) + r")=(\d+)(?![\w.])")
@@ -69,6 +76,8 @@ class Segment:
     sums: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNT_FIELDS, 0))
     running: Dict[str, Optional[int]] = field(default_factory=lambda: dict.fromkeys(RUNNING_FIELDS))
     age_hist: Dict[str, int] = field(default_factory=dict)
+    pace: Dict[str, int] = field(default_factory=dict)  # trained_over_age summed, the admission counters' last
+    pace_went_back: str = ""  # source:line where a running admission counter went back within the segment
     log: List[Tuple[str, Dict[str, int]]] = field(default_factory=list, repr=False)  # (source:line, fields)
     # Filled by reconcile():
     first_unbalanced: str = ""  # source:line of the first full record that does not balance from the baseline
@@ -259,6 +268,13 @@ def _segments(
                 seg.running[k] = fields[k]
         for b, n in ages.items():
             seg.age_hist[b] = seg.age_hist.get(b, 0) + n
+        for k, v in _PACE_FIELD.findall(text):
+            if k in PACE_COUNT_FIELDS:
+                seg.pace[k] = seg.pace.get(k, 0) + int(v)
+            else:
+                if int(v) < seg.pace.get(k, 0) and not seg.pace_went_back:
+                    seg.pace_went_back = where
+                seg.pace[k] = int(v)
     return segments, seen
 
 
@@ -344,6 +360,9 @@ def _reconcile(seg: Segment, absent: List[str]) -> None:
     seg.accounted = seg.sampled_total - seg.gap
     seg.gap_percent = 100.0 * seg.gap / seg.sampled_total if seg.sampled_total else (0.0 if seg.gap == 0 else 100.0)
     seg.balanced = seg.gap == 0
+    # The pace counters: uses trained over max_age are a subset of the uses taken; admissions only grow.
+    if seg.pace.get("trained_over_age", 0) > trained or seg.pace_went_back:
+        seg.balanced = False
     # A record with every field (the buffer's own line) must balance on its own line, from the baseline.
     counts = dict.fromkeys(COUNT_FIELDS, 0)
     start = anchor + 1 if mid_run else 0
@@ -408,6 +427,14 @@ def format_result(result: AuditResult) -> str:
         if seg.first_unbalanced:
             out.append(f"  first record that does not balance on its own line: {seg.first_unbalanced}")
         out.append(f"  drop rate: {seg.drop_rate:.2%} (dropped_stale / (dropped_stale + taken))")
+        if "trained_over_age" in seg.pace:
+            over, taken = seg.pace["trained_over_age"], s["taken"]
+            verdict = "<= taken: ok" if over <= taken else "MORE than taken: the counts do not reconcile"
+            out.append(f"  trained over max_age: {over} of {taken} uses ({verdict})")
+        if any(k in seg.pace for k in PACE_RUNNING_FIELDS):
+            counts = " ".join(f"{k}={seg.pace.get(k, '-')}" for k in PACE_RUNNING_FIELDS)
+            went_back = f"; a counter went back at {seg.pace_went_back}" if seg.pace_went_back else ""
+            out.append(f"  admission (strategy=pace), last: {counts}{went_back}")
         if seg.age_hist:
             total = sum(seg.age_hist.values()) or 1
             order = sorted(seg.age_hist, key=lambda b: AGE_BUCKETS.index(b) if b in AGE_BUCKETS else len(AGE_BUCKETS))
