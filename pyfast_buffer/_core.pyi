@@ -14,8 +14,27 @@ class BufferFullError(RuntimeError): ...
 class AdmissionError(BufferFullError): ...
 
 _Stats = Tuple[
-    int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int, int, int, int, int, int, int,
-    Tuple[int, ...], Tuple[tuple, ...],
+    int,
+    int,
+    int,
+    int,
+    str,
+    int,
+    int,
+    Tuple[int, ...],
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    Tuple[int, ...],
+    Tuple[tuple, ...],
 ]
 
 class Ring:

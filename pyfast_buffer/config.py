@@ -95,7 +95,6 @@ class BufferConfig:
             if not 0 < share < 1:
                 raise ValueError(f"starvation_share={share} must lie in (0, 1), e.g. 0.05 for 5% of trained data")
 
-
     def _check_pace(self) -> None:
         if self.strategy != "pace":
             for name in ("prompts_per_step", "lookahead"):

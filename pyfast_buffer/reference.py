@@ -356,7 +356,13 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                     )
 
     def complete(
-        self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None, *, finish_step: Any = None, lengths: Any = None
+        self,
+        traj_ids: Any,
+        prompt_ids: Any,
+        timeout: Optional[float] = None,
+        *,
+        finish_step: Any = None,
+        lengths: Any = None,
     ) -> None:
         trajs, prompts = as_ids(traj_ids, "traj_ids", copy=True), as_ids(prompt_ids, "prompt_ids", copy=True)
         same_length(trajs, "traj_ids", prompts, "prompt_ids")

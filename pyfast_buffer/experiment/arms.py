@@ -102,7 +102,7 @@ def product_arms(
     lags = parse_list(fallback["lag"] if lag is None else lag, "lag", int)
     for s in strategies:
         if s not in STRATEGIES:
-            raise ValueError(f"--strategy has {s!r}; pass drop, wait or drop,wait")
+            raise ValueError(f"--strategy has {s!r}; pass a comma list of drop, wait and pace")
     return [make_arm(r, s, a, g) for r, s, a, g in itertools.product(reuses, strategies, ages, lags)]
 
 

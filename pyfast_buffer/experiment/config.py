@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-STRATEGIES = ("drop", "wait")
+STRATEGIES = ("drop", "wait", "pace")  # pace: the bias study's requeue runs only (it admits what it dispatches)
 MODES = ("interleave", "thread")
 #: ``--max-age adaptive`` without a target: hold the trainer's approx KL at this, PPO's customary KL target,
 #: about what the reuse-1 arm (fresh data, rollouts one step behind) measures in the demo configuration.
@@ -277,10 +277,11 @@ PRESETS: Dict[str, Preset] = {
 
 
 def _bias_arms(max_age: int) -> List[ArmConfig]:
-    """The bias study's arms at one max_age: drop, wait, and drop with max_attempts=2 (pace joins with issue 18)."""
+    """The bias study's arms at one max_age: drop, wait, pace, and drop with max_attempts=2."""
     return [
         ArmConfig(reuse=1, strategy="drop", max_age=max_age, lag=1),
         ArmConfig(reuse=1, strategy="wait", max_age=max_age, lag=1),
+        ArmConfig(reuse=1, strategy="pace", max_age=max_age, lag=1),
         ArmConfig(reuse=1, strategy="drop", max_age=max_age, lag=1, max_attempts=2),
     ]
 

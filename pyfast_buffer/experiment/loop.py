@@ -47,7 +47,11 @@ class ArmRun:
             parameter_sync_step=cfg.parameter_sync_step,
             track_released=cfg.requeue,  # the requeue producer learns which attempts were lost from released()
             max_attempts=arm.max_attempts,
+            # pace: the trainer takes batch_size // group_size groups a step; the requeue producer asks admissible()
+            prompts_per_step=cfg.batch_size // cfg.group_size if arm.strategy == "pace" else None,
         )
+        if arm.strategy == "pace" and not cfg.requeue:
+            raise ValueError(f"arm {arm.name}: strategy='pace' needs the requeue producer (--preset bias)")
         self.store = TrajectoryStore(
             cfg.ticks * cfg.prompts_per_tick * cfg.group_size, self.task.prompt_len, cfg.length
         )
@@ -196,7 +200,7 @@ class ArmRun:
         if (last and self.cfg.mode != "thread") or (not last and (t + 1) % self.cfg.eval_interval == 0):
             self.evaluate(t + 1)
         bar.update(1)
-        bar.set_postfix_str(f"step={self.trainer.step} reward={sampled['sample_reward']:.2f}")
+        bar.set_postfix_str(f"step={self.trainer.step} reward={sampled['sample_reward'] or 0.0:.2f}")
 
     # -- thread ------------------------------------------------------------------------------------
     def _run_threaded(self, bar: Any) -> None:

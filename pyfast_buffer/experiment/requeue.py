@@ -68,28 +68,34 @@ class RequeueProducer(Producer):
         self.queue.extend(lost)
 
     def tick(self, t: int) -> Dict[str, float]:
-        cfg, n, k = self.cfg, self.cfg.group_size, self.cfg.prompts_per_tick
+        cfg, n, per_tick = self.cfg, self.cfg.group_size, self.cfg.prompts_per_tick
         self._collect_losses()
-        fresh = self.task.sample_prompts(k, self.prompt_gen)  # always k draws: the stream is the same in every arm
+        fresh = self.task.sample_prompts(per_tick, self.prompt_gen)  # always drawn: the same stream in every arm
+        k = per_tick
+        if self.buf.config.strategy == "pace":  # admission: only as many as the pace rule lets start now
+            k = min(per_tick, self.buf.admissible(self.rollout.weights_step))
         retry = [self.queue.popleft() for _ in range(min(k, len(self.queue)))]
-        serials = list(range(t * k, (t + 1) * k))
+        serials = list(range(t * per_tick, t * per_tick + k))
         prompt_ids = retry + serials[len(retry) :]  # a fresh prompt's id is its first attempt's serial
         for j, p in enumerate(serials[len(retry) :]):
             self.tokens[p] = fresh[j]
         self.prompts_seen += k - len(retry)
-        prompts = torch.stack([self.tokens[p] for p in prompt_ids])
-        repeated, responses, logp, weights_step = self.rollout.generate(prompts, n, cfg.length, self.sample_gen)
-        self.buf.dispatch(prompt_ids, weights_step)
-        reward = self.task.reward(repeated, responses)
-        traj_ids = (torch.tensor(serials).unsqueeze(1) * n + torch.arange(n)).view(-1)
-        self.store.write(traj_ids, repeated, responses, logp, reward, group_advantages(reward, n))
-        for s, p, (difficulty, length, delay) in zip(serials, prompt_ids, self.cost.cost(prompts)):
-            self.prompt_of[s] = p
-            if delay is None:
-                self.pending.setdefault(t, []).append((s, p, 0, True))
-            else:
-                self.costs[s] = (difficulty, length, delay)
-                self.pending.setdefault(t + delay, []).append((s, p, length, False))
+        reward = torch.zeros(0)
+        weights_step = self.rollout.weights_step
+        if k:
+            prompts = torch.stack([self.tokens[p] for p in prompt_ids])
+            repeated, responses, logp, weights_step = self.rollout.generate(prompts, n, cfg.length, self.sample_gen)
+            self.buf.dispatch(prompt_ids, weights_step)
+            reward = self.task.reward(repeated, responses)
+            traj_ids = (torch.tensor(serials).unsqueeze(1) * n + torch.arange(n)).view(-1)
+            self.store.write(traj_ids, repeated, responses, logp, reward, group_advantages(reward, n))
+            for s, p, (difficulty, length, delay) in zip(serials, prompt_ids, self.cost.cost(prompts)):
+                self.prompt_of[s] = p
+                if delay is None:
+                    self.pending.setdefault(t, []).append((s, p, 0, True))
+                else:
+                    self.costs[s] = (difficulty, length, delay)
+                    self.pending.setdefault(t + delay, []).append((s, p, length, False))
         completed = failed = 0
         for s, p, length, is_failed in self.pending.pop(t, []):
             if is_failed:
@@ -100,7 +106,7 @@ class RequeueProducer(Producer):
                 self.generated += [self.costs[s]] * n
                 completed += 1
         return {
-            "sample_reward": float(reward.mean()),
+            "sample_reward": float(reward.mean()) if len(reward) else None,  # None: pace admitted nothing
             "weights_step": weights_step,
             "prompts_completed": completed,
             "prompts_failed": failed,

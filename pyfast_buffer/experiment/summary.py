@@ -43,7 +43,8 @@ def per_tick(rows: Sequence[Record], key: str) -> Tuple[List[int], List[float]]:
     """The sampling steps that have rows, and the mean ``key`` of each one's rows (the figure uses it too)."""
     by_tick: Dict[int, List[float]] = {}
     for r in rows:
-        by_tick.setdefault(r["tick"], []).append(r[key])
+        if r.get(key) is not None:  # e.g. no sample_reward on a step pace admitted nothing
+            by_tick.setdefault(r["tick"], []).append(r[key])
     ticks = sorted(by_tick)
     return ticks, [sum(by_tick[t]) / len(by_tick[t]) for t in ticks]
 

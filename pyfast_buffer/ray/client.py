@@ -14,7 +14,7 @@ from ray.actor import ActorHandle
 from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from ..batch import Batch
 from ..buffer import Ids
-from ..config import BufferConfig, SourceMaxAge, config_from_arguments
+from ..config import BufferConfig, SourceMaxAge, config_from_arguments, source_max_age_pairs
 from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
 from . import _errors
@@ -230,6 +230,23 @@ class RemoteBuffer:
     def config(self) -> BufferConfig:
         """The buffer's configuration as the actor has it now (max_age may have changed)."""
         return BufferConfig(**self._call("config"))
+
+    def starved(self, min_attempts: int = 2) -> Dict[int, int]:
+        """``{prompt_id: attempts}`` of the prompts with >= ``min_attempts`` attempts and nothing trained."""
+        return self._call("starved", as_count(min_attempts, "min_attempts", 1))
+
+    def data_metrics(self) -> Dict[str, float]:
+        """What the bound did to the data so far (StalenessBuffer.data_metrics), from the actor's buffer."""
+        return self._call("data_metrics")
+
+    @property
+    def source_max_age(self) -> Dict[int, int]:
+        """The per-source max_age overrides in force; settable (a whole dict) from any process."""
+        return self._call("get_source_max_age")
+
+    @source_max_age.setter
+    def source_max_age(self, value: Optional[Dict[int, int]]) -> None:
+        self._call("set_source_max_age", dict(source_max_age_pairs(value) or ()))
 
     @property
     def max_age(self) -> int:

@@ -42,7 +42,9 @@ _AGE = re.compile(r'"?age_hist/([0-9+\-]+)"?\s*[=:]\s*(\d+)')
 PACE_COUNT_FIELDS = ("trained_over_age",)
 PACE_RUNNING_FIELDS = ("admitted", "admission_refused", "admission_waits")
 _PACE_FIELD = re.compile(
-    r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?(' + "|".join(PACE_COUNT_FIELDS + PACE_RUNNING_FIELDS) + r')"?\s*[=:]\s*(\d+)(?![\w.])'
+    r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?('
+    + "|".join(PACE_COUNT_FIELDS + PACE_RUNNING_FIELDS)
+    + r')"?\s*[=:]\s*(\d+)(?![\w.])'
 )
 #: The prompt-attempt fields of the buffer's record (running values: the last one counts), see docs/data-bias.md.
 DATA_FIELDS = ("retried", "starved", "regenerations")
