@@ -58,12 +58,15 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     if (size_ == 0) head_ = 0, spans_ = false, plain_meta_ = !tagged_;
     if (paced()) pace_count_ready();
   } else if (sorted_) {
-    const int64_t* steps = ages;
-    // Stamps are non-decreasing in ring order: the stale entries are a prefix.
+    // Stamps are non-decreasing in ring order: the stale entries are a prefix. The geometry is in locals, so
+    // the search reloads nothing per probe.
+    const int64_t* const steps = ages;
+    const int64_t head = head_, cap = config_.capacity;
     int64_t lo = 0, hi = size_;
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
-      if (steps[phys(mid)] < cutoff) lo = mid + 1; else hi = mid;
+      const int64_t p = head + mid >= cap ? head + mid - cap : head + mid;
+      if (steps[p] < cutoff) lo = mid + 1; else hi = mid;
     }
     removed = lo;
     if (observe) observe_lost(removed, false);

@@ -40,19 +40,14 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
   check_slots(slots, n_slots, n, "prompts");
   if (auto dup = first_duplicate(prompt_ids, n))
     throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; dispatch each prompt once"));
-  if (paced() && n > 0) check_pace_call_size(n, "dispatch");
-  const StepCounts asked = paced() && n > 0 ? StepCounts{{sample_step, n}} : StepCounts{};
-  std::optional<SteadyTime> wait_until;
-  bool waited = false;
-  for (;;) {  // validate, then wait for admission; after a wait, validate again (another thread may have dispatched)
-    for (int64_t i = 0; i < n; ++i)
-      if (in_flight_.contains(prompt_ids[i]))
-        throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i], " is already in flight (dispatched at step ",
-                                     in_flight_.at(prompt_ids[i]).sample_step,
-                                     "); complete or fail it before dispatching it again"));
-    if (asked.empty() || wait_for_admission(asked, n, sample_step, timeout, "dispatch", wait_until, waited)) break;
-  }
-  if (paced()) {
+  check_not_in_flight(prompt_ids, n);
+  if (paced() && n > 0) {  // all n or none; after a wait, validate again (another thread may have dispatched)
+    check_pace_call_size(n, "dispatch");
+    const StepCounts asked{{sample_step, n}};
+    std::optional<SteadyTime> wait_until;
+    bool waited = false;
+    while (!wait_for_admission(asked, n, sample_step, timeout, "dispatch", wait_until, waited))
+      check_not_in_flight(prompt_ids, n);
     ledger_.admitted += n;
     ledger_.admission_waits += waited;
   }
@@ -72,6 +67,14 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
   }
   ledger_.dispatched += n;
   clock_ = std::max(clock_, sample_step);
+}
+
+void StalenessRing::check_not_in_flight(const int64_t* prompt_ids, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i)
+    if (in_flight_.contains(prompt_ids[i]))
+      throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i], " is already in flight (dispatched at step ",
+                                   in_flight_.at(prompt_ids[i]).sample_step,
+                                   "); complete or fail it before dispatching it again"));
 }
 
 void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {

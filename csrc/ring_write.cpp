@@ -295,8 +295,9 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
         throw InvalidArgument(concat("prompt_ids: prompt ", prompt,
                                      " is not in flight; dispatch it first (it may already be "
                                      "completed, failed or expired)"));
+      if (n_finish == 0) continue;
       const int64_t started = in_flight_.at(prompt).sample_step;
-      for (int64_t k = groups.bounds[g]; k < groups.bounds[g + 1] && n_finish > 0; ++k) {
+      for (int64_t k = groups.bounds[g]; k < groups.bounds[g + 1]; ++k) {
         const int64_t finish = finish_steps[n_finish == 1 ? 0 : groups.order[k]];
         if (finish < started)
           throw InvalidArgument(concat("finish_step=", finish, " of trajectory ", traj_ids[groups.order[k]],

@@ -326,6 +326,8 @@ class StalenessRing {
   int64_t lease_now() const PFB_REQUIRES(mutex_);
   int64_t expire_due() PFB_REQUIRES(mutex_);  // fails prompts whose lease passed; returns how many
   void expire_prompts(const std::vector<int64_t>& prompts) PFB_REQUIRES(mutex_);
+  // Throws InvalidArgument naming the first of the n prompts that is already in flight.
+  void check_not_in_flight(const int64_t* prompt_ids, int64_t n) const PFB_REQUIRES(mutex_);
 
   // ring_write.cpp: room, appends and on_full.
   // Returns true if n entries fit now (or on_full evicts); false once room appeared after a wait, mutex_

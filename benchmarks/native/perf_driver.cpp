@@ -186,6 +186,32 @@ Result dispatch_complete() {
   return r;
 }
 
+// One training step's cycle, 64 times: dispatch(512 prompts) at step s, complete(8 trajectories each), take(4096)
+// at s; under pace (prompts_per_step = 512, so every call passes admission and the take gate) or under drop.
+Result cycle(pfb::Strategy strategy) {
+  constexpr int64_t kPrompts = kBatch / 8;
+  pfb::RingConfig c = config();
+  c.strategy = strategy;
+  if (strategy == pfb::Strategy::kPace) c.prompts_per_step = kPrompts, c.lookahead = kMaxAge;
+  pfb::StalenessRing ring(c, nullptr);
+  std::vector<int64_t> out(static_cast<size_t>(pfb::kBatchColumns * kBatch));
+  Result r;
+  for (int64_t call = 0; call < 64; ++call) {
+    const int64_t step = kStep + call;
+    const auto prompts = iota(kPrompts, call * kPrompts);
+    const auto trajs = iota(kBatch, call * kBatch);
+    const auto prompt_of = iota(kBatch, 8 * call * kPrompts, 8);
+    pfb::TakeStats stats;
+    pfb_measured([&] {
+      ring.dispatch(prompts.data(), kPrompts, step);
+      ring.complete(trajs.data(), prompt_of.data(), kBatch, std::nullopt);
+      stats = ring.take(kBatch, step, std::nullopt, out.data());
+    });
+    r.entries += stats.taken, ++r.calls;
+  }
+  return r;
+}
+
 // Constructing a ring of 2^20 entries (allocation, and pre-touching if the core does it); per entry.
 Result construct() {
   pfb::RingConfig c = config();
@@ -214,6 +240,8 @@ const std::vector<Workload>& workloads() {
       {"evict_stale_shuffled", evict_shuffled},
       {"evict_stale_sorted", evict_sorted},
       {"dispatch_complete", dispatch_complete},
+      {"paced_cycle", [] { return cycle(pfb::Strategy::kPace); }},
+      {"drop_cycle", [] { return cycle(pfb::Strategy::kDrop); }},
       {"construct", construct},
   };
   return all;
