@@ -128,7 +128,7 @@ Result take_4sources() {
   Result r;
   for (int lap = 0; lap < 4; ++lap) {
     const auto ids = iota(kCapacity, lap * kCapacity);
-    ring.put(ids.data(), nullptr, steps.data(), kCapacity, kCapacity, std::nullopt, slots.data(), kCapacity);
+    ring.put(ids.data(), nullptr, steps.data(), kCapacity, kCapacity, std::nullopt, nullptr, 0, slots.data(), kCapacity);
     for (int64_t call = 0; call < kCapacity * 3 / 4 / kBatch; ++call) {
       pfb::TakeStats stats;
       pfb_measured([&] { stats = ring.take(kBatch, kStep, std::nullopt, out.data()); });
