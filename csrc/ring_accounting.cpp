@@ -45,10 +45,7 @@ void StalenessRing::observe_walked(int64_t walked, int64_t current_step, bool fi
       if (first_use_always || c.uses[p] == 1) {  // its first take: trained
         source_counts_[slot].trained += len;
         if (meta_observed(m)) {
-          for (int64_t j = 0, q = p; j < len; ++j, q = q + 1 == config_.capacity ? 0 : q + 1) {
-            bias_->add(Fate::kTrained, Quantity::kLatency, latency_us(c, q));
-            if (meta_length(c.meta[q]) >= 0) bias_->add(Fate::kTrained, Quantity::kLength, meta_length(c.meta[q]));
-          }
+          add_group(Fate::kTrained, p, len);
           attempts_.on_trained(c.group_id[p]);
         }
       }
@@ -77,11 +74,18 @@ void StalenessRing::observe_lost_group(int64_t p, bool evicted) {
   SourceCounts& counts = source_counts_[static_cast<size_t>(meta_slot(m))];
   (evicted ? counts.evicted : counts.dropped) += len;
   if (c.uses[p] != 0 || !meta_observed(m) || !bias_) return;  // taken before, or never a monitored rollout
-  for (int64_t j = 0, q = p; j < len; ++j, q = q + 1 == config_.capacity ? 0 : q + 1) {
-    bias_->add(Fate::kLost, Quantity::kLatency, latency_us(c, q));
-    if (meta_length(c.meta[q]) >= 0) bias_->add(Fate::kLost, Quantity::kLength, meta_length(c.meta[q]));
-  }
+  add_group(Fate::kLost, p, len);
   attempts_.on_lost(c.group_id[p], len);
+}
+
+void StalenessRing::add_group(Fate fate, int64_t p, int64_t len) {
+  // One complete() call stamped the whole group: one dispatch and one completion time, so one latency for
+  // all its members; lengths were given for every trajectory of that call or for none.
+  const ColumnPointers& c = columns_.get();
+  bias_->add(fate, Quantity::kLatency, latency_us(c, p), len);
+  if (meta_length(c.meta[p]) < 0) return;
+  for (int64_t j = 0, q = p; j < len; ++j, q = q + 1 == config_.capacity ? 0 : q + 1)
+    bias_->add(fate, Quantity::kLength, meta_length(c.meta[q]));
 }
 
 void StalenessRing::set_source_max_age(int32_t slot, int64_t max_age) {

@@ -391,6 +391,7 @@ class StalenessRing {
       PFB_REQUIRES(mutex_);
   void observe_lost(int64_t count, bool evicted) PFB_REQUIRES(mutex_);  // the oldest `count` entries leave
   void observe_lost_group(int64_t p, bool evicted) PFB_REQUIRES(mutex_);  // the group at row p leaves
+  void add_group(Fate fate, int64_t p, int64_t len) PFB_REQUIRES(mutex_);  // the group at row p into the monitor
 
   const RingConfig config_;  // as constructed (immutable); max_age_ below is the one in force
   RingColumns columns_ PFB_GUARDED_BY(mutex_);
