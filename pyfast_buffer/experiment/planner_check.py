@@ -47,8 +47,8 @@ def compare(
     records: Sequence[Record], cfg: ExperimentConfig, arm: ArmConfig, seed: Optional[int] = None
 ) -> Optional[Dict[str, Any]]:
     """Planner prediction and measurement for one reuse-1 run, or None when the arm is not comparable."""
-    if arm.reuse != 1 or arm.adaptive:
-        return None
+    if arm.reuse != 1 or arm.adaptive or arm.strategy == "pace" or cfg.requeue:
+        return None  # the planner models neither pace's admission nor requeued prompts
     counts = measured_ages(records, arm.name, seed, cfg.ticks)
     total = sum(counts.values())
     steady = [
