@@ -45,7 +45,7 @@ def test_the_rollout_cost_is_deterministic_per_seed_and_grows_with_difficulty():
 def test_ks_statistic_is_scipys():
     rng = np.random.default_rng(2)
     x, y = rng.lognormal(size=300), rng.lognormal(0.3, size=200)
-    assert ks_statistic(x, y) == stats.ks_2samp(x, y).statistic
+    assert ks_statistic(x, y) == stats.ks_2samp(x, y, method="asymp").statistic
     assert ks_statistic(x, []) is None
 
 
