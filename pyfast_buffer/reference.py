@@ -389,7 +389,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 for p, members in groups.items():
                     started = self._in_flight[p][0]
                     for i in members if finish is not None else ():
-                        if finish[i] < started:
+                        if finish is not None and finish[i] < started:
                             raise ValueError(
                                 f"finish_step={finish[i]} of trajectory {traj_list[i]} is before prompt {p} was "
                                 f"dispatched at step {started}; pass the step of the weights in force when it "
@@ -467,7 +467,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 self._check_uniform(groups, step_of, "sample_step", "stamped", "sample_step", 0)
                 self._check_uniform(groups, slot_of, "source", "tagged", "source", -1)
             for i in range(n) if finish is not None else ():
-                if finish[i] < step_of(i):
+                if finish is not None and finish[i] < step_of(i):
                     raise ValueError(
                         f"finish_step={finish[i]} of trajectory {traj_list[i]} is before its sample_step={step_of(i)}; "
                         "pass the step of the weights in force when it finished"

@@ -10,7 +10,7 @@ attempts; attempt ``s`` (its serial, ``t * prompts_per_tick + k``) owns trajecto
 from __future__ import annotations
 
 from collections import deque
-from typing import Deque, Dict, List, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -67,7 +67,7 @@ class RequeueProducer(Producer):
                 lost.setdefault(i)
         self.queue.extend(lost)
 
-    def tick(self, t: int) -> Dict[str, float]:
+    def tick(self, t: int) -> Dict[str, Optional[float]]:
         cfg, n, per_tick = self.cfg, self.cfg.group_size, self.cfg.prompts_per_tick
         self._collect_losses()
         fresh = self.task.sample_prompts(per_tick, self.prompt_gen)  # always drawn: the same stream in every arm
