@@ -40,29 +40,7 @@ LOG_FORMAT = (
 #  sampled_total, max_age, expired, trained_over_age, span_sum, span_max, admitted, admission_refused,
 #  admission_waits, attempts, sources): attempts is ATTEMPT_FIELDS in order; sources holds (source, taken,
 #  dropped) of each source this call took or dropped from (-1: untagged), once any is tagged.
-Stats = Tuple[
-    int,
-    int,
-    int,
-    int,
-    str,
-    int,
-    int,
-    Tuple[int, ...],
-    int,
-    int,
-    int,
-    int,
-    int,
-    int,
-    int,
-    int,
-    int,
-    int,
-    int,
-    Tuple[int, ...],
-    Tuple[tuple, ...],
-]
+Stats = Tuple[Any, ...]  # the fields above, in that order (typed one by one in _core.pyi's _Stats)
 #: The prompt-attempt counters of every take (docs/data-bias.md): retries and prompts_retried, regenerations
 #: (trajectories of lost attempts whose prompt was dispatched again), protected groups (max_attempts), the
 #: prompts starved now (>= 2 attempts, nothing trained) and the records forgotten at the table's bound.
