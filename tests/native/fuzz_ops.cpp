@@ -419,7 +419,7 @@ class Session {
     const auto timeout = pick_timeout();
     std::vector<int64_t> finish;  // none, one for all, or one per trajectory at or after its stamp (-1: refused)
     const int finish_kind = in_.ConsumeIntegralInRange<int>(0, 3);
-    for (int64_t i = 0; i < (finish_kind == 1 ? 1 : finish_kind == 2 ? n : 0); ++i)
+    for (int64_t i = 0; !steps.empty() && i < (finish_kind == 1 ? 1 : finish_kind == 2 ? n : 0); ++i)
       finish.push_back(sat_add(steps[steps.size() == 1 ? 0 : i], in_.ConsumeIntegralInRange<int64_t>(0, 2)) -
                        (in_.ConsumeIntegralInRange<int>(0, 15) == 0));
     op_.added_trajs = traj;
