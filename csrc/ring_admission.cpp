@@ -15,6 +15,8 @@ int64_t StalenessRing::pace_room(int64_t step) const {
 }
 
 bool StalenessRing::pace_admits(const StepCounts& groups, int64_t total) const {
+  // One stamp (every dispatch): the admissible count decides without building the merged counts.
+  if (groups.size() == 1) return pace_room(groups.begin()->first) >= total;
   return admits(in_flight_.step_counts(), in_flight_.size(), ready_groups_, groups, total, pace_next_take(), max_age_,
                 {config_.prompts_per_step, config_.lookahead});
 }

@@ -43,6 +43,8 @@ class ArmRun:
             strategy=arm.strategy,
             max_uses=arm.reuse,
             parameter_sync_step=cfg.parameter_sync_step,
+            # pace: one trainer step takes batch_size trajectories, i.e. batch_size // group_size prompt groups
+            prompts_per_step=cfg.batch_size // cfg.group_size if arm.strategy == "pace" else None,
         )
         self.store = TrajectoryStore(
             cfg.ticks * cfg.prompts_per_tick * cfg.group_size, self.task.prompt_len, cfg.length

@@ -47,7 +47,7 @@ def compare(
     records: Sequence[Record], cfg: ExperimentConfig, arm: ArmConfig, seed: Optional[int] = None
 ) -> Optional[Dict[str, Any]]:
     """Planner prediction and measurement for one reuse-1 run, or None when the arm is not comparable."""
-    if arm.reuse != 1 or arm.adaptive:
+    if arm.reuse != 1 or arm.adaptive or arm.strategy == "pace":  # the planner models drop and wait, not admission
         return None
     counts = measured_ages(records, arm.name, seed, cfg.ticks)
     total = sum(counts.values())

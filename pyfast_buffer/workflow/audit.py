@@ -41,7 +41,9 @@ _AGE = re.compile(r'"?age_hist/([0-9+\-]+)"?\s*[=:]\s*(\d+)')
 PACE_COUNT_FIELDS = ("trained_over_age",)
 PACE_RUNNING_FIELDS = ("admitted", "admission_refused", "admission_waits")
 _PACE_FIELD = re.compile(
-    r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?(' + "|".join(PACE_COUNT_FIELDS + PACE_RUNNING_FIELDS) + r')"?\s*[=:]\s*(\d+)(?![\w.])'
+    r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?('
+    + "|".join(PACE_COUNT_FIELDS + PACE_RUNNING_FIELDS)
+    + r')"?\s*[=:]\s*(\d+)(?![\w.])'
 )
 #: A gap of about -100% (accounted twice what was sampled) is the sign of records counted twice.
 _DOUBLED = (-110.0, -90.0)
