@@ -83,7 +83,7 @@ void for_each_prefix(const StepCounts& in_flight, const StepCounts& ready, Visit
 inline int64_t admissible_prompts(const StepCounts& in_flight, int64_t in_flight_total, const ReadyGroups& ready,
                                   int64_t step, int64_t next_take, int64_t max_age, const PaceParams& pace) {
   using admission_detail::Wide;
-  const Wide limit = static_cast<Wide>(pace.lookahead + 1) * pace.prompts_per_step;
+  const Wide limit = (static_cast<Wide>(pace.lookahead) + 1) * pace.prompts_per_step;
   Wide room = limit - in_flight_total - ready.total();
   // Adding prompts stamped `step` raises the prefix count of every stamp y >= step by the same amount, so the
   // tightest deadline constraint is at y == step or at an outstanding stamp above it.
@@ -108,7 +108,7 @@ inline bool admits(const StepCounts& in_flight, int64_t in_flight_total, const R
                    const PaceParams& pace) {
   using admission_detail::Wide;
   if (added.empty()) return true;
-  const Wide limit = static_cast<Wide>(pace.lookahead + 1) * pace.prompts_per_step;
+  const Wide limit = (static_cast<Wide>(pace.lookahead) + 1) * pace.prompts_per_step;
   if (static_cast<Wide>(in_flight_total) + ready.total() + added_total > limit) return false;
   StepCounts outstanding = in_flight;
   for (const auto& [stamp, groups] : ready.by_step()) outstanding[stamp] += groups;
@@ -140,7 +140,8 @@ inline std::optional<int64_t> pace_blocker(const StepCounts& in_flight, int64_t 
     for (; b != ready.by_step().end() && b->first <= a->first; ++b) ready_prefix += b->second;
     in_flight_prefix += a->second;
     // After the take, one step later: the slots before stamp a->first passes max_age.
-    const Wide slots = admission_detail::slots_until_due(a->first, max_age, current_step + 1, prompts_per_step);
+    const Wide slots =
+        admission_detail::slots_until_due(a->first, max_age, current_step, prompts_per_step) - prompts_per_step;
     const int64_t behind = in_flight_prefix + std::max<int64_t>(ready_prefix - taken_groups, 0);
     if (behind > slots) return a->first;
     if (slots >= left) break;  // every later stamp has at least as many slots as there are groups left

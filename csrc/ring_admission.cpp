@@ -15,6 +15,8 @@ int64_t StalenessRing::pace_room(int64_t step) const {
 }
 
 bool StalenessRing::pace_admits(const StepCounts& groups, int64_t total) const {
+  // One stamp (every dispatch): the admissible count decides without building the merged counts.
+  if (groups.size() == 1) return pace_room(groups.begin()->first) >= total;
   return admits(in_flight_.step_counts(), in_flight_.size(), ready_groups_, groups, total, pace_next_take(), max_age_,
                 {config_.prompts_per_step, config_.lookahead});
 }
@@ -30,7 +32,7 @@ int64_t StalenessRing::admissible(int64_t step) {
 }
 
 void StalenessRing::check_pace_call_size(int64_t groups, const char* call) const {
-  const Int128 limit = static_cast<Int128>(config_.lookahead + 1) * config_.prompts_per_step;
+  const Int128 limit = (static_cast<Int128>(config_.lookahead) + 1) * config_.prompts_per_step;
   if (groups > limit)
     throw InvalidArgument(concat(call == std::string("put") ? "traj_ids: " : "prompt_ids: ", groups,
                                  call == std::string("put") ? " groups" : " prompts", " exceed the admission limit ",
@@ -39,16 +41,18 @@ void StalenessRing::check_pace_call_size(int64_t groups, const char* call) const
 }
 
 std::string StalenessRing::admission_message(const StepCounts& groups, int64_t total, int64_t first_step) const {
-  const int64_t limit = (config_.lookahead + 1) * config_.prompts_per_step;
+  const Int128 limit = (static_cast<Int128>(config_.lookahead) + 1) * config_.prompts_per_step;
   const int64_t outstanding = in_flight_.size() + ready_groups_.total();
   const int64_t room = pace_room(first_step);
   std::ostringstream out;
   out << total << (groups.size() > 1 ? " groups" : " prompts") << " at step " << first_step
-      << " do not fit strategy='pace': limit (lookahead + 1) * prompts_per_step = " << limit << " prompt groups, "
+      << " do not fit strategy='pace': limit (lookahead + 1) * prompts_per_step = "
+      << static_cast<long long>(std::min<Int128>(limit, INT64_MAX)) << " prompt groups, "
       << outstanding << " outstanding (" << in_flight_.size() << " in flight, " << ready_groups_.total()
       << " ready), " << room << " admissible now";
   if (room < limit - outstanding)
-    out << "; prompts stamped " << first_step << " must be trained by step " << first_step + max_age_
+    out << "; prompts stamped " << first_step << " must be trained by step "
+        << static_cast<long long>(std::min<Int128>(static_cast<Int128>(first_step) + max_age_, INT64_MAX))
         << " and the trainer's next take is at step " << pace_next_take() << ", so fewer slots remain for them";
   out << "; take (train) to free slots, fail stuck prompts, dispatch with newer weights, or raise lookahead";
   return out.str();
@@ -58,7 +62,7 @@ bool StalenessRing::wait_for_admission(const StepCounts& groups, int64_t total, 
                                        std::optional<double> timeout, const char* call,
                                        std::optional<SteadyTime>& deadline, bool& waited) {
   if (pace_admits(groups, total)) return true;
-  if (first_step + max_age_ < pace_next_take()) {  // past its deadline already: no take can make room for it
+  if (first_step < pace_next_take() - max_age_) {  // past its deadline already: no take can make room for it
     ledger_.admission_refused += total;
     throw AdmissionFull(concat(call, ": prompts stamped ", first_step, " would pass max_age=", max_age_,
                                " before the trainer's next take at step ", pace_next_take(),

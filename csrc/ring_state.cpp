@@ -123,8 +123,8 @@ void StalenessRing::import_state(const RingState& s) {
     if (finish[i] < s.sample_step[i] || finish[i] > s.clock)
       throw InvalidArgument(concat("state_dict: entry ", i, " has finish_step=", finish[i], " outside [sample_step=",
                                    s.sample_step[i], ", clock=", s.clock, "]"));
-  if (s.next_take < 0 || s.next_take > Ledger::kMaxCounter)
-    throw InvalidArgument(concat("state_dict: next_take=", s.next_take, " is outside [0, 2**60]; it was edited or is corrupt"));
+  if (s.next_take < 0)
+    throw InvalidArgument(concat("state_dict: next_take=", s.next_take, " is negative; it was edited or is corrupt"));
   for (int64_t i = 0; i < n;) {
     const int64_t len = s.group_len[i];
     if (len < 1 || i + len > n)

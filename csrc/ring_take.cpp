@@ -402,7 +402,8 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
   if (paced()) {
     // The trainer took at current_step: its next take is a step later (a retry at this step only finds
     // admission tighter by one step's slots, never looser).
-    next_take_ = std::max(next_take_, current_step + 1);
+    next_take_ = std::max(next_take_, current_step == std::numeric_limits<int64_t>::max() ? current_step
+                                                                                           : current_step + 1);
     admit_cv_.notify_all();
   }
   fill_state(stats);

@@ -59,7 +59,7 @@ struct RingConfig {
   int64_t attempts_bound = 0;       // prompt records kept (> 0), or 0 for default_attempts_bound(capacity)
 };
 
-/// Largest prompts_per_step accepted: keeps (lookahead + 1) * prompts_per_step far from int64 overflow.
+/// Largest prompts_per_step accepted (the admission arithmetic runs in 128 bits, so any lookahead fits).
 constexpr int64_t kMaxPromptsPerStep = int64_t{1} << 40;
 
 /// Ids that left the buffer since the previous take_released(), oldest first, with ReleaseReason codes.

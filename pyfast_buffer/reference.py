@@ -652,7 +652,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         )
         if room < limit - ready - in_flight:
             text += (
-                f"; prompts stamped {first} must be trained by step {first + self.config.max_age} and the trainer's "
+                f"; prompts stamped {first} must be trained by step {min(first + self.config.max_age, 2**63 - 1)} and "
+                f"the trainer's "
                 f"next take is at step {self._pace_next_take()}, so fewer slots remain for them"
             )
         return (
@@ -762,7 +763,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._clock = max(self._clock, current_step)
             batch = self._commit(plan, current_step)
             if self._paced():
-                self._next_take = max(self._next_take, current_step + 1)
+                self._next_take = max(self._next_take, min(current_step + 1, 2**63 - 1))
                 self._cond.notify_all()
             return batch
 

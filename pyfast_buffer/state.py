@@ -203,8 +203,8 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
     led = {k: int(ledger.get(k, 0)) for k in ALL_LEDGER_KEYS}
     evicted_unreported = int(sd.get("evicted_unreported", 0))
     next_take = int(sd.get("next_take", 0))
-    if not 0 <= next_take <= MAX_COUNTER:
-        raise ValueError("state_dict has next_take outside [0, 2**60]; it was edited or is corrupt")
+    if not 0 <= next_take < 2**63:
+        raise ValueError("state_dict has next_take outside [0, 2**63); it was edited or is corrupt")
     # The clock is a step the API accepted (<= 2**63 - 1) or -1 before any. Counters stay within the
     # core's bound (Ledger::kMaxCounter), so the buffer can go on adding to them without overflow.
     if any(not 0 <= v <= MAX_COUNTER for v in (*led.values(), evicted_unreported)):

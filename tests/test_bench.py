@@ -97,3 +97,13 @@ def test_cli_writes_the_targets_table_into_the_docs_page(tmp_path, monkeypatch):
     assert "old" not in text and text.endswith("after\n")
     assert "| put ungrouped B=65536 vs a copy of 64 B/entry | <= 4x |" in text
     assert "`pyfast-buffer bench --quick --cases bulk`" in text
+
+
+def test_the_pace_cycle_row_compares_pace_with_drop_and_the_floor():
+    rows = CASES["pace_cycle"](TINY, {})
+    report.add_ratios(rows)
+    orders = {r["order"] for r in rows}
+    assert orders == {"pace", "drop", "floor"}
+    paced = [r for r in rows if r["order"] == "pace"]
+    assert paced and all(r["x_drop"] > 0 and r["x_floor"] > 0 for r in paced)
+    assert "the same cycle under drop" in report._cells(paced[0])[3]

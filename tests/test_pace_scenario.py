@@ -24,7 +24,7 @@ import pyfast_buffer as pfb
 STEPS = 300
 PER_STEP = 4  # prompt groups per training step
 GROUP = 2  # trajectories per prompt
-MAX_AGE = 2
+MAX_AGE = 4  # the age bound of the README demo; lagged weights (0-2 steps) still leave slack
 PRODUCERS = 4
 MEDIAN_S = 0.002  # median rollout latency; one rollout in ten takes 10x as long
 DISPATCH_TIMEOUT = 0.05  # a producer whose prompt waits longer re-reads the weights and tries again

@@ -130,3 +130,12 @@ def test_verl_sampler_cut_and_wait_gate_equal_todays_verl(threshold):
     sync = verl.FastReplayBuffer("sync", {}, threshold, "drop", {})
     sync._apply_listing("train", {**finished, **running})
     assert not sync._stale_groups(now, "train") and not sync._blocked_by_wait(now, "train")
+
+
+def test_pace_is_refused_in_verl_with_the_reason():
+    import pytest
+
+    from pyfast_buffer.integrations.verl_mapping import config_from_verl
+
+    with pytest.raises(ValueError, match=r"pace.*refill_fn.*cannot hold them back.*'drop' or 'wait'"):
+        config_from_verl({"max_off_policy_strategy": "pace"}, {})

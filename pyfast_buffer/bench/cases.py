@@ -484,3 +484,48 @@ def overhead_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         }
         rows.append(r)
     return rows
+
+
+def pace_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
+    """One training step's cycle: dispatch P prompts, complete G trajectories each, take P * G, next step.
+
+    The same cycle under strategy="pace" (admission at dispatch, the take gate, stamp order) and under "drop",
+    timed interleaved in this process, with the floor: a copy of the bytes the cycle moves (the P prompt ids,
+    the trajectory and prompt ids of complete, and the batch's int64 columns).
+    """
+    from .. import _core
+    from ..buffer import StalenessBuffer
+
+    del skipped  # every contender is part of the package
+    rows = []
+    for batch in plan.batches:
+        group = 8 if batch >= 8 else 1
+        prompts = batch // group
+        prompt_ids = np.arange(prompts, dtype=np.int64)
+        traj_ids = np.arange(batch, dtype=np.int64)
+        prompt_of = np.repeat(prompt_ids, group)
+        timed: Dict[str, Timed] = {}
+        for strategy in ("pace", "drop"):
+            kwargs = {"prompts_per_step": prompts} if strategy == "pace" else {}
+            buf = StalenessBuffer(4 * batch, max_age=MAX_AGE, strategy=strategy, pin_memory=False, **kwargs)
+            step = [CURRENT_STEP]
+
+            def cycle(buf: Any = buf, step: List[int] = step) -> None:
+                buf.dispatch(prompt_ids, step[0])
+                buf.complete(traj_ids, prompt_of)
+                buf.take(batch, step[0])
+                step[0] += 1
+
+            timed[strategy] = (cycle, None, calibrate(cycle))
+        moved = np.arange(prompts + 2 * batch + _core.BATCH_COLUMNS * batch, dtype=np.int64)
+        into = np.empty_like(moved)
+
+        def copy(moved: np.ndarray = moved, into: np.ndarray = into) -> None:
+            np.copyto(into, moved)
+
+        timed["copy (floor)"] = (copy, None, calibrate(copy))
+        for name, times in sample_interleaved(timed, plan.repeat).items():
+            contender = "copy (floor)" if name == "copy (floor)" else "pyfast_buffer"
+            order = "floor" if name == "copy (floor)" else name
+            rows.append(row("pace_cycle", contender, times, batch=batch, order=order, group=group))
+    return rows

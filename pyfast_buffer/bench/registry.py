@@ -9,7 +9,17 @@ from __future__ import annotations
 import sys
 from typing import Callable, Dict, List
 
-from .cases import bulk_case, evict_case, memory_case, overhead_case, put_case, take_case, throughput_case, wake_case
+from .cases import (
+    bulk_case,
+    evict_case,
+    memory_case,
+    overhead_case,
+    pace_case,
+    put_case,
+    take_case,
+    throughput_case,
+    wake_case,
+)
 from .plan import Plan
 from .ray_case import ray_case
 from .verl_case import summary, verl_case
@@ -27,6 +37,7 @@ CASES: Dict[str, Case] = {
     "memory": memory_case,
     "bulk": bulk_case,
     "overhead": overhead_case,
+    "pace_cycle": pace_case,
     "ray": ray_case,
 }
 

@@ -31,9 +31,14 @@ def add_ratios(rows: List[Dict]) -> None:
         floor = group.get("copy (floor)")
         if r["case"] == "bulk":
             floor = next((f for f in rows if f["case"] == "bulk" and f["contender"] == "copy (floor)"), None)
+        if r["case"] == "pace_cycle":  # the same cycle under drop, and the floor, measured in the same run
+            same = {f["order"]: f for f in rows if f["case"] == "pace_cycle" and f.get("batch") == r.get("batch")}
+            floor = same.get("floor")
+            if "drop" in same and r.get("order") == "pace":
+                r["x_drop"] = r["median_s"] / same["drop"]["median_s"]
         if (
             floor
-            and r["case"] in ("put", "take", "bulk")
+            and r["case"] in ("put", "take", "bulk", "pace_cycle")
             and "lap" not in str(r.get("order"))
             and r.get("order") != "construct"
             and floor is not r
@@ -228,6 +233,8 @@ def _cells(r: Dict) -> Tuple[str, str, str, str]:
         extra = f"{r['x_floor']:.2f}x the copy floor" + (
             f", returns {r['returned_mean']:.0f}" if "returned_mean" in r else ""
         )
+        if "x_drop" in r:
+            extra += f", {r['x_drop']:.2f}x the same cycle under drop"
     elif "ns_per_entry" in r:
         extra = f"{r['ns_per_entry']:.2f} ns/entry"
     elif "x_memcpy" in r:

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
-STRATEGIES = ("drop", "wait", "pace")  # pace: the bias study's requeue runs only (it admits what it dispatches)
+STRATEGIES = ("drop", "wait", "pace")
 MODES = ("interleave", "thread")
 #: ``--max-age adaptive`` without a target: hold the trainer's approx KL at this, PPO's customary KL target,
 #: about what the reuse-1 arm (fresh data, rollouts one step behind) measures in the demo configuration.

@@ -47,11 +47,9 @@ class ArmRun:
             parameter_sync_step=cfg.parameter_sync_step,
             track_released=cfg.requeue,  # the requeue producer learns which attempts were lost from released()
             max_attempts=arm.max_attempts,
-            # pace: the trainer takes batch_size // group_size groups a step; the requeue producer asks admissible()
+            # pace: one trainer step takes batch_size trajectories, i.e. batch_size // group_size prompt groups
             prompts_per_step=cfg.batch_size // cfg.group_size if arm.strategy == "pace" else None,
         )
-        if arm.strategy == "pace" and not cfg.requeue:
-            raise ValueError(f"arm {arm.name}: strategy='pace' needs the requeue producer (--preset bias)")
         self.store = TrajectoryStore(
             cfg.ticks * cfg.prompts_per_tick * cfg.group_size, self.task.prompt_len, cfg.length
         )

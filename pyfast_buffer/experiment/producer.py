@@ -43,11 +43,18 @@ class Producer:
         cfg, n = self.cfg, self.cfg.group_size
         prompts = self.task.sample_prompts(cfg.prompts_per_tick, self.prompt_gen)
         prompt_ids = torch.arange(t * cfg.prompts_per_tick, (t + 1) * cfg.prompts_per_tick)
+        if self.buf.config.strategy == "pace":  # generate only what admission lets in now (the rest is skipped)
+            # At least one prompt is generated (and, if refused, not dispatched), so every tick has a sample reward.
+            admitted = min(cfg.prompts_per_tick, self.buf.admissible(self.rollout.weights_step))
+            prompts, prompt_ids = prompts[: max(admitted, 1)], prompt_ids[:admitted]
         repeated, responses, logp, weights_step = self.rollout.generate(prompts, n, cfg.length, self.sample_gen)
         self.buf.dispatch(prompt_ids, weights_step)
         reward = self.task.reward(repeated, responses)
         traj_ids = (prompt_ids.unsqueeze(1) * n + torch.arange(n)).view(-1)  # prompt p owns ids p*n .. p*n+n-1
-        self.store.write(traj_ids, repeated, responses, logp, reward, group_advantages(reward, n))
+        kept = len(traj_ids)  # pace: the generated prompts that were admitted (all of them otherwise)
+        advantages = group_advantages(reward, n)[:kept]
+        if kept:
+            self.store.write(traj_ids, repeated[:kept], responses[:kept], logp[:kept], reward[:kept], advantages)
         for p in prompt_ids.tolist():
             delay = self.schedule.fate()
             self.due.setdefault(t + (delay or 0), []).append((p, delay is None))

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pyfast_buffer._args import MAX_TIMEOUT, STRATEGIES
+from pyfast_buffer._args import MAX_TIMEOUT
+from pyfast_buffer.integrations.verl_mapping import PACE_IN_VERL, VERL_STRATEGIES
 from pyfast_buffer.integrations.verl_mapping import DEFAULT_VERL_CAPACITY, read
 
 DEFAULT_TIMEOUT_S = 600.0  # verl waits forever; a stuck rollout should fail a run, not hang it
@@ -72,10 +73,12 @@ def parse(
             f"max_off_policy_threshold={threshold!r} is invalid (Invalid max off policy threshold: {threshold}, "
             "must be an integer greater than 0); set trainer.v1.sampler.max_off_policy_threshold to an int >= 1"
         )
-    if strategy not in STRATEGIES:
+    if strategy == "pace":
+        raise VerlConfigError(PACE_IN_VERL)
+    if strategy not in VERL_STRATEGIES:
         raise VerlConfigError(
             f"max_off_policy_strategy={strategy!r} is invalid (Invalid max off policy strategy: {strategy}, "
-            f"must be one of {list(STRATEGIES)}); set trainer.v1.sampler.max_off_policy_strategy to drop or wait"
+            f"must be one of {list(VERL_STRATEGIES)}); set trainer.v1.sampler.max_off_policy_strategy to drop or wait"
         )
     if read(sampler_kwargs, "poll_interval") is not None:
         raise ValueError(

@@ -16,6 +16,15 @@ from typing import Any
 
 from pyfast_buffer._args import STRATEGIES, as_count, as_step
 
+#: Why verl's sampler config cannot select strategy="pace" (docs/verl.md, "pace and verl").
+PACE_IN_VERL = (
+    "max_off_policy_strategy='pace' cannot be honoured inside verl today: pace admits prompts at dispatch, "
+    "but verl's trainer submits a fixed batch of prompts every step (trainer_base._add_batch_to_generate) "
+    "and hands samplers only refill_fn, which adds prompts and cannot hold them back; use 'drop' or "
+    "'wait' in verl, or strategy='pace' where your own loop (or a RemoteBuffer) dispatches (docs/verl.md)"
+)
+#: The strategies verl's sampler option can select.
+VERL_STRATEGIES = ("drop", "wait")
 #: verl's ``max_off_policy_threshold`` default.
 DEFAULT_VERL_THRESHOLD = 8
 #: Ring capacity when verl's ``sampler_kwargs`` sets none (from_verl's and the verl sampler's default).
@@ -64,6 +73,8 @@ def config_from_verl(sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> di
         raise ValueError(
             f"parameter_sync_step={sync!r} must be an int >= 1; it is the number of trainer steps between weight pushes"
         )
+    if strategy == "pace":
+        raise ValueError(PACE_IN_VERL)
     if strategy not in STRATEGIES:
         raise ValueError(f"max_off_policy_strategy={strategy!r} is unknown; use 'drop' or 'wait'")
     sampler_kwargs = read(sampler_cfg, "sampler_kwargs", None)

@@ -22,6 +22,9 @@ from ._payloads import PayloadStore, ReleasedReport, own
 
 #: Concurrency group of the calls that may block (take/put/complete with a timeout).
 BLOCKING_GROUP = "blocking"
+#: Concurrency group of paced dispatches waiting for admission: apart from BLOCKING_GROUP, so that producers
+#: blocked at the admission limit can never hold every thread the trainer's blocking take needs to free them.
+ADMISSION_GROUP = "admission"
 _DROPPED_STALE, _EVICTED = RELEASE_REASONS.index("dropped_stale"), RELEASE_REASONS.index("evicted")
 
 

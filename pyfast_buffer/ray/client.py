@@ -18,12 +18,14 @@ from ..config import BufferConfig, SourceMaxAge, config_from_arguments, source_m
 from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
 from . import _errors
-from ._actor import BLOCKING_GROUP, BufferActor
+from ._actor import ADMISSION_GROUP, BLOCKING_GROUP, BufferActor
 
 #: Threads of the actor for quick calls (ledger, non-blocking put/take, ...).
 DEFAULT_MAX_CONCURRENCY = 16
 #: Threads of the actor for calls that may block (take/put/complete with a timeout).
 DEFAULT_BLOCKING_CALLS = 16
+#: Threads of the actor for paced dispatches waiting for admission (more producers wait in Ray's queue).
+DEFAULT_ADMISSION_CALLS = 16
 
 
 class RemoteBatch(Batch):
@@ -85,6 +87,7 @@ class RemoteBuffer:
         num_cpus: float = 1,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         blocking_calls: int = DEFAULT_BLOCKING_CALLS,
+        admission_calls: int = DEFAULT_ADMISSION_CALLS,
         actor_options: Optional[Dict[str, Any]] = None,
     ) -> RemoteBuffer:
         """Starts the actor and returns its client.
@@ -93,14 +96,15 @@ class RemoteBuffer:
         not one: batches leave the actor by pickle). ``name`` (and ``namespace``) make it reachable with
         ``RemoteBuffer.get`` from any driver of the cluster; ``lifetime="detached"`` keeps it alive after
         this driver exits. ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve
-        calls with a timeout; ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
+        calls with a timeout, ``admission_calls`` more serve paced dispatches waiting for admission (so waiting
+        producers never starve the trainer's take); ``actor_options`` go to ``.options()``.
         """
         config = config_from_arguments(locals())
         as_count(max_concurrency, "max_concurrency", 1)
         as_count(blocking_calls, "blocking_calls", 1)
-        threads: Dict[str, Any] = dict(
-            max_concurrency=max_concurrency, concurrency_groups={BLOCKING_GROUP: blocking_calls}
-        )
+        as_count(admission_calls, "admission_calls", 1)
+        groups = {BLOCKING_GROUP: blocking_calls, ADMISSION_GROUP: admission_calls}
+        threads: Dict[str, Any] = dict(max_concurrency=max_concurrency, concurrency_groups=groups)
         remote_cls = ray.remote(**threads)(BufferActor)
         options: Dict[str, Any] = dict(num_cpus=num_cpus, **(actor_options or {}))
         if name is not None:
@@ -131,10 +135,11 @@ class RemoteBuffer:
     ) -> None:
         """Marks prompts as in flight; with ``lease`` (seconds) the buffer fails them if not completed,
         failed or renewed in time, so a producer that died never holds a ``wait`` trainer longer. Under pace
-        with ``timeout`` it waits for admission in one of the actor's ``blocking_calls`` threads."""
+        with ``timeout`` it waits for admission in one of the actor's ``admission_calls`` threads."""
         wait = as_timeout(timeout)
         prompts, stamp = as_ids(prompt_ids, "prompt_ids"), as_step(step, "step")
-        self._call("dispatch", prompts, stamp, as_lease(lease), wait, blocking=wait is not None)
+        group = ADMISSION_GROUP if wait is not None else None
+        self._call("dispatch", prompts, stamp, as_lease(lease), wait, group=group)
 
     def admissible(self, step: int) -> int:
         """How many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
@@ -298,10 +303,10 @@ class RemoteBuffer:
         """Ends the actor at once (its buffer and held payload refs go with it)."""
         ray.kill(self.actor)
 
-    def _call(self, method: str, *args: Any, blocking: bool = False) -> Any:
+    def _call(self, method: str, *args: Any, blocking: bool = False, group: Optional[str] = None) -> Any:
         fn = getattr(self.actor, method)
-        if blocking:
-            fn = fn.options(concurrency_group=BLOCKING_GROUP)
+        if blocking or group:
+            fn = fn.options(concurrency_group=group or BLOCKING_GROUP)
         return _errors.get(fn.remote(*args))
 
 

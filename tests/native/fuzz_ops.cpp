@@ -86,12 +86,16 @@ bool same_stats(const pfb::TakeStats& a, const pfb::TakeStats& b) {
   return a.taken == b.taken && a.dropped_stale == b.dropped_stale && a.retired == b.retired &&
          a.evicted == b.evicted && a.blocked_by == b.blocked_by && a.age_sum == b.age_sum && a.age_max == b.age_max &&
          a.age_hist == b.age_hist && a.buffer_left == b.buffer_left && a.in_flight == b.in_flight &&
-         a.sampled_total == b.sampled_total && a.max_age == b.max_age && a.expired == b.expired;
+         a.sampled_total == b.sampled_total && a.max_age == b.max_age && a.expired == b.expired &&
+         a.trained_over_age == b.trained_over_age && a.span_sum == b.span_sum && a.span_max == b.span_max &&
+         a.admitted == b.admitted && a.admission_refused == b.admission_refused &&
+         a.admission_waits == b.admission_waits;
 }
 
-// Columns of a batch that do not depend on the wall clock (dispatch_ns and complete_ns are the last two).
+// Columns of a batch that do not depend on the wall clock (all but dispatch_ns and complete_ns, columns 6 and 7).
 bool same_batch(const std::vector<int64_t>& a, const std::vector<int64_t>& b, int64_t k) {
-  return a.size() == b.size() && std::equal(a.begin(), a.begin() + 6 * k, b.begin());
+  return a.size() == b.size() && std::equal(a.begin(), a.begin() + 6 * k, b.begin()) &&
+         std::equal(a.begin() + 8 * k, a.end(), b.begin() + 8 * k);
 }
 
 // Caller-owned columns for ring B, as pinned-memory buffers are in Python.
@@ -145,6 +149,36 @@ class Session {
   }
 
   int64_t pick_prompt() { return in_.ConsumeIntegralInRange<int64_t>(0, 15); }
+
+  bool paced() const { return config_.strategy == pfb::Strategy::kPace; }
+
+  // complete's finish steps: none, one for all, or one per trajectory at or after its prompt's dispatch step
+  // (per prompt or per trajectory, so age_from='finish' sees uniform and split groups), now and then one before it.
+  std::vector<int64_t> pick_finish_steps(const pfb::RingState& now, const std::vector<int64_t>& prompts) {
+    std::vector<int64_t> finish;
+    auto started = [&](int64_t prompt) {
+      const size_t i = index_of(now.in_flight_prompt, prompt);
+      return i < now.in_flight_step.size() ? now.in_flight_step[i] : step_;
+    };
+    switch (in_.ConsumeIntegralInRange<int>(0, 3)) {
+      case 1:
+        finish.push_back(sat_add(step_, in_.ConsumeIntegralInRange<int64_t>(0, 2)));
+        break;
+      case 2: {
+        const int64_t offset = in_.ConsumeIntegralInRange<int64_t>(0, 2);
+        for (const int64_t p : prompts) finish.push_back(sat_add(started(p), offset + (p & 1)));
+        break;
+      }
+      case 3:
+        for (const int64_t p : prompts)
+          finish.push_back(sat_add(started(p), in_.ConsumeIntegralInRange<int64_t>(0, 2)) -
+                           (in_.ConsumeIntegralInRange<int>(0, 15) == 0));
+        break;
+      default:
+        break;
+    }
+    return finish;
+  }
 
   // A fresh trajectory id, or (rarely) the previous one again, to exercise duplicate checks.
   int64_t pick_traj() { return in_.ConsumeIntegralInRange<int>(0, 31) == 0 ? next_traj_ : ++next_traj_; }
@@ -237,7 +271,19 @@ class Session {
       chk::fail_check(where + "\nrings differ: A " + outcome_name(ra.outcome) + " '" + ra.message + "', B " +
                       outcome_name(rb.outcome) + " '" + rb.message + "'");
     if (ra.outcome != Outcome::kOk) {
-      if (!chk::same_state(before_a, after_a, true) || !chk::same_state(before_b, after_b, true))
+      // A paced dispatch or put that is refused (Full) or times out counts itself, and changes nothing else.
+      const bool counted = config_.strategy == pfb::Strategy::kPace &&
+                           (ra.outcome == Outcome::kFull || ra.outcome == Outcome::kTimeout);
+      if (counted && (after_a.ledger.admission_refused < before_a.ledger.admission_refused ||
+                      after_a.ledger.admission_waits < before_a.ledger.admission_waits))
+        chk::fail_check(where + "\nan admission counter went back");
+      auto uncounted = [counted](pfb::RingState s, const pfb::RingState& after) {
+        if (counted) s.ledger.admission_refused = after.ledger.admission_refused;
+        if (counted) s.ledger.admission_waits = after.ledger.admission_waits;
+        return s;
+      };
+      if (!chk::same_state(uncounted(before_a, after_a), after_a, true) ||
+          !chk::same_state(uncounted(before_b, after_b), after_b, true))
         chk::fail_check(where + "\nthe call threw " + outcome_name(ra.outcome) + " ('" + ra.message +
                         "') but changed the state: " + chk::describe(after_a));
     } else {
@@ -287,12 +333,16 @@ class Session {
     for (auto& id : ids) id = pick_prompt();
     const int64_t s = pick_step();
     const std::optional<double> lease = pick_lease(true);
+    const auto timeout = pick_timeout();  // under pace: refused at once, or a wait of 0 s that times out
     op_.dispatched = ids;
     both("dispatch",
-         [&](pfb::StalenessRing& r, Result&) { r.dispatch(ids.data(), static_cast<int64_t>(ids.size()), s, lease); },
+         [&](pfb::StalenessRing& r, Result&) {
+           r.dispatch(ids.data(), static_cast<int64_t>(ids.size()), s, lease, timeout);
+         },
          [&](const pfb::RingState& before, const Result&, const pfb::RingState& after) {
            pfb::Ledger l = before.ledger;
            l.dispatched += static_cast<int64_t>(ids.size());
+           if (paced()) l.admitted += static_cast<int64_t>(ids.size());
            expect_ledger(after, l, "dispatch");
            for (const int64_t id : ids) {
              const size_t i = index_of(after.in_flight_prompt, id);
@@ -315,10 +365,14 @@ class Session {
       prompt[i] = pick_prompt_from(now);
     }
     const auto timeout = pick_timeout();
+    const std::vector<int64_t> finish = pick_finish_steps(now, prompt);
     op_.added_trajs = traj;
     const std::set<int64_t> distinct(prompt.begin(), prompt.end());
     op_.completed.assign(distinct.begin(), distinct.end());
-    both("complete", [&](pfb::StalenessRing& r, Result&) { r.complete(traj.data(), prompt.data(), n, timeout); },
+    both("complete",
+         [&](pfb::StalenessRing& r, Result&) {
+           r.complete(traj.data(), prompt.data(), n, timeout, finish.data(), static_cast<int64_t>(finish.size()));
+         },
          [&](const pfb::RingState& before, const Result&, const pfb::RingState& after) {
            pfb::Ledger l = before.ledger;
            l.completed += static_cast<int64_t>(std::unordered_set<int64_t>(prompt.begin(), prompt.end()).size());
@@ -364,17 +418,23 @@ class Session {
       steps.push_back(base_step);
     }
     const auto timeout = pick_timeout();
+    std::vector<int64_t> finish;  // none, one for all, or one per trajectory at or after its stamp (-1: refused)
+    const int finish_kind = in_.ConsumeIntegralInRange<int>(0, 3);
+    for (int64_t i = 0; !steps.empty() && i < (finish_kind == 1 ? 1 : finish_kind == 2 ? n : 0); ++i)
+      finish.push_back(sat_add(steps[steps.size() == 1 ? 0 : i], in_.ConsumeIntegralInRange<int64_t>(0, 2)) -
+                       (in_.ConsumeIntegralInRange<int>(0, 15) == 0));
     op_.added_trajs = traj;
     both("put",
          [&](pfb::StalenessRing& r, Result&) {
            r.put(traj.data(), grouped ? group.data() : nullptr, steps.data(), static_cast<int64_t>(steps.size()), n,
-                 timeout);
+                 timeout, finish.data(), static_cast<int64_t>(finish.size()));
          },
          [&](const pfb::RingState& before, const Result&, const pfb::RingState& after) {
            const int64_t groups =
                grouped ? static_cast<int64_t>(std::unordered_set<int64_t>(group.begin(), group.end()).size()) : n;
            pfb::Ledger l = before.ledger;
            l.dispatched += groups, l.completed += groups, l.put_total += n;
+           if (paced()) l.admitted += groups;
            l.evicted = after.ledger.evicted;
            expect_ledger(after, l, "put");
          });
@@ -419,11 +479,14 @@ class Session {
     }
     if (j != k) chk::fail_check("take: the batch is not whole groups of the ring in order: " + chk::describe(before));
     __int128 age_sum = 0;
-    int64_t age_max = 0, retired = 0, hist_total = 0;
+    int64_t age_max = 0, retired = 0, hist_total = 0, over_age = 0;
     for (int64_t m = 0; m < k; ++m) {
       const int64_t age = col(3, m);
-      if (age != s - col(2, m)) chk::fail_check("take: age is not current_step - sample_step");
+      const int64_t stamp = config_.age_from == pfb::AgeFrom::kFinish ? col(8, m) : col(2, m);
+      if (age != s - stamp) chk::fail_check("take: age is not current_step - its age stamp");
+      if (col(8, m) < col(2, m)) chk::fail_check("take: finish_step before sample_step");
       if (config_.strategy == pfb::Strategy::kDrop && age > max_age_) chk::fail_check("take: stale entry taken");
+      over_age += age > max_age_;
       age_sum += age, age_max = std::max(age_max, age);
       retired += col(4, m) >= config_.max_uses;
     }
@@ -431,7 +494,8 @@ class Session {
     if (age_sum != st.age_sum || age_max != st.age_max || hist_total != k)
       chk::fail_check("take: age statistics do not match the batch");
     if (retired != st.retired) chk::fail_check("take: retired count does not match the batch's uses");
-    if (config_.strategy == pfb::Strategy::kWait && st.dropped_stale != 0) chk::fail_check("take: wait dropped");
+    if (config_.strategy != pfb::Strategy::kDrop && st.dropped_stale != 0) chk::fail_check("take: wait/pace dropped");
+    if (over_age != st.trained_over_age) chk::fail_check("take: trained_over_age does not match the batch");
     if (st.evicted != before.evicted_unreported || after.evicted_unreported != 0)
       chk::fail_check("take: evictions not reported exactly once");
     if (st.buffer_left != after.ledger.buffer_left || st.in_flight != after.ledger.in_flight ||
@@ -439,6 +503,7 @@ class Session {
       chk::fail_check("take: stats disagree with the state after the call");
     pfb::Ledger l = before.ledger;
     l.taken += k, l.retired += st.retired, l.dropped_stale += st.dropped_stale;
+    l.trained_over_age += st.trained_over_age;
     expect_ledger(after, l, "take");
     if (after.clock != std::max(before.clock, s)) chk::fail_check("take: clock is not max(clock, current_step)");
   }
@@ -451,7 +516,9 @@ class Session {
            pfb::RingState fresh = before;
            size_t w = 0;
            for (size_t i = 0; i < before.traj_id.size(); ++i) {
-             if (before.sample_step[i] < s - max_age_) continue;
+             const int64_t stamp =
+                 config_.age_from == pfb::AgeFrom::kFinish ? before.finish_step[i] : before.sample_step[i];
+             if (stamp < s - max_age_) continue;
              fresh.traj_id[w] = before.traj_id[i], fresh.group_id[w] = before.group_id[i];
              fresh.sample_step[w] = before.sample_step[i], fresh.uses[w] = before.uses[i];
              fresh.group_len[w] = before.group_len[i], fresh.policy_version[w] = before.policy_version[i];
@@ -650,6 +717,12 @@ pfb::RingConfig pick_config(FuzzedDataProvider& in) {
   c.track_released = in.ConsumeIntegralInRange<int>(0, 3) != 0;
   c.release_bound = in.PickValueInArray<int64_t>({0, 0, 1, 3, 8});  // 0: the default, large enough
   c.unique_ids = in.ConsumeBool();
+  if (in.ConsumeIntegralInRange<int>(0, 2) == 0) {  // pace: admission at dispatch and put, the take gate
+    c.strategy = pfb::Strategy::kPace;
+    c.prompts_per_step = in.ConsumeIntegralInRange<int64_t>(1, 4);
+    c.lookahead = in.ConsumeIntegralInRange<int64_t>(0, std::min<int64_t>(c.max_age, 6));
+  }
+  c.age_from = in.ConsumeBool() ? pfb::AgeFrom::kStart : pfb::AgeFrom::kFinish;
   return c;
 }
 

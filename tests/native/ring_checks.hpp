@@ -28,7 +28,9 @@ inline bool same_ledger(const Ledger& a, const Ledger& b) {
   return a.dispatched == b.dispatched && a.completed == b.completed && a.failed == b.failed &&
          a.put_total == b.put_total && a.taken == b.taken && a.retired == b.retired &&
          a.dropped_stale == b.dropped_stale && a.evicted == b.evicted && a.in_flight == b.in_flight &&
-         a.buffer_left == b.buffer_left && a.max_age_changes == b.max_age_changes && a.expired == b.expired;
+         a.buffer_left == b.buffer_left && a.max_age_changes == b.max_age_changes && a.expired == b.expired &&
+         a.admitted == b.admitted && a.admission_refused == b.admission_refused &&
+         a.admission_waits == b.admission_waits && a.trained_over_age == b.trained_over_age;
 }
 
 /// Returns true iff every cumulative counter of `after` is >= the one of `before`.
@@ -37,7 +39,9 @@ inline bool ledger_grew(const Ledger& before, const Ledger& after) {
          after.failed >= before.failed && after.put_total >= before.put_total && after.taken >= before.taken &&
          after.retired >= before.retired && after.dropped_stale >= before.dropped_stale &&
          after.evicted >= before.evicted && after.max_age_changes >= before.max_age_changes &&
-         after.expired >= before.expired;
+         after.expired >= before.expired && after.admitted >= before.admitted &&
+         after.admission_refused >= before.admission_refused && after.admission_waits >= before.admission_waits &&
+         after.trained_over_age >= before.trained_over_age;
 }
 
 /// Returns true iff the two states hold the same entries, prompts, ledger and clock; wall-clock

@@ -1,5 +1,6 @@
-// ThreadSanitizer driver of the core: each round builds one ring and races producers (dispatch with
-// and without leases, renew, complete, fail, put), a consumer taking with timeouts, evict_stale,
+// ThreadSanitizer driver of the core: each round builds one ring (drop, wait or pace) and races producers
+// (dispatch with and without leases, paced dispatch waiting for admission, renew, complete with finish steps,
+// fail, put), a consumer taking with timeouts, evict_stale,
 // expire_in_flight, export_state/import_state, set_max_age, the read-only accessors and a waiter that
 // the interrupt check aborts, against a close() at a random moment. Every snapshot taken
 // meanwhile must satisfy ring_checks.hpp. Exits 0 when every round ends cleanly; a failed check aborts,
@@ -33,7 +34,7 @@ thread_local bool interrupt_me = false;
 // Counts what the threads saw, to show the round exercised the paths it claims to.
 struct Tally {
   std::atomic<int64_t> ops{0}, taken{0}, timeouts{0}, refused{0}, full{0}, imports{0}, snapshots{0}, expired{0},
-      interrupted{0};
+      interrupted{0}, admission_waits{0};
 };
 
 // Runs `body` until the ring is closed; Closed thrown by any call ends the loop, as it ends a worker.
@@ -78,7 +79,8 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
   pfb::RingConfig config;
   config.capacity = 64;
   config.max_age = 2 + round % 3;
-  config.strategy = round % 2 ? pfb::Strategy::kWait : pfb::Strategy::kDrop;
+  config.strategy = static_cast<pfb::Strategy>(round % 3);  // drop, wait, pace
+  if (config.strategy == pfb::Strategy::kPace) config.prompts_per_step = 2, config.lookahead = config.max_age;
   config.max_uses = 1 + round % 2;
   config.on_full = static_cast<pfb::OnFull>(round % 3);
   config.parameter_sync_step = round % 4;
@@ -110,7 +112,7 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
           switch (rng() % 4) {
             case 0: {  // dispatch now (half with a short lease), finish later: prompts stay in flight across takes
               const std::optional<double> lease = rng() % 2 ? std::optional<double>(0.003) : std::nullopt;
-              ring.dispatch(&prompt, 1, s, lease);
+              ring.dispatch(&prompt, 1, s, lease, room_timeout);  // paced: waits for a take, fail or expiry
               pending.push_back(prompt);
               if (rng() % 4 == 0 && pending.size() > 1) ring.renew(pending.data(), 1, 0.005);
               break;
@@ -122,7 +124,8 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
               const int64_t n = 1 + static_cast<int64_t>(rng() % 3);
               std::vector<int64_t> traj(n), prompts(n, p);
               for (int64_t j = 0; j < n; ++j) traj[j] = p * 4 + j;
-              ring.complete(traj.data(), prompts.data(), n, room_timeout);
+              const int64_t finish = step.load();  // the weights in force now: a span when the step moved on
+              ring.complete(traj.data(), prompts.data(), n, room_timeout, &finish, 1);
               break;
             }
             case 2: {  // fail the newest pending prompt
@@ -238,6 +241,7 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
 
   const pfb::RingState final_state = ring.export_state();
   check_snapshot(final_state, config, "after close");
+  tally.admission_waits += final_state.ledger.admission_waits;
   if (tracked) check_released(ring, final_state, released_trajs, released_by_reason);
   pfb::StalenessRing fresh(config, nullptr);
   fresh.set_lease_clock(int64_t{1} << 50);  // frozen, so only the leases that had passed expire on import
@@ -256,14 +260,17 @@ int main(int argc, char** argv) {
   for (int r = 0; r < rounds; ++r) run_round(r, round_ms, seed, tally);
   std::printf("tsan_driver: %d rounds, %lld calls, %lld taken, %lld timeouts, %lld refused, %lld full, "
               "%lld snapshots, %lld imports into the live ring, %lld expired by expire_in_flight, "
-              "%lld interrupted waits\n",
+              "%lld interrupted waits, %lld paced dispatches that waited for admission\n",
               rounds, static_cast<long long>(tally.ops.load()), static_cast<long long>(tally.taken.load()),
               static_cast<long long>(tally.timeouts.load()), static_cast<long long>(tally.refused.load()),
               static_cast<long long>(tally.full.load()), static_cast<long long>(tally.snapshots.load()),
               static_cast<long long>(tally.imports.load()), static_cast<long long>(tally.expired.load()),
-              static_cast<long long>(tally.interrupted.load()));
-  if (tally.taken.load() == 0 || tally.snapshots.load() == 0 || (rounds >= 4 && tally.interrupted.load() == 0)) {
-    std::fprintf(stderr, "tsan_driver: nothing was taken, snapshotted or interrupted; the rounds are too short\n");
+              static_cast<long long>(tally.interrupted.load()), static_cast<long long>(tally.admission_waits.load()));
+  if (tally.taken.load() == 0 || tally.snapshots.load() == 0 || (rounds >= 4 && tally.interrupted.load() == 0) ||
+      (rounds >= 3 && tally.admission_waits.load() == 0)) {
+    std::fprintf(stderr,
+                 "tsan_driver: nothing was taken, snapshotted, interrupted or waited for admission; the rounds are "
+                 "too short\n");
     return 1;
   }
   return 0;
