@@ -17,7 +17,7 @@ import ray
 
 from ..buffer import StalenessBuffer
 from ..config import BufferConfig
-from ..released import RELEASE_REASONS, Released
+from ..released import RELEASE_REASONS, Released, default_release_bound
 from ._payloads import PayloadStore, ReleasedReport, own
 
 #: Concurrency group of the calls that may block (take/put/complete with a timeout).
@@ -37,7 +37,8 @@ class BufferActor:
         self._payloads = PayloadStore()
         self._settle_lock = threading.Lock()
         self._max_uses = self._buf.config.max_uses
-        self._report = ReleasedReport(self._buf.config.release_bound or 2 * self._buf.config.capacity + 65536)
+        config = self._buf.config
+        self._report = ReleasedReport(config.release_bound or default_release_bound(config.capacity))
 
     # -- in-flight prompts and trajectories ------------------------------------------------------------------------
     def dispatch(self, prompt_ids: np.ndarray, step: int, lease: Optional[float]) -> None:

@@ -15,7 +15,8 @@ from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, a
 from .._devices import check_usable
 from ..batch import Batch
 from ..buffer import Ids
-from ..config import BufferConfig, config_from_verl
+from ..config import BufferConfig, config_from_arguments
+from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
 from . import _errors
 from ._actor import BLOCKING_GROUP, BufferActor
@@ -90,17 +91,7 @@ class RemoteBuffer:
         this driver exits. ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve
         calls with a timeout; ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
         """
-        config = BufferConfig(
-            capacity,
-            max_age,
-            strategy,
-            max_uses,
-            on_full,
-            parameter_sync_step,
-            track_released,
-            release_bound,
-            unique_ids,
-        )
+        config = config_from_arguments(locals())
         as_count(max_concurrency, "max_concurrency", 1)
         as_count(blocking_calls, "blocking_calls", 1)
         threads: Dict[str, Any] = dict(

@@ -1,4 +1,4 @@
-"""Starting a private local Ray cluster for this project's tests and benchmarks."""
+"""Starting a private local Ray cluster: for ``pyfast-buffer bench --cases ray`` and the project's Ray tests."""
 
 from __future__ import annotations
 
