@@ -44,7 +44,7 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
   const int64_t deadline = lease ? add_saturating(since, lease_ns) : kNoLease;
   for (int64_t i = 0; i < n; ++i) in_flight_.insert(prompt_ids[i], {sample_step, stamp, since, deadline});
   ledger_.dispatched += n;
-  clock_ = std::max(clock_, sample_step);
+  advance_clock_by_stamp(sample_step);
 }
 
 void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {

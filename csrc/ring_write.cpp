@@ -318,7 +318,7 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   ledger_.dispatched += n_groups;
   ledger_.completed += n_groups;
   ledger_.put_total += n;
-  clock_ = std::max(clock_, max_step);
+  advance_clock_by_stamp(max_step);
   lock.unlock();
   ready_cv_.notify_all();
 }

@@ -74,6 +74,7 @@ class ReferenceBuffer(BufferBase):
         self._manual_clock: Optional[int] = None  # _set_lease_clock's frozen time, if any
         self._counts: Dict[str, int] = dict.fromkeys(state.ALL_LEDGER_KEYS, 0)
         self._clock = -1
+        self._clock_from_stamp = False  # the clock is a producer's stamp above every trainer step seen
         self._evicted_unreported = 0
         self._closed = False
         self._cond = threading.Condition()
@@ -83,11 +84,26 @@ class ReferenceBuffer(BufferBase):
             raise BufferClosedError(CLOSED_MESSAGE)
 
     def _check_clock(self, current_step: int) -> None:
+        if current_step < self._clock and self._clock_from_stamp:
+            raise ValueError(
+                f"current_step={current_step} is lower than step {self._clock}, which a dispatch or put stamped "
+                "as its sample_step, ahead of the trainer: a stamp is the step of the weights that generated the "
+                "data, never above the trainer's current step; stamp producers with the trainer's step (or its "
+                "last weight push), or pass the trainer's real global step here"
+            )
         if current_step < self._clock:
             raise ValueError(
-                f"current_step={current_step} is lower than step {self._clock} already seen; "
+                f"current_step={current_step} is lower than step {self._clock} of an earlier take or evict_stale; "
                 "the trainer's step never goes back, pass the current global step"
             )
+
+    def _advance_clock_by_stamp(self, sample_step: int) -> None:
+        if sample_step > self._clock:
+            self._clock, self._clock_from_stamp = sample_step, True
+
+    def _advance_clock_by_trainer(self, current_step: int) -> None:
+        if current_step >= self._clock:
+            self._clock, self._clock_from_stamp = current_step, False
 
     def _check_fits(self, n: int, fix: str) -> None:
         if n > self.config.capacity:
@@ -158,7 +174,7 @@ class ReferenceBuffer(BufferBase):
                 if lease is not None:
                     self._leases[p] = deadline
             self._counts["dispatched"] += len(prompts)
-            self._clock = max(self._clock, step)
+            self._advance_clock_by_stamp(step)
 
     def fail(self, prompt_ids: Any) -> None:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
@@ -323,7 +339,7 @@ class ReferenceBuffer(BufferBase):
             self._counts["dispatched"] += len(groups)
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
-            self._clock = max(self._clock, max(steps))
+            self._advance_clock_by_stamp(max(steps))
             self._cond.notify_all()
 
     @staticmethod
@@ -418,7 +434,7 @@ class ReferenceBuffer(BufferBase):
                         raise TimeoutError(f"take timed out after {timeout} s under {self.config.strategy}: {cause}")
                     self._check_clock(current_step)  # a producer may have stamped a later step
                     plan = self._plan(batch_size, current_step)
-            self._clock = max(self._clock, current_step)
+            self._advance_clock_by_trainer(current_step)
             return self._commit(plan, current_step)
 
     def _plan(self, batch_size: int, current_step: int) -> _Plan:
@@ -537,7 +553,7 @@ class ReferenceBuffer(BufferBase):
             self._check_open()
             self._expire_due()
             self._check_clock(current_step)
-            self._clock = current_step
+            self._advance_clock_by_trainer(current_step)
             cutoff = current_step - self.config.max_age
             for group in self._groups:
                 if group[0]["sample_step"] < cutoff:
@@ -691,6 +707,6 @@ class ReferenceBuffer(BufferBase):
                 if left >= 0:
                     self._leases[p] = deadline
             self._counts = dict(s["ledger"])
-            self._clock = s["clock"]
+            self._clock, self._clock_from_stamp = s["clock"], False  # a state_dict does not say who set it
             self._evicted_unreported = s["evicted_unreported"]
             self._cond.notify_all()

@@ -53,3 +53,24 @@ def test_importing_a_source_tree_without_the_core_says_how_to_build_it(tmp_path)
     assert last.startswith("ModuleNotFoundError: ")  # an ImportError that importorskip treats as "absent"
     assert "native core" in last and "not built" in last and "pip install -e ." in last
     assert "circular import" not in run.stderr
+
+
+def test_a_stamp_ahead_of_the_trainer_is_named_as_the_cause(impl):
+    for stamp in (lambda b: b.dispatch([1], 20), lambda b: b.put([7], 20)):
+        buf = impl(capacity=8, max_age=3)
+        stamp(buf)
+        with pytest.raises(ValueError) as caught:
+            buf.take(8, current_step=0)
+        message = str(caught.value)
+        assert "current_step=0 is lower than step 20" in message
+        assert "dispatch or put stamped" in message and "ahead of the trainer" in message
+        assert "never goes back" not in message  # the trainer did not go back
+
+
+def test_a_trainer_step_going_back_is_named_as_the_cause(impl):
+    buf = impl(capacity=8, max_age=3)
+    buf.dispatch([1], 20)
+    buf.take(8, current_step=20)  # the trainer reached the stamp: from now on the clock is the trainer's
+    for call in (lambda: buf.take(8, current_step=19), lambda: buf.evict_stale(19)):
+        with pytest.raises(ValueError, match=r"current_step=19 is lower than step 20 of an earlier take.*never goes"):
+            call()
