@@ -46,6 +46,9 @@ class Plan:
     # A bounded buffer that does not fill at these rates can still fill after a trainer stall; then the
     # oldest trajectory trained on gets this old (None when unbounded, or when it does fill).
     age_max_if_full: Optional[int] = None
+    # With runs_ahead (producers generate until the capacity stops them), a rollout slower than the trainer
+    # never fills the buffer; then the oldest trajectory trained on is this old.
+    age_max_if_not_full: Optional[int] = None
     headline: str = ""
 
 
@@ -64,6 +67,7 @@ def plan(
     max_age: Optional[int] = None,
     strategy: Optional[str] = None,
     latency_steps: int = 0,
+    runs_ahead: bool = False,
 ) -> Plan:
     """Returns the steady state of a buffer fed ``produced_per_step`` and drained ``consumed_per_step``.
 
@@ -72,8 +76,10 @@ def plan(
     one these rates give: with ``capacity`` set and production above consumption it fills, and overflow
     is evicted oldest first; otherwise (``capacity=None`` is no bound at all) it starts empty and the
     trainer consumes what was generated. An unbounded buffer fed faster than it is drained has no steady
-    state (``steady=False``). ``max_age`` and ``strategy``, when known, add the share the configured
-    cutoff drops and the ``wait`` warning. Raises ValueError on non-positive rates, capacity or sync step.
+    state (``steady=False``). ``runs_ahead`` says the producers generate until the capacity stops them
+    (AReaL's staleness control, verl's fully-async rollouter): the buffer fills whatever the rates.
+    ``max_age`` and ``strategy``, when known, add the share the configured cutoff drops and the ``wait``
+    warning. Raises ValueError on non-positive rates, capacity or sync step.
     """
     for name, value in (("produced_per_step", produced_per_step), ("consumed_per_step", consumed_per_step)):
         if finite_number(value) is None or value <= 0:
@@ -117,7 +123,7 @@ def plan(
             steady=False,
             headline=headline,
         )
-    fills = bound is not None and produced_per_step > consumed_per_step
+    fills = bound is not None and (produced_per_step > consumed_per_step or runs_ahead)
     ages = _fifo_ages(produced_per_step, consumed_per_step, bound, sync, start_full=fills)
     if_full: Optional[int] = None
     if bound is not None and not fills:
@@ -125,14 +131,21 @@ def plan(
             if_full = max(_fifo_ages(produced_per_step, consumed_per_step, bound, sync, start_full=True)) + latency
         except ValueError:
             if_full = None
+    if_not_full: Optional[int] = None
+    if fills and produced_per_step <= consumed_per_step:
+        if_not_full = max(_fifo_ages(produced_per_step, consumed_per_step, bound, sync, start_full=False)) + latency
     total = sum(ages.values())
     dist = {a + latency: n / total for a, n in sorted(ages.items())}
     age_max = max(dist)
     age_mean = sum(a * s for a, s in dist.items())
     queue_wait = age_max - latency - (sync - 1)
     model = (
-        f"the buffer fills (production {produced_per_step:g} > consumption {consumed_per_step:g} a step, capacity "
-        f"{bound}) and evicts its oldest"
+        (
+            f"the producers run ahead until the capacity ({bound}) stops them, so the buffer stays full"
+            if produced_per_step <= consumed_per_step
+            else f"the buffer fills (production {produced_per_step:g} > consumption {consumed_per_step:g} a step, "
+            f"capacity {bound}) and evicts its oldest"
+        )
         if fills
         else ("nothing bounds the buffer" if bound is None else f"the buffer never fills (capacity {bound})")
         + f" and the trainer consumes what was generated ({produced_per_step:g} made, "
@@ -182,6 +195,7 @@ def plan(
         latency_steps=latency,
         fills=fills,
         age_max_if_full=if_full,
+        age_max_if_not_full=if_not_full,
         headline=headline,
     )
 

@@ -32,6 +32,7 @@ RHYTHM_KEYS = (
     "max_age",
     "strategy",
     "latency_steps",
+    "runs_ahead",
 )
 #: The rates a plan needs (rhythm's ``missing`` and perturb's ``--rhythm`` both check these).
 REQUIRED_RATES = ("produced_per_step", "consumed_per_step", "capacity")
@@ -182,6 +183,7 @@ def _derive_verl(roles, num, put, ref, sync, notes, values, how) -> None:
         text = f"{ref('verl.mini_batch_prompts')} x {ref('verl.require_batches')} x {n_text}"
         put("consumed_per_step", per_step, text)
         put("produced_per_step", per_step, text + "; the rollouter streams as fast as the trainer allows")
+        put("runs_ahead", True, "verl's fully-async rollouter generates until the queue bound stops it")
         queue = num("verl.max_queue_size")
         if queue is not None:
             put("capacity", queue * n, f"{ref('verl.max_queue_size')} x {n_text}")
@@ -240,6 +242,7 @@ def _derive_areal(roles, num, put, ref) -> None:
     if head is not None:
         put("max_age", head, ref("areal.max_head_offpolicyness") + " (one policy version per trainer step)")
         put("parameter_sync_step", 1, "1 (AReaL pushes weights after every step)")
+        put("runs_ahead", True, "AReaL's rollout generates until max_head_offpolicyness stops it")
         queue = num("areal.queue_size")
         if queue is not None:
             put("capacity", queue * n, f"{ref('areal.queue_size')} x {n_text}")
@@ -318,9 +321,14 @@ _RHYTHM_VALUE_RULES: Dict[str, Tuple[bool, float, bool]] = {
 def _check_rhythm_value(key: str, value: Any) -> None:
     """Raises ValueError when ``--set key=value`` gives a rhythm key a value it cannot have.
 
-    ``max_age`` and ``strategy`` may be null (not configured); the rates and counts must be numbers.
+    ``max_age`` and ``strategy`` may be null (not configured), ``capacity`` null (no bound); ``runs_ahead`` is
+    true or false; the rates and counts must be numbers.
     """
-    if value is None and key in ("max_age", "strategy"):
+    if value is None and key in ("max_age", "strategy", "capacity"):
+        return
+    if key == "runs_ahead":
+        if not isinstance(value, bool):
+            raise ValueError(f"--set runs_ahead={value!r} is not true or false; write --set runs_ahead=true")
         return
     if key == "strategy":
         if value not in ("drop", "wait"):
@@ -413,6 +421,7 @@ def analyse(
                 max_age=values.get("max_age"),
                 strategy=values.get("strategy"),
                 latency_steps=values.get("latency_steps", 0),
+                runs_ahead=bool(values.get("runs_ahead", False)),
             )
             report["plan"] = asdict(p)
         except ValueError as exc:
@@ -459,6 +468,11 @@ def format_report(report: Dict[str, Any], show_all: bool = False) -> str:
             f"steady-state age of trained trajectories: mean {p['age_mean']:.2f}, max {p['age_max']}; {dist}{more}"
         )
         out.append(f"suggested {p['reasoning']}")
+        if p["age_max_if_not_full"] is not None:
+            out.append(
+                f"if the rollout is slower than the trainer, the buffer never fills and the oldest trajectory "
+                f"trained on is {p['age_max_if_not_full']} step(s) old"
+            )
         if p["age_max_if_full"] is not None:
             out.append(
                 f"if the buffer ever fills (a trainer stall), the oldest trajectory trained on gets "

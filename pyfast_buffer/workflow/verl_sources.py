@@ -170,9 +170,12 @@ def read_verl_run(
     name, why = config_name, "--config-name"
     if name is None and script is not None and script.config_name is not None:
         if script.config_name.unresolved:
-            name, why = None, (
-                f"{script.path}:{script.config_name.line} passes --config-name={script.config_name.text}, which the "
-                "script does not set"
+            name, why = (
+                None,
+                (
+                    f"{script.path}:{script.config_name.line} passes --config-name={script.config_name.text}, "
+                    "which the script does not set"
+                ),
             )
         else:
             name, why = script.config_name.text, f"{script.path}:{script.config_name.line} --config-name"
