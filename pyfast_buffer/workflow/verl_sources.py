@@ -89,7 +89,8 @@ def _find_config_folder(script_path: str, config_path: Optional[str], entry: str
     while True:
         candidate = os.path.join(here, relative)
         if os.path.isdir(candidate):
-            return candidate
+            shown = os.path.relpath(candidate)
+            return candidate if shown.startswith("..") else shown
         parent = os.path.dirname(here)
         if parent == here:
             return None
@@ -174,7 +175,7 @@ def read_verl_run(
                 None,
                 (
                     f"{script.path}:{script.config_name.line} passes --config-name={script.config_name.text}, "
-                    "which the script does not set"
+                    "whose value the script alone does not decide"
                 ),
             )
         else:
@@ -206,11 +207,23 @@ def apply_overrides(entries: List[Entry], script: LaunchScript, notes: List[str]
             by_key = {k: e for k, e in by_key.items() if k != o.key and not k.startswith(o.key + ".")}
             continue
         known = match_known(o.key)
-        if o.unresolved and known is not None and known.role:  # only where the rhythm needs the value
-            notes.append(
-                f"{script.path}:{o.line}: {o.key} is set from {', '.join(o.unresolved)}, which the script does not "
-                "set; the value is unknown here (--set " + o.key + "=VALUE supplies it)"
-            )
+        if known is not None and known.role:  # only where the rhythm needs the value
+            where = f"{script.path}:{o.line}: {o.key}"
+            if o.unresolved:
+                notes.append(
+                    f"{where} is set from {', '.join(o.unresolved)}, which the script does not set; the value is "
+                    f"unknown here (--set {o.key}=VALUE supplies it)"
+                )
+            elif o.defaults:
+                notes.append(
+                    f"{where}={o.value} is the default of {', '.join('${' + d + ':-...}' for d in o.defaults)}; "
+                    "the environment the script runs in may set another"
+                )
+            if o.conditional:
+                notes.append(
+                    f"{where} uses {', '.join(o.conditional)}, which the script also sets inside an if/case/loop; "
+                    "read here: the value set outside it"
+                )
         if isinstance(o.value, dict):
             by_key = {k: e for k, e in by_key.items() if not k.startswith(o.key + ".")}
         by_key[o.key] = Entry(script.path, o.line, o.key, None if o.unresolved else o.value)
