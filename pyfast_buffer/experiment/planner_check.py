@@ -93,6 +93,8 @@ def compare(
         )
         / len(steady),
         "planned_fills": p.fills,
+        "steady_steps": steps,
+        "steps_to_fill": cfg.capacity / (produced - cfg.batch_size) if produced > cfg.batch_size else None,
         "random_latency": cfg.latency_mean > 0 or cfg.fail_prob > 0,
         "latency_mean": cfg.latency_mean,
         "max_latency": cfg.max_latency,
@@ -132,9 +134,18 @@ def render(checks: Sequence[Dict[str, Any]]) -> List[str]:
         why = []
         fills = c.get("planned_fills", True)
         if fills and c["buffer_full_share"] < 0.5:
+            to_fill = c.get("steps_to_fill")
             why.append(
                 f"the planner models a buffer that fills, but it was full on only {c['buffer_full_share']:.0%} "
                 "of these sampling steps"
+                + (
+                    f": production exceeds consumption by {c['produced_per_step'] - c['consumed_per_step']:.3g} a "
+                    f"trainer step, so filling capacity {c['capacity']} takes about {to_fill:.0f} trainer steps, "
+                    f"more than the {c.get('steady_steps', 0)} measured here (a longer run, or a smaller capacity, "
+                    "reaches the planned state)"
+                    if to_fill is not None and to_fill > c.get("steady_steps", 0)
+                    else ""
+                )
             )
         elif not fills and c["buffer_full_share"] >= 0.5:
             why.append(
