@@ -103,12 +103,17 @@ def test_base_and_config_name_choose_the_config_a_script_builds_on(tmp_path):
         rhythm.analyse([str(script)], base=CONFIG, config_name="nope")
 
 
+def _refusal(path, error):
+    """The message of the ``error`` (a ValueError) that analyse raises on ``path``."""
+    with pytest.raises(error) as caught:
+        rhythm.analyse([path])
+    assert isinstance(caught.value, ValueError)
+    return str(caught.value)
+
+
 def test_several_candidate_configs_are_listed_and_one_is_asked_for(capsys):
     ambiguous = fixture("verl_like", "examples", "run_unknown_config.sh")
-    with pytest.raises(RhythmInputError) as caught:
-        rhythm.analyse([ambiguous])
-    assert isinstance(caught.value, ValueError)
-    message = str(caught.value)
+    message = _refusal(ambiguous, RhythmInputError)
     assert "several trainer configs (ppo_trainer, sft_trainer)" in message
     assert "run_unknown_config.sh:4 passes --config-name=" in message and "choose one with --config-name" in message
     code, _, err = run_cli(capsys, "rhythm", ambiguous)
@@ -117,10 +122,7 @@ def test_several_candidate_configs_are_listed_and_one_is_asked_for(capsys):
 
 def test_a_script_that_launches_no_verl_is_refused_with_what_to_pass(capsys):
     not_a_launcher = fixture("verl_like", "examples", "prepare_data.sh")
-    with pytest.raises(LaunchScriptError) as caught:
-        rhythm.analyse([not_a_launcher])
-    assert isinstance(caught.value, ValueError)
-    message = str(caught.value)
+    message = _refusal(not_a_launcher, LaunchScriptError)
     assert "no verl launch command found" in message and "never runs the script" in message
     assert "pyfast-buffer rhythm path/to/verl/trainer/config" in message
     code, out, err = run_cli(capsys, "rhythm", not_a_launcher)

@@ -94,7 +94,13 @@ def _ledger_bars(ax: Any, summaries: Sequence[Dict[str, Any]], colors: Dict[str,
     ax.set_ylabel("trajectories")
     ax.set_title("ledger: where every sampled trajectory went", fontsize=10)
     ax.legend(
-        fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False, handlelength=2.5, handleheight=1.4
+        fontsize=9,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.3),
+        ncol=2,
+        frameon=False,
+        handlelength=2.5,
+        handleheight=1.4,
     )
 
 

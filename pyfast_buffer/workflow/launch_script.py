@@ -228,11 +228,7 @@ class _Reader:
                     elif self._peek() == "$":
                         self._expand_dollar(True, acc)
                     elif self._peek() == "`":
-                        self._advance()
-                        while self._peek() and self._peek() != "`":
-                            self._advance()
-                        self._advance()
-                        acc.unresolve("`...`")
+                        self._backticks(acc)
                     else:
                         acc.text(self._advance())
                 self._advance()
@@ -242,14 +238,18 @@ class _Reader:
             elif c == "$":
                 self._expand_dollar(False, acc)
             elif c == "`":
-                self._advance()
-                while self._peek() and self._peek() != "`":
-                    self._advance()
-                self._advance()
-                acc.unresolve("`...`")
+                self._backticks(acc)
             else:
                 acc.text(self._advance())
         return acc.words()
+
+    def _backticks(self, acc: _Acc) -> None:
+        """Skips a `command` substitution: its output is unknown without running it."""
+        self._advance()
+        while self._peek() and self._peek() != "`":
+            self._advance()
+        self._advance()
+        acc.unresolve("`...`")
 
     def _array_assignment(self, m: re.Match[str]) -> Word:
         line = self.line
@@ -583,17 +583,19 @@ def parse_launch_script(text: str, path: str = "<script>") -> LaunchScript:
 def _assign(variables: Dict[str, _Var], w: Word, conditional: bool) -> None:
     if isinstance(w, _ArrayWord):
         name, append = w.text.split("=", 1)[0].rstrip("+"), w.text.split("=", 1)[0].endswith("+")
-        value: Union[str, List[Word]] = list(w.items)
+        items: List[Word] = list(w.items)
         old = variables.get(name)
         if append and old is not None and isinstance(old.value, list):
-            value = old.value + list(value)
+            items = old.value + items
+        value: Union[str, List[Word]] = items
     else:
         m = _ASSIGN.match(w.text)
         assert m is not None
-        name, append, value = m.group(1), bool(m.group(2)), m.group(3)
+        name, append, text = m.group(1), bool(m.group(2)), m.group(3)
         old = variables.get(name)
         if append and old is not None:
-            value = _text(old.value) + value
+            text = _text(old.value) + text
+        value = text
     old = variables.get(name)
     if conditional and old is not None and not old.conditional:
         old.also.append(w.line)  # keep the value set outside the if/case

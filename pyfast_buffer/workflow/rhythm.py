@@ -457,8 +457,8 @@ def format_report(report: Dict[str, Any], show_all: bool = False) -> str:
         out.append("rhythm (trajectories per trainer step):")
         for key in RHYTHM_KEYS:
             if key in values:
-                shown = "none" if values[key] is None else _show(values[key])
-                out.append(f"  {key:<20} {shown:<8} = {how[key]}")
+                text = "none" if values[key] is None else _show(values[key])
+                out.append(f"  {key:<20} {text:<8} = {how[key]}")
     if p and p["steady"]:
         dist = ", ".join(f"age {a}: {s:.0%}" for a, s in list(p["age_distribution"].items())[:12])
         more = " ..." if len(p["age_distribution"]) > 12 else ""

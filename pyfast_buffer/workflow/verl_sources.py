@@ -295,6 +295,7 @@ def _compose_file(
             out += own
             self_done = True
             continue
+        option: Any
         if isinstance(item, str):
             group, option, pkg = "", item, package
         elif isinstance(item, dict) and len(item) == 1:
