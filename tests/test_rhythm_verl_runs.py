@@ -127,3 +127,12 @@ def test_a_script_that_launches_no_verl_is_refused_with_what_to_pass(capsys):
     assert "pyfast-buffer rhythm path/to/verl/trainer/config" in message
     code, out, err = run_cli(capsys, "rhythm", not_a_launcher)
     assert code == 2 and "no verl launch command found" in err and "invalid YAML" not in out + err
+
+
+def test_a_hydra_folder_of_one_config_is_read_and_of_several_asks(tmp_path):
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - _self_\ndata:\n  train_batch_size: 16\n")
+    report = rhythm.analyse([str(tmp_path)])
+    assert report["config"].endswith("mine.yaml") and any("the only trainer config" in n for n in report["notes"])
+    (tmp_path / "other.yaml").write_text("defaults:\n  - _self_\n")
+    message = _refusal(str(tmp_path), RhythmInputError)
+    assert "several trainer configs (mine, other)" in message and "ppo_trainer, is not there" in message

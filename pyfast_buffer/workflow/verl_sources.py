@@ -114,10 +114,19 @@ def _entry_default(folder: str, entry: str) -> Tuple[Optional[str], str]:
     return None, ""
 
 
-def choose_config(folder: str, name: Optional[str], why: str) -> Tuple[str, str]:
-    """Returns (path, how it was chosen) of trainer config ``name`` in ``folder``; raises RhythmInputError to ask."""
+def choose_config(folder: str, name: Optional[str], why: str, explicit: bool = True) -> Tuple[str, str]:
+    """Returns (name, how it was chosen) of trainer config ``name`` in ``folder``; raises RhythmInputError to ask.
+
+    A name that is only a default (``explicit=False``: the entry point's) gives way to the folder's one
+    trainer config when it is not there; with several, the user is asked.
+    """
     configs = trainer_configs(folder)
-    listing = ", ".join(n for n in configs if not n.startswith(_GENERATED)) or "none"
+    own = [n for n in configs if not n.startswith(_GENERATED)]
+    listing = ", ".join(own) or "none"
+    if not explicit and name is not None and name not in configs and _GENERATED + name not in configs:
+        if len(own) == 1:
+            return own[0], f"the only trainer config in {folder}"
+        name, why = None, f"{why}, {name}, is not there"
     if name is None:
         raise RhythmInputError(
             f"{folder} holds several trainer configs ({listing}) and nothing says which one the run uses"
@@ -181,11 +190,13 @@ def read_verl_run(
         else:
             name, why = script.config_name.text, f"{script.path}:{script.config_name.line} --config-name"
     if folder is not None:
+        explicit = True
         if name is None and not (script is not None and script.config_name is not None and why):
+            explicit = False
             name, why = _entry_default(folder, script.entry if script else "verl.trainer.main_ppo")
             if script is None:
                 why = f"{why}; the run is assumed to start verl.trainer.main_ppo (--config-name to choose another)"
-        stem, how = choose_config(folder, name, why)
+        stem, how = choose_config(folder, name, why, explicit)
         groups = {o.key: o for o in (script.overrides if script else []) if "." not in o.key and not o.prefix}
         entries, files, config = _compose(folder, stem, groups, run.notes)
         others = [n for n in trainer_configs(folder) if not n.startswith(_GENERATED) and n != stem]
