@@ -150,9 +150,28 @@ Released StalenessRing::take_released() {
 void StalenessRing::check_clock(int64_t current_step) const {
   if (current_step < 0)
     throw InvalidArgument(concat("current_step=", current_step, " is negative; steps are ints >= 0"));
+  if (current_step < clock_ && clock_from_stamp_)
+    throw InvalidArgument(concat(
+        "current_step=", current_step, " is lower than step ", clock_,
+        ", which a dispatch or put stamped as its sample_step, ahead of the trainer: a stamp is the step of the "
+        "weights that generated the data, never above the trainer's current step; stamp producers with the "
+        "trainer's step (or its last weight push), or pass the trainer's real global step here"));
   if (current_step < clock_)
     throw InvalidArgument(concat("current_step=", current_step, " is lower than step ", clock_,
-                                 " already seen; the trainer's step never goes back, pass the current global step"));
+                                 " of an earlier take or evict_stale; the trainer's step never goes back, pass "
+                                 "the current global step"));
+}
+
+void StalenessRing::advance_clock_by_stamp(int64_t sample_step) {
+  if (sample_step <= clock_) return;
+  clock_ = sample_step;
+  clock_from_stamp_ = true;
+}
+
+void StalenessRing::advance_clock_by_trainer(int64_t current_step) {
+  if (current_step < clock_) return;
+  clock_ = current_step;
+  clock_from_stamp_ = false;
 }
 
 void StalenessRing::check_interrupt(SteadyTime& last_check) {

@@ -12,7 +12,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   check_open();
   expire_due();
   check_clock(current_step);
-  clock_ = current_step;
+  advance_clock_by_trainer(current_step);
   const int64_t cutoff = current_step - max_age_;
   int64_t removed = 0;
   const int64_t* const ages = age_steps();

@@ -66,7 +66,7 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
     tagged_ |= slot != 0;
   }
   ledger_.dispatched += n;
-  clock_ = std::max(clock_, sample_step);
+  advance_clock_by_stamp(sample_step);
 }
 
 void StalenessRing::check_not_in_flight(const int64_t* prompt_ids, int64_t n) const {

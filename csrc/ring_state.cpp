@@ -239,6 +239,7 @@ void StalenessRing::import_state(const RingState& s) {
   ledger_ = ledger;
   live_ids_.swap(live);
   clock_ = s.clock;
+  clock_from_stamp_ = false;  // a state_dict does not say who set its clock
   evicted_unreported_ = s.evicted_unreported;
   ready_cv_.notify_all();
   room_cv_.notify_all();

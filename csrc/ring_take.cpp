@@ -396,7 +396,7 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
       plan_take(batch_size, current_step, plan);
     }
   }
-  clock_ = std::max(clock_, current_step);
+  advance_clock_by_trainer(current_step);
   commit_take(plan, current_step, out, stats);
   if (bias_) bias_->on_take();
   if (paced()) {

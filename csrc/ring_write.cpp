@@ -336,7 +336,7 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
     source_counts_[static_cast<size_t>(meta_slot(rec.meta))].generated += len;
   }
   if (paced()) pace_restore_order();
-  for (int64_t i = 0; i < n_finish; ++i) clock_ = std::max(clock_, finish_steps[i]);  // weights that existed
+  for (int64_t i = 0; i < n_finish; ++i) advance_clock_by_stamp(finish_steps[i]);  // weights that existed
   ledger_.completed += static_cast<int64_t>(n_groups);
   ledger_.put_total += n;
   lock.unlock();  // wake consumers after the lock is free, so they do not wake only to block on it
@@ -470,8 +470,8 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   ledger_.dispatched += n_groups;
   ledger_.completed += n_groups;
   ledger_.put_total += n;
-  clock_ = std::max(clock_, max_step);
-  for (int64_t i = 0; i < n_finish; ++i) clock_ = std::max(clock_, finish_steps[i]);  // weights that existed
+  advance_clock_by_stamp(max_step);
+  for (int64_t i = 0; i < n_finish; ++i) advance_clock_by_stamp(finish_steps[i]);  // weights that existed
   lock.unlock();
   ready_cv_.notify_all();
 }

@@ -313,6 +313,10 @@ class StalenessRing {
   }
   void check_open() const PFB_REQUIRES(mutex_);  // throws Closed after close()
   void check_clock(int64_t current_step) const PFB_REQUIRES(mutex_);  // throws unless 0 <= clock_ <= step
+  // Moves clock_ up to a producer's sample_step (dispatch, put); remembers that a stamp set it.
+  void advance_clock_by_stamp(int64_t sample_step) PFB_REQUIRES(mutex_);
+  // Moves clock_ up to the trainer's step (take, evict_stale); the trainer has then reached every stamp.
+  void advance_clock_by_trainer(int64_t current_step) PFB_REQUIRES(mutex_);
   void check_not_live(const int64_t* traj_ids, int64_t n) const PFB_REQUIRES(mutex_);  // unique_ids refusal
   // Runs interrupt_check_ with mutex_ released, at most every kInterruptCheckMs; mutex_ is held again on return.
   void check_interrupt(SteadyTime& last_check) PFB_REQUIRES(mutex_);
@@ -404,6 +408,9 @@ class StalenessRing {
   bool spans_ PFB_GUARDED_BY(mutex_) = false;  // a ready entry has finish_step != sample_step (else no span sums)
   bool closed_ PFB_GUARDED_BY(mutex_) = false;
   int64_t clock_ PFB_GUARDED_BY(mutex_) = -1;
+  // True while clock_ is a producer's stamp (dispatch/put) above every trainer step seen: check_clock then
+  // blames the stamp, not the trainer.
+  bool clock_from_stamp_ PFB_GUARDED_BY(mutex_) = false;
   int64_t max_age_ PFB_GUARDED_BY(mutex_);  // config_.max_age until set_max_age changes it
   int64_t evicted_unreported_ PFB_GUARDED_BY(mutex_) = 0;
   InFlightTable in_flight_ PFB_GUARDED_BY(mutex_);

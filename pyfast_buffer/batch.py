@@ -9,6 +9,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from ._devices import check_usable
+
 logger = logging.getLogger("pyfast_buffer")
 
 #: Column order of ``Batch.columns``; the native core writes them in this order.
@@ -293,7 +295,12 @@ class Batch:
         return (now - self.columns[6]).to(torch.float64) / 1e9
 
     def to(self, *args: Any, **kwargs: Any) -> Batch:
-        """Returns a Batch with the columns moved by ``Tensor.to`` (e.g. ``"cuda", non_blocking=True``)."""
+        """Returns a Batch with the columns moved by ``Tensor.to`` (e.g. ``"cuda", non_blocking=True``).
+
+        Raises RuntimeError when this torch cannot use the device (``"cuda"`` on a CPU-only build), naming
+        what to pass instead, and ValueError for a string that is not a device.
+        """
+        check_usable(args, kwargs)
         return Batch(self.columns.to(*args, **kwargs), self.metrics, stats=self._stats)  # one shared dict
 
     def __repr__(self) -> str:

@@ -123,6 +123,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         self._manual_clock: Optional[int] = None  # _set_lease_clock's frozen time, if any
         self._counts: Dict[str, int] = dict.fromkeys(state.ALL_LEDGER_KEYS, 0)
         self._clock = -1
+        self._clock_from_stamp = False  # the clock is a producer's stamp above every trainer step seen
         self._evicted_unreported = 0
         self._closed = False
         self._cond = threading.Condition()
@@ -142,11 +143,26 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             raise BufferClosedError(CLOSED_MESSAGE)
 
     def _check_clock(self, current_step: int) -> None:
+        if current_step < self._clock and self._clock_from_stamp:
+            raise ValueError(
+                f"current_step={current_step} is lower than step {self._clock}, which a dispatch or put stamped "
+                "as its sample_step, ahead of the trainer: a stamp is the step of the weights that generated the "
+                "data, never above the trainer's current step; stamp producers with the trainer's step (or its "
+                "last weight push), or pass the trainer's real global step here"
+            )
         if current_step < self._clock:
             raise ValueError(
-                f"current_step={current_step} is lower than step {self._clock} already seen; "
+                f"current_step={current_step} is lower than step {self._clock} of an earlier take or evict_stale; "
                 "the trainer's step never goes back, pass the current global step"
             )
+
+    def _advance_clock_by_stamp(self, sample_step: int) -> None:
+        if sample_step > self._clock:
+            self._clock, self._clock_from_stamp = sample_step, True
+
+    def _advance_clock_by_trainer(self, current_step: int) -> None:
+        if current_step >= self._clock:
+            self._clock, self._clock_from_stamp = current_step, False
 
     def _check_fits(self, n: int, fix: str) -> None:
         if n > self.config.capacity:
@@ -246,7 +262,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 self._source_counts[slot, 0] += 1
                 self._tagged |= slot != 0
             self._counts["dispatched"] += len(prompts)
-            self._clock = max(self._clock, step)
+            self._advance_clock_by_stamp(step)
         self._watch.on_dispatch(None if slots is None else slots - 1, len(prompts))
 
     def fail(self, prompt_ids: Any) -> None:
@@ -421,7 +437,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                     self._protected_seen = True
                 self._source_counts[_slot(meta), 1] += len(members)
             self._restore_order()
-            self._clock = max(self._clock, *(finish or [-1]))
+            for f_step in finish or []:
+                self._advance_clock_by_stamp(f_step)
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
             self._cond.notify_all()
@@ -515,7 +532,9 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._counts["dispatched"] += len(groups)
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
-            self._clock = max(self._clock, max(steps), *(finish or [-1]))
+            self._advance_clock_by_stamp(max(steps))
+            for f_step in finish or []:
+                self._advance_clock_by_stamp(f_step)
             self._cond.notify_all()
 
     @staticmethod
@@ -760,7 +779,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                         raise TimeoutError(f"take timed out after {timeout} s under {self.config.strategy}: {cause}")
                     self._check_clock(current_step)  # a producer may have stamped a later step
                     plan = self._plan(batch_size, current_step)
-            self._clock = max(self._clock, current_step)
+            self._advance_clock_by_trainer(current_step)
             batch = self._commit(plan, current_step)
             if self._paced():
                 self._next_take = max(self._next_take, min(current_step + 1, 2**63 - 1))
@@ -947,7 +966,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._check_open()
             self._expire_due()
             self._check_clock(current_step)
-            self._clock = current_step
+            self._advance_clock_by_trainer(current_step)
             stale = [self._is_stale(g, current_step, any_strategy=True) for g in self._groups]
             for group, old in zip(self._groups, stale):
                 if old:
@@ -1173,7 +1192,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             if self._bias is None and observed:
                 self._bias = bias.Sketches()
             self._counts = dict(s["ledger"])
-            self._clock = s["clock"]
+            self._clock, self._clock_from_stamp = s["clock"], False  # a state_dict does not say who set it
             self._evicted_unreported = s["evicted_unreported"]
             self._next_take = s["next_take"]
             self._restore_order()

@@ -12,6 +12,7 @@ import torch
 from ray.actor import ActorHandle
 
 from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from .._devices import check_usable
 from ..batch import Batch
 from ..buffer import Ids
 from ..config import BufferConfig, SourceMaxAge, config_from_arguments, source_max_age_pairs
@@ -40,6 +41,7 @@ class RemoteBatch(Batch):
         self.payloads = payloads
 
     def to(self, *args: Any, **kwargs: Any) -> RemoteBatch:
+        check_usable(args, kwargs)
         return RemoteBatch(self.columns.to(*args, **kwargs), self.metrics, self.payloads)
 
 
