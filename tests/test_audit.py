@@ -153,6 +153,7 @@ def test_ledger_gap_is_the_one_identity():
 
 
 def test_a_paced_buffers_log_reconciles_its_pace_counters(tmp_path, caplog, capsys):
+    import contextlib
     import logging
 
     import pyfast_buffer as pfb
@@ -162,10 +163,8 @@ def test_a_paced_buffers_log_reconciles_its_pace_counters(tmp_path, caplog, caps
     for step in range(6):
         prompts = [10 * step + i for i in range(4 if step == 0 else 2)]  # the limit is (1 + 1) * 2 groups
         buf.dispatch(prompts, step)
-        try:
+        with contextlib.suppress(pfb.AdmissionError):
             buf.dispatch([10 * step + 9], step)  # beyond the limit: refused and counted
-        except pfb.AdmissionError:
-            pass
         buf.complete(prompts, prompts)
         buf.take(2, current_step=step)
     buf.max_age = 0  # the two groups still ready are over age at the next take: trained and counted, not dropped

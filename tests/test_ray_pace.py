@@ -89,8 +89,8 @@ def test_eight_producer_processes_wait_for_admission_in_the_blocking_group(capsy
     with capsys.disabled():
         print(
             f"\nRemoteBuffer pace, {PRODUCERS} producer processes, admission_calls={ADMISSION_CALLS}: actor threads "
-            f"{idle_threads} idle, {blocked_threads} with 6 dispatches waiting; ping while they wait {ping_s * 1e3:.1f} "
-            f"ms; admission waits {led['admission_waits']}, longest wait {max(waited):.2f} s"
+            f"{idle_threads} idle, {blocked_threads} with 6 dispatches waiting; ping while they wait "
+            f"{ping_s * 1e3:.1f} ms; admission waits {led['admission_waits']}, longest wait {max(waited):.2f} s"
         )
     # Waiting producers take threads of the admission group only, which Ray sizes at admission_calls: never one
     # thread per producer beyond it (eight producers, four such threads), and the trainer's blocking take, in
