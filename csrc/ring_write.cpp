@@ -48,6 +48,22 @@ bool group_stably(const int64_t* keys, int64_t n, std::vector<int64_t>& order, s
 }
 }  // namespace
 
+namespace {
+// Under age_from='finish' a group's age is its finish step: throws InvalidArgument unless each group's members
+// (grouped as in `groups`, named by `keys`) share one.
+template <class Groups>
+void check_one_finish_per_group(const Groups& groups, const int64_t* finish_steps, const int64_t* keys) {
+  for (size_t g = 0; g + 1 < groups.bounds.size(); ++g) {
+    const int64_t first = groups.order[groups.bounds[g]];
+    for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
+      if (finish_steps[groups.order[k]] != finish_steps[first])
+        throw InvalidArgument(concat("finish_step: under age_from='finish' a group shares one finish step; group ",
+                                     keys[first], " has finish_step ", finish_steps[first], " and ",
+                                     finish_steps[groups.order[k]]));
+  }
+}
+}  // namespace
+
 bool StalenessRing::wait_for_room(int64_t n, std::optional<double> timeout, const char* call,
                                   std::optional<SteadyTime>& deadline) {
   if (size_ + n <= config_.capacity || config_.on_full == OnFull::kEvictOldest) return true;
@@ -277,15 +293,7 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
   Groups groups;
   group_stably(prompt_ids, n, groups.order, groups.bounds);
   const size_t n_groups = groups.bounds.size() - 1;
-  if (n_finish > 1 && config_.age_from == AgeFrom::kFinish)  // one age stamp per group
-    for (size_t g = 0; g < n_groups; ++g) {
-      const int64_t first = groups.order[groups.bounds[g]];
-      for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
-        if (finish_steps[groups.order[k]] != finish_steps[first])
-          throw InvalidArgument(concat("finish_step: under age_from='finish' a group shares one finish step; group ",
-                                       prompt_ids[first], " has finish_step ", finish_steps[first], " and ",
-                                       finish_steps[groups.order[k]]));
-    }
+  if (n_finish > 1 && config_.age_from == AgeFrom::kFinish) check_one_finish_per_group(groups, finish_steps, prompt_ids);
   std::optional<SteadyTime> deadline;
   for (;;) {  // validate, then wait for room; after a wait, validate again (another thread may have failed a prompt)
     expire_due();
@@ -388,14 +396,7 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
                                        sample_steps[first], " and ", sample_steps[groups.order[k]],
                                        "; a group shares one sample_step"));
     }
-    for (size_t g = 0; g + 1 < groups.bounds.size() && n_finish > 1 && config_.age_from == AgeFrom::kFinish; ++g) {
-      const int64_t first = groups.order[groups.bounds[g]];
-      for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
-        if (finish_steps[groups.order[k]] != finish_steps[first])
-          throw InvalidArgument(concat("finish_step: under age_from='finish' a group shares one finish step; group ",
-                                       group_ids[first], " has finish_step ", finish_steps[first], " and ",
-                                       finish_steps[groups.order[k]]));
-    }
+    if (n_finish > 1 && config_.age_from == AgeFrom::kFinish) check_one_finish_per_group(groups, finish_steps, group_ids);
     for (size_t g = 0; g + 1 < groups.bounds.size() && slots && n_slots > 1; ++g) {
       const int64_t first = groups.order[groups.bounds[g]];
       for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)

@@ -402,12 +402,13 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             while True:
                 self._expire_due()
                 self._check_in_flight(groups)
-                for p, members in groups.items():
+                ends: List[int] = finish or []
+                for p, members in groups.items() if ends else ():
                     started = self._in_flight[p][0]
-                    for i in members if finish is not None else ():
-                        if finish is not None and finish[i] < started:
+                    for i in members:
+                        if ends[i] < started:
                             raise ValueError(
-                                f"finish_step={finish[i]} of trajectory {traj_list[i]} is before prompt {p} was "
+                                f"finish_step={ends[i]} of trajectory {traj_list[i]} is before prompt {p} was "
                                 f"dispatched at step {started}; pass the step of the weights in force when it "
                                 f"finished (>= {started})"
                             )
@@ -483,10 +484,10 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 key_of = groups_arr.tolist()
                 self._check_uniform(groups, step_of, "sample_step", "stamped", "sample_step", 0)
                 self._check_uniform(groups, slot_of, "source", "tagged", "source", -1)
-            for i in range(n) if finish is not None else ():
-                if finish is not None and finish[i] < step_of(i):
+            for i, end in enumerate(finish or ()):
+                if end < step_of(i):
                     raise ValueError(
-                        f"finish_step={finish[i]} of trajectory {traj_list[i]} is before its sample_step={step_of(i)}; "
+                        f"finish_step={end} of trajectory {traj_list[i]} is before its sample_step={step_of(i)}; "
                         "pass the step of the weights in force when it finished"
                     )
             if groups_arr is not None:

@@ -16,8 +16,8 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 psutil = pytest.importorskip("psutil")
 
 import test_pace_scenario as scenario  # noqa: E402
+from test_ray_buffer import local_ray  # noqa: E402, F401 - the module's local cluster, started once
 
-from pyfast_buffer.bench.ray_cluster import init_local_cluster  # noqa: E402
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -25,17 +25,6 @@ ray.cloudpickle.register_pickle_by_value(scenario)
 
 PRODUCERS = 8
 ADMISSION_CALLS = 4  # fewer threads for waiting dispatches than producers that wait
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    init_local_cluster(
-        num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR", object_store_memory=128 << 20
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 @ray.remote(num_cpus=0)
@@ -89,8 +78,8 @@ def test_eight_producer_processes_wait_for_admission_in_the_blocking_group(capsy
     with capsys.disabled():
         print(
             f"\nRemoteBuffer pace, {PRODUCERS} producer processes, admission_calls={ADMISSION_CALLS}: actor threads "
-            f"{idle_threads} idle, {blocked_threads} with 6 dispatches waiting; ping while they wait {ping_s * 1e3:.1f} "
-            f"ms; admission waits {led['admission_waits']}, longest wait {max(waited):.2f} s"
+            f"{idle_threads} idle, {blocked_threads} with 6 dispatches waiting; ping while they wait "
+            f"{ping_s * 1e3:.1f} ms; admission waits {led['admission_waits']}, longest wait {max(waited):.2f} s"
         )
     # Waiting producers take threads of the admission group only, which Ray sizes at admission_calls: never one
     # thread per producer beyond it (eight producers, four such threads), and the trainer's blocking take, in

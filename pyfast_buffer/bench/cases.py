@@ -510,7 +510,14 @@ def pace_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
             buf = StalenessBuffer(4 * batch, max_age=MAX_AGE, strategy=strategy, pin_memory=False, **kwargs)
             step = [CURRENT_STEP]
 
-            def cycle(buf: Any = buf, step: List[int] = step) -> None:
+            def cycle(
+                buf: Any = buf,
+                step: List[int] = step,
+                prompt_ids: np.ndarray = prompt_ids,
+                traj_ids: np.ndarray = traj_ids,
+                prompt_of: np.ndarray = prompt_of,
+                batch: int = batch,
+            ) -> None:
                 buf.dispatch(prompt_ids, step[0])
                 buf.complete(traj_ids, prompt_of)
                 buf.take(batch, step[0])

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pyfast_buffer._args import MAX_TIMEOUT
-from pyfast_buffer.integrations.verl_mapping import PACE_IN_VERL, VERL_STRATEGIES
-from pyfast_buffer.integrations.verl_mapping import DEFAULT_VERL_CAPACITY, read
+from pyfast_buffer.integrations.verl_mapping import DEFAULT_VERL_CAPACITY, PACE_IN_VERL, VERL_STRATEGIES, read
 
 DEFAULT_TIMEOUT_S = 600.0  # verl waits forever; a stuck rollout should fail a run, not hang it
 DEFAULT_POLL_BACKOFF_MAX_S = 0.05  # TransferQueue has no change notification: poll 1 ms, doubling, capped here
