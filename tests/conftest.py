@@ -21,3 +21,21 @@ IMPLEMENTATIONS = {"native": pfb.StalenessBuffer, "reference": pfb.ReferenceBuff
 def impl(request):
     """The buffer class under test: StalenessBuffer or ReferenceBuffer."""
     return IMPLEMENTATIONS[request.param]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A private two-node Ray cluster on loopback, started once per session for every Ray test module.
+
+    Each node has 16 logical CPUs (scheduling tokens, not cores: every buffer's index actor takes one) and
+    its own custom resource (``node0``, ``node1``) to pin producers with.
+    """
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
+    from pyfast_buffer.bench.ray_cluster import LocalCluster
+
+    cluster = LocalCluster(nodes=2, cpus_per_node=16, object_store_bytes=384 * 2**20)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+

@@ -18,7 +18,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
-from pyfast_buffer.ray._local import init_local_cluster  # noqa: E402
+
+from _ray_helpers import kill_named_actors  # noqa: E402
 
 # Workers unpickle this module's remote functions and actors by value: they need not (and, with the
 # repository off their sys.path, cannot) import the test module itself.
@@ -32,14 +33,16 @@ MAX_AGE = 4
 BASE_STEP = 100  # the trainer's first step; producers stamp relative to it
 
 
+NAMESPACE = "pyfast_buffer_producer_tests"
+
+
 @pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    init_local_cluster(
-        num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR", object_store_memory=128 * 2**20
-    )
+def local_ray(ray_cluster):
+    ray_cluster.connect(namespace=NAMESPACE)
     try:
         yield
     finally:
+        kill_named_actors(NAMESPACE)
         ray.shutdown()
 
 
