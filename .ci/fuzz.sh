@@ -10,7 +10,7 @@ build=build/fuzz
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S tests/native -B "$build" "${generator[@]}" -DCMAKE_CXX_COMPILER=clang++ -DPFB_CHECK=fuzz >/dev/null
-cmake --build "$build" >/dev/null
+cmake --build "$build" >"$build.log" 2>&1 || { cat "$build.log" >&2; exit 1; }   # messages only on failure
 mkdir -p build/fuzz-corpus build/fuzz-artifacts
 export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI: the callgrind perf guard. Instructions per entry of the native core's fixed workloads must stay
-# within bench/instruction_budgets.json; a regression fails naming the operation and by how much.
+# within benchmarks/instruction_budgets.json; a regression fails naming the operation and by how much.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${1:-python}"
@@ -8,4 +8,4 @@ if ! command -v valgrind >/dev/null; then
   echo "perf guard: valgrind is not installed; apt-get install valgrind" >&2
   exit 1
 fi
-"$py" bench/perf_guard.py
+"$py" benchmarks/perf_guard.py

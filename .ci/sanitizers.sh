@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# CI step: build the extension with clang under AddressSanitizer + UndefinedBehaviorSanitizer into
-# build/asan (never into the wheel) and run the core test files against it with the ASan runtime
-# preloaded into python. Any sanitizer report fails the step.
+# CI step: build the extension with clang under AddressSanitizer + UndefinedBehaviorSanitizer, with
+# Clang's thread-safety analysis as errors, into build/asan (never into the wheel) and run the core test
+# files against it with the ASan runtime preloaded into python. Any sanitizer report fails the step.
 # Usage: bash .ci/sanitizers.sh [python]   (a venv python with the package's run and test deps)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,9 @@ build=build/asan
 stage=build/asan-pkg   # pyfast_buffer's Python sources plus the sanitized _core
 "$py" -c "import pybind11" 2>/dev/null || "$py" -m pip install --quiet "pybind11>=2.12"
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
+# Clang's thread-safety analysis checks the core's lock annotations (csrc/thread_annotations.hpp) in the
+# same compile: a member read without mutex_, or a private helper called without it, fails the build.
+flags+=" -Wthread-safety -Werror=thread-safety"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -22,7 +25,8 @@ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSKBUILD_PROJECT_NAME=pyfast_buffer -DSKBUILD_PROJECT_VERSION=0.0.0 \
   -DPython_EXECUTABLE="$py" \
   -Dpybind11_DIR="$("$py" -m pybind11 --cmakedir)" >/dev/null
-cmake --build "$build" >/dev/null
+# The compiler's messages (a thread-safety error, say) are shown only when the build fails.
+cmake --build "$build" >"$build.log" 2>&1 || { cat "$build.log" >&2; exit 1; }
 rm -rf "$stage" && mkdir -p "$stage"
 cp -r pyfast_buffer "$stage/"
 find "$stage" -name '_core*.so' -delete

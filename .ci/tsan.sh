@@ -9,7 +9,7 @@ build=build/tsan
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S tests/native -B "$build" "${generator[@]}" -DCMAKE_CXX_COMPILER=clang++ -DPFB_CHECK=tsan >/dev/null
-cmake --build "$build" >/dev/null
+cmake --build "$build" >"$build.log" 2>&1 || { cat "$build.log" >&2; exit 1; }   # messages only on failure
 export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:history_size=4"
 run=("$build/tsan_driver" "${PFB_TSAN_ROUNDS:-60}" "${PFB_TSAN_ROUND_MS:-40}" "${PFB_TSAN_SEED:-1}")
 set +e

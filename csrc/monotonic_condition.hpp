@@ -7,13 +7,16 @@
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
-#include <mutex>
 #include <system_error>
+
+#include "mutex.hpp"
+#include "thread_annotations.hpp"
 
 namespace pyfast_buffer {
 
-/// Drop-in for std::condition_variable (the subset the ring uses) whose deadlines are steady_clock
-/// time points waited for on CLOCK_MONOTONIC, so a wall-clock jump never shortens or stretches a timeout.
+/// Stands in for std::condition_variable (the subset the ring uses), waiting with a held Mutex, whose deadlines
+/// are steady_clock time points waited for on CLOCK_MONOTONIC, so a wall-clock jump never shortens or
+/// stretches a timeout.
 ///
 /// Why not std::condition_variable: libstdc++ and libc++ wait on steady_clock through
 /// pthread_cond_clockwait, which only glibc >= 2.30 has; built against an older glibc (manylinux_2_28)
@@ -21,8 +24,6 @@ namespace pyfast_buffer {
 /// pthread_condattr_setclock(CLOCK_MONOTONIC) is monotonic on glibc 2.3.3+ and musl alike.
 class MonotonicCondition {
  public:
-  using Lock = std::unique_lock<std::mutex>;
-
   MonotonicCondition() {
     pthread_condattr_t attr;
     check(pthread_condattr_init(&attr), "pthread_condattr_init");
@@ -40,23 +41,24 @@ class MonotonicCondition {
   /// Wakes one waiter.
   void notify_one() noexcept { pthread_cond_signal(&cond_); }
 
-  /// Blocks until notified (or a spurious wake-up); `lock` must hold the mutex.
-  void wait(Lock& lock) { pthread_cond_wait(&cond_, lock.mutex()->native_handle()); }
+  /// Blocks until notified (or a spurious wake-up); the caller holds `mu`, which the wait releases meanwhile.
+  void wait(Mutex& mu) PFB_REQUIRES(mu) { pthread_cond_wait(&cond_, mu.native_handle()); }
 
-  /// Blocks until notified or `deadline` passes; returns timeout iff the deadline has passed on return.
-  std::cv_status wait_until(Lock& lock, std::chrono::steady_clock::time_point deadline) {
+  /// Blocks until notified or `deadline` passes, `mu` (held by the caller) released meanwhile; returns
+  /// timeout iff the deadline has passed on return.
+  std::cv_status wait_until(Mutex& mu, std::chrono::steady_clock::time_point deadline) PFB_REQUIRES(mu) {
     if (std::chrono::steady_clock::now() < deadline) {
       const timespec ts = to_monotonic_timespec(deadline);
-      pthread_cond_timedwait(&cond_, lock.mutex()->native_handle(), &ts);
+      pthread_cond_timedwait(&cond_, mu.native_handle(), &ts);
     }
     return std::chrono::steady_clock::now() < deadline ? std::cv_status::no_timeout : std::cv_status::timeout;
   }
 
   /// Waits until `ready()` holds or `deadline` passes; returns the last value of `ready()`.
   template <class Predicate>
-  bool wait_until(Lock& lock, std::chrono::steady_clock::time_point deadline, Predicate ready) {
+  bool wait_until(Mutex& mu, std::chrono::steady_clock::time_point deadline, Predicate ready) PFB_REQUIRES(mu) {
     while (!ready()) {
-      if (wait_until(lock, deadline) == std::cv_status::timeout) return ready();
+      if (wait_until(mu, deadline) == std::cv_status::timeout) return ready();
     }
     return true;
   }

@@ -3,11 +3,9 @@
 
 #include <array>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -17,8 +15,10 @@
 #include "in_flight.hpp"
 #include "ledger.hpp"
 #include "monotonic_condition.hpp"
+#include "mutex.hpp"
 #include "release_log.hpp"
 #include "ring_columns.hpp"
+#include "thread_annotations.hpp"
 
 namespace pyfast_buffer {
 
@@ -124,18 +124,18 @@ class StalenessRing {
   /// Marks `n` prompts in flight since `sample_step`, each with a lease of `lease` seconds if given (> 0,
   /// finite, <= kMaxSeconds); throws InvalidArgument, changing nothing, if an id repeats or is in flight.
   void dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step,
-                std::optional<double> lease = std::nullopt);
+                std::optional<double> lease = std::nullopt) PFB_EXCLUDES(mutex_);
 
   /// Gives each of `n` in-flight prompts a lease of `lease` seconds from now; throws InvalidArgument,
   /// changing nothing, if an id repeats or is not in flight.
-  void renew(const int64_t* prompt_ids, int64_t n, double lease);
+  void renew(const int64_t* prompt_ids, int64_t n, double lease) PFB_EXCLUDES(mutex_);
 
   /// Fails (as expired) every in-flight prompt dispatched at least `older_than` seconds ago (>= 0,
   /// finite); returns how many prompts this call expired, lease expiries included.
-  int64_t expire_in_flight(double older_than);
+  int64_t expire_in_flight(double older_than) PFB_EXCLUDES(mutex_);
 
   /// Freezes the lease clock at `now_ns` (nullopt: back to the steady clock); a hook for deterministic tests.
-  void set_lease_clock(std::optional<int64_t> now_ns);
+  void set_lease_clock(std::optional<int64_t> now_ns) PFB_EXCLUDES(mutex_);
 
   /// Installs `check`, called without the lock at least every kInterruptCheckMs while a call blocks; it
   /// may throw to abort that call, which then changes nothing. Set it before the ring is shared.
@@ -145,70 +145,74 @@ class StalenessRing {
   /// InvalidArgument, changing nothing, if a trajectory id repeats, a prompt is not in flight, or (unique_ids) an
   /// id is already ready; with on_full=block and a timeout, waits for room (interruptible, see set_interrupt_check).
   void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
-                std::optional<double> timeout);
+                std::optional<double> timeout) PFB_EXCLUDES(mutex_);
 
   /// Marks `n` prompts failed; throws InvalidArgument if one repeats or is not in flight.
-  void fail(const int64_t* prompt_ids, int64_t n);
+  void fail(const int64_t* prompt_ids, int64_t n) PFB_EXCLUDES(mutex_);
 
   /// Dispatch + complete in one call; null `group_ids` makes each trajectory its own group, and
   /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory; refuses repeated ids (and,
   /// with unique_ids, ready ones) with InvalidArgument, changing nothing; waits for room as complete does.
   void put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
-           int64_t n_steps, int64_t n, std::optional<double> timeout);
+           int64_t n_steps, int64_t n, std::optional<double> timeout) PFB_EXCLUDES(mutex_);
 
   /// Takes up to `batch_size` entries under the strategy into `out` (room for kBatchColumns *
   /// batch_size int64), column f of a k-entry batch at out[f*k, f*k+k) so it is contiguous; without
   /// a timeout it never blocks, with one it waits for a full batch or throws Timeout naming the cause, waking
   /// at least every kInterruptCheckMs (when an interrupt check is set) and at the earliest lease deadline.
-  TakeStats take(int64_t batch_size, int64_t current_step, std::optional<double> timeout, int64_t* out);
+  TakeStats take(int64_t batch_size, int64_t current_step, std::optional<double> timeout, int64_t* out)
+      PFB_EXCLUDES(mutex_);
 
   /// Drops every ready entry with age > max_age: a binary search when stamps are non-decreasing in
   /// ring order, else one branch-free compaction pass; returns what it did.
-  TakeStats evict_stale(int64_t current_step);
+  TakeStats evict_stale(int64_t current_step) PFB_EXCLUDES(mutex_);
 
   /// Returns a consistent copy of the ledger (after failing prompts whose lease passed).
-  Ledger ledger();
+  Ledger ledger() PFB_EXCLUDES(mutex_);
 
   /// Moves out every released-id record kept since the previous call; throws InvalidArgument unless the ring
   /// was built with track_released.
-  Released take_released();
+  Released take_released() PFB_EXCLUDES(mutex_);
 
   /// Returns the max_age in force now.
-  int64_t max_age() const;
+  int64_t max_age() const PFB_EXCLUDES(mutex_);
 
   /// Sets max_age (>= 0, else InvalidArgument); the next take or evict_stale applies it to every ready
   /// entry, entries already dropped stay dropped; counts a change in Ledger::max_age_changes.
-  void set_max_age(int64_t max_age);
+  void set_max_age(int64_t max_age) PFB_EXCLUDES(mutex_);
 
   /// Returns the number of ready entries.
-  int64_t size() const;
+  int64_t size() const PFB_EXCLUDES(mutex_);
 
   /// Returns the number of in-flight prompts (after failing prompts whose lease passed).
-  int64_t in_flight();
+  int64_t in_flight() PFB_EXCLUDES(mutex_);
 
   /// Returns true iff close() has been called.
-  bool closed() const;
+  bool closed() const PFB_EXCLUDES(mutex_);
 
   /// Closes the ring and wakes every waiter, which then throws Closed; calling it again does nothing.
-  void close();
+  void close() PFB_EXCLUDES(mutex_);
 
   /// Returns a copy of the whole state, ready entries oldest first (after failing prompts whose lease passed).
-  RingState export_state();
+  RingState export_state() PFB_EXCLUDES(mutex_);
 
   /// Replaces the whole state; throws InvalidArgument, changing nothing, if it is inconsistent or does not fit.
-  void import_state(const RingState& state);
+  void import_state(const RingState& state) PFB_EXCLUDES(mutex_);
 
   /// Returns a one-line description of configuration and state, for __repr__.
-  std::string debug_string() const;
+  std::string debug_string() const PFB_EXCLUDES(mutex_);
 
   /// Returns the configuration the ring was built with (its max_age is the initial one; see max_age()).
   const RingConfig& config() const { return config_; }
 
   /// Returns true iff the columns are borrowed from the caller (pinned memory).
-  bool borrows_columns() const { return columns_.borrowed(); }
+  bool borrows_columns() const PFB_NO_THREAD_SAFETY_ANALYSIS {  // fixed at construction: no lock needed
+    return columns_.borrowed();
+  }
 
  private:
-  using Lock = std::unique_lock<std::mutex>;
+  // Every private member function below requires mutex_ held (PFB_REQUIRES, checked by Clang's
+  // -Wthread-safety in the sanitizer stage); the public ones take it themselves (PFB_EXCLUDES).
   using SteadyTime = std::chrono::steady_clock::time_point;
   struct Span {
     int64_t start, count;  // logical indices [start, start + count) of entries to take
@@ -224,56 +228,66 @@ class StalenessRing {
     std::vector<int64_t> bounds;  // group g is order[bounds[g] .. bounds[g + 1])
   };
 
-  int64_t phys(int64_t logical) const {
+  // ring_common.cpp: checks and notes shared by the calls.
+  int64_t phys(int64_t logical) const PFB_REQUIRES(mutex_) {  // physical row of logical index `logical`
     const int64_t p = head_ + logical;
     return p >= config_.capacity ? p - config_.capacity : p;
   }
-  void check_open() const;
-  int64_t lease_now() const;
-  int64_t expire_due();
-  void expire_prompts(const std::vector<int64_t>& prompts);
-  void check_interrupt(Lock& lock, SteadyTime& last_check);
-  SteadyTime next_wake(SteadyTime deadline) const;
-  void check_clock(int64_t current_step) const;
-  bool wait_blocked(int64_t current_step) const;
-  std::string wait_blocked_message(int64_t current_step) const;
-  int64_t skip_stale(int64_t i, int64_t cutoff) const;
-  void plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const;
-  void commit_take(const TakePlan& plan, int64_t current_step, int64_t* out, TakeStats& stats);
-  void fill_state(TakeStats& stats);
-  bool wait_for_room(Lock& lock, int64_t n, std::optional<double> timeout, const char* call,
-                     std::optional<SteadyTime>& deadline);
-  void append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
-                    int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
-                    int64_t complete_ns);
-  void append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds, int64_t n_groups,
-                   const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp);
-  void remove_prefix(int64_t n);
-  bool leave_hooks() const { return release_log_ != nullptr || config_.unique_ids; }
-  void note_left(int64_t id, ReleaseReason reason);
-  void note_prefix_left(int64_t count, ReleaseReason reason);
-  void note_walked(int64_t walked, int64_t current_step);
-  void check_not_live(const int64_t* traj_ids, int64_t n) const;
-  void evict_oldest_groups(int64_t need);
+  void check_open() const PFB_REQUIRES(mutex_);  // throws Closed after close()
+  void check_clock(int64_t current_step) const PFB_REQUIRES(mutex_);  // throws unless 0 <= clock_ <= step
+  void check_not_live(const int64_t* traj_ids, int64_t n) const PFB_REQUIRES(mutex_);  // unique_ids refusal
+  // Runs interrupt_check_ with mutex_ released, at most every kInterruptCheckMs; mutex_ is held again on return.
+  void check_interrupt(SteadyTime& last_check) PFB_REQUIRES(mutex_);
+  SteadyTime next_wake(SteadyTime deadline) const PFB_REQUIRES(mutex_);  // when a wait next wakes up
+  bool leave_hooks() const PFB_REQUIRES(mutex_) { return release_log_ != nullptr || config_.unique_ids; }
+  void note_left(int64_t id, ReleaseReason reason) PFB_REQUIRES(mutex_);  // one id leaves
+  void note_prefix_left(int64_t count, ReleaseReason reason) PFB_REQUIRES(mutex_);  // the oldest `count` leave
+  void note_walked(int64_t walked, int64_t current_step) PFB_REQUIRES(mutex_);  // a take's walked prefix leaves
 
-  const RingConfig config_;  // as constructed; max_age_ below is the one in force
-  RingColumns columns_;
-  mutable std::mutex mutex_;
+  // ring_in_flight.cpp: the lease clock and expiry.
+  int64_t lease_now() const PFB_REQUIRES(mutex_);
+  int64_t expire_due() PFB_REQUIRES(mutex_);  // fails prompts whose lease passed; returns how many
+  void expire_prompts(const std::vector<int64_t>& prompts) PFB_REQUIRES(mutex_);
+
+  // ring_write.cpp: room, appends and on_full.
+  // Returns true if n entries fit now (or on_full evicts); false once room appeared after a wait, mutex_
+  // released meanwhile (the caller re-validates); throws Full or Timeout.
+  bool wait_for_room(int64_t n, std::optional<double> timeout, const char* call, std::optional<SteadyTime>& deadline)
+      PFB_REQUIRES(mutex_);
+  void append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order, int64_t len,
+                    int64_t group_id, int64_t sample_step, int64_t dispatch_ns, int64_t complete_ns)
+      PFB_REQUIRES(mutex_);
+  void append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds, int64_t n_groups,
+                   const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp) PFB_REQUIRES(mutex_);
+  void remove_prefix(int64_t n) PFB_REQUIRES(mutex_);  // drops the oldest n entries
+  void evict_oldest_groups(int64_t need) PFB_REQUIRES(mutex_);  // whole groups until `need` entries fit
+
+  // ring_take.cpp: planning and committing a batch.
+  bool wait_blocked(int64_t current_step) const PFB_REQUIRES(mutex_);
+  std::string wait_blocked_message(int64_t current_step) const PFB_REQUIRES(mutex_);
+  int64_t skip_stale(int64_t i, int64_t cutoff) const PFB_REQUIRES(mutex_);
+  void plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const PFB_REQUIRES(mutex_);
+  void commit_take(const TakePlan& plan, int64_t current_step, int64_t* out, TakeStats& stats) PFB_REQUIRES(mutex_);
+  void fill_state(TakeStats& stats) PFB_REQUIRES(mutex_);  // the ring's state after a take or evict_stale
+
+  const RingConfig config_;  // as constructed (immutable); max_age_ below is the one in force
+  RingColumns columns_ PFB_GUARDED_BY(mutex_);
+  mutable Mutex mutex_;
   MonotonicCondition ready_cv_;       // consumers: entries arrived, prompts finished, or closed
   MonotonicCondition room_cv_;        // producers: room freed, or closed
-  int64_t head_ = 0;
-  int64_t size_ = 0;
-  bool sorted_ = true;  // sample_step non-decreasing in ring order
-  bool closed_ = false;
-  int64_t clock_ = -1;
-  int64_t max_age_;  // config_.max_age until set_max_age changes it
-  int64_t evicted_unreported_ = 0;
-  InFlightTable in_flight_;
-  Ledger ledger_;
-  std::optional<int64_t> manual_lease_clock_;  // set_lease_clock's frozen time, if any
-  std::unique_ptr<ReleaseLog> release_log_;    // null unless config_.track_released
-  std::unordered_set<int64_t> live_ids_;       // ids ready in the ring, kept only with config_.unique_ids
-  std::function<void()> interrupt_check_;
+  int64_t head_ PFB_GUARDED_BY(mutex_) = 0;
+  int64_t size_ PFB_GUARDED_BY(mutex_) = 0;
+  bool sorted_ PFB_GUARDED_BY(mutex_) = true;  // sample_step non-decreasing in ring order
+  bool closed_ PFB_GUARDED_BY(mutex_) = false;
+  int64_t clock_ PFB_GUARDED_BY(mutex_) = -1;
+  int64_t max_age_ PFB_GUARDED_BY(mutex_);  // config_.max_age until set_max_age changes it
+  int64_t evicted_unreported_ PFB_GUARDED_BY(mutex_) = 0;
+  InFlightTable in_flight_ PFB_GUARDED_BY(mutex_);
+  Ledger ledger_ PFB_GUARDED_BY(mutex_);
+  std::optional<int64_t> manual_lease_clock_ PFB_GUARDED_BY(mutex_);  // set_lease_clock's frozen time, if any
+  std::unique_ptr<ReleaseLog> release_log_ PFB_GUARDED_BY(mutex_);    // null unless config_.track_released
+  std::unordered_set<int64_t> live_ids_ PFB_GUARDED_BY(mutex_);       // ready ids, kept only with unique_ids
+  std::function<void()> interrupt_check_;  // set before the ring is shared, then only read: no lock
 };
 
 }  // namespace pyfast_buffer

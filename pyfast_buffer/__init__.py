@@ -4,9 +4,10 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .batch import AGE_BUCKETS, BLOCKED_BY, FIELDS, LOG_FORMAT, Batch, set_metrics_prefix
 from .buffer import StalenessBuffer
-from .checkpoint import CheckpointError as CheckpointError
-from .config import BufferConfig, config_from_verl, max_age_from_threshold, sample_step_from_tag
+from .checkpoint import CheckpointError
+from .config import BufferConfig
 from .errors import BufferClosedError, BufferFullError
+from .integrations.verl_mapping import config_from_verl, max_age_from_threshold, sample_step_from_tag
 from .reference import ReferenceBuffer
 from .released import RELEASE_REASONS, Released
 
@@ -25,6 +26,7 @@ __all__ = [
     "BufferClosedError",
     "BufferConfig",
     "BufferFullError",
+    "CheckpointError",
     "ReferenceBuffer",
     "Released",
     "StalenessBuffer",

@@ -19,6 +19,8 @@ _INT64_MAX = int(np.iinfo(np.int64).max)
 MAX_TIMEOUT = 1e9
 #: Largest ring capacity (the core's kMaxCapacity).
 MAX_CAPACITY = 1 << 40
+#: The staleness strategies: the buffer's ``strategy`` and verl's ``max_off_policy_strategy`` (same names).
+STRATEGIES = ("drop", "wait")
 
 
 def _is_int(value: Any) -> bool:

@@ -11,10 +11,10 @@ import torch
 
 from . import _core, state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from ._buffer_base import BufferBase
 from .batch import Batch, log_record, make_metrics
-from .checkpoint import CheckpointMethods
-from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError
+from .config import resolve_pin_memory
+from .errors import CLOSED_MESSAGE, BufferClosedError
 from .released import Released
 
 Ids = Union[torch.Tensor, np.ndarray, Sequence[int]]
@@ -29,7 +29,7 @@ def _pinned_columns(capacity: int) -> tuple:
     return tuple(wide + narrow)
 
 
-class StalenessBuffer(CheckpointMethods):
+class StalenessBuffer(BufferBase):
     """A ring of step-stamped trajectory ids that hands out only what is fresh enough to train on.
 
     Args:
@@ -62,18 +62,7 @@ class StalenessBuffer(CheckpointMethods):
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
     ) -> None:
-        self.config = BufferConfig(
-            capacity,
-            max_age,
-            strategy,
-            max_uses,
-            on_full,
-            parameter_sync_step,
-            track_released,
-            release_bound,
-            unique_ids,
-        )
-        check_capacity_fits(capacity)
+        self._configure(locals())
         self._config_lock = threading.Lock()  # keeps config.max_age in step with the core's under concurrent setters
         self.pin_memory = resolve_pin_memory(pin_memory)
         self._capacity = self.config.capacity
@@ -91,11 +80,6 @@ class StalenessBuffer(CheckpointMethods):
             release_bound=release_bound or 0,
             unique_ids=unique_ids,
         )
-
-    @classmethod
-    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> StalenessBuffer:
-        """Builds a buffer from verl's ``trainer.v1.sampler`` block and trainer config (see config_from_verl)."""
-        return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
 
     def dispatch(self, prompt_ids: Ids, step: int, lease: Optional[float] = None) -> None:
         """Marks prompts as in flight, generated with the weights of ``step``.
@@ -245,21 +229,6 @@ class StalenessBuffer(CheckpointMethods):
     def close(self) -> None:
         """Closes the buffer and wakes every blocked take/put at once with BufferClosedError."""
         self._ring.close()
-
-    def __copy__(self) -> StalenessBuffer:
-        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
-
-    def __deepcopy__(self, memo: Any) -> StalenessBuffer:
-        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(NO_COPY.format(cls="StalenessBuffer"))
-
-    def __enter__(self) -> StalenessBuffer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return repr(self._ring)

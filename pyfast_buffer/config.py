@@ -1,4 +1,8 @@
-"""Buffer configuration: validation, and the mapping from verl's sampler config."""
+"""Buffer configuration: the fields, their validation, and the checks of the machine they run on.
+
+The mapping from verl's sampler config lives in ``integrations/verl_mapping.py``; its names are
+re-exported here, where they were first importable.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,25 @@ from typing import Any, Optional
 
 import torch
 
-from ._args import MAX_CAPACITY, as_count, as_step
+from . import _core
+from ._args import MAX_CAPACITY, STRATEGIES, as_count
+from .integrations.verl_mapping import (
+    DEFAULT_VERL_CAPACITY as DEFAULT_VERL_CAPACITY,
+)
+from .integrations.verl_mapping import (
+    DEFAULT_VERL_THRESHOLD as DEFAULT_VERL_THRESHOLD,
+)
+from .integrations.verl_mapping import (
+    config_from_verl as config_from_verl,
+)
+from .integrations.verl_mapping import (
+    max_age_from_threshold as max_age_from_threshold,
+)
+from .integrations.verl_mapping import (
+    sample_step_from_tag as sample_step_from_tag,
+)
 
-STRATEGIES = ("drop", "wait")
 ON_FULL = ("evict_oldest", "block", "error")
-DEFAULT_VERL_THRESHOLD = 8  # verl's max_off_policy_threshold default
-DEFAULT_VERL_CAPACITY = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +67,17 @@ class BufferConfig:
                 raise ValueError(f"release_bound={self.release_bound} needs track_released=True")
 
 
-#: Bytes one ready entry takes in the native ring (six int64 and two int32 columns; the core's kBytesPerEntry).
-BYTES_PER_ENTRY = 56
+def config_from_arguments(arguments: Mapping[str, Any]) -> BufferConfig:
+    """Returns the BufferConfig of a constructor's arguments (its ``locals()``), every field passed by keyword.
+
+    Extra entries (``self``, ``pin_memory``, RemoteBuffer's Ray options) are ignored; a field the mapping
+    lacks is a KeyError, which tests/test_signatures.py turns into "add it to the constructor's signature".
+    """
+    return BufferConfig(**{f.name: arguments[f.name] for f in dataclasses.fields(BufferConfig)})
+
+
+#: Bytes one ready entry takes in the native ring (six int64 and two int32 columns): the core's kBytesPerEntry.
+BYTES_PER_ENTRY = _core.BYTES_PER_ENTRY
 
 
 def check_capacity_fits(capacity: int) -> None:
@@ -76,76 +102,3 @@ def resolve_pin_memory(pin_memory: Optional[bool]) -> bool:
     if pin_memory and not cuda:
         raise ValueError("pin_memory=True needs CUDA, which is not available; pass pin_memory=None or False")
     return cuda if pin_memory is None else bool(pin_memory)
-
-
-def max_age_from_threshold(max_off_policy_threshold: Any) -> int:
-    """Returns verl's cutoff as a max_age: ``max_off_policy_threshold - 1``.
-
-    verl's replay buffers (main branch, 2026-08) evict a finished group when
-    ``global_steps - step + 1 > threshold`` and, under ``wait``, hold sampling while an in-flight
-    prompt has ``global_steps - step + 1 >= threshold``; with ``current_step = global_steps`` both are
-    ``age > max_age`` and ``age >= max_age`` for this max_age. (verl PR #6778 divided the span by
-    ``parameter_sync_step``; today's verl does not, and neither does this mapping.)
-    """
-    threshold = as_count(max_off_policy_threshold, "max_off_policy_threshold", 1)
-    return threshold - 1
-
-
-def _get(cfg: Any, key: str, default: Any) -> Any:
-    """Reads ``key`` from a dict, an omegaconf DictConfig or an attribute object."""
-    if cfg is None:
-        return default
-    value = cfg.get(key, default) if isinstance(cfg, Mapping) or hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
-
-
-def config_from_verl(sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> dict:
-    """Returns ``StalenessBuffer`` keyword arguments equivalent to verl's sampler settings.
-
-    Reads ``max_off_policy_threshold`` (default 8) and ``max_off_policy_strategy``
-    (default ``"drop"``) from ``sampler_cfg``; ``current_step`` is verl's ``global_steps``, which
-    advances once per weight push, so ``policy_version`` is stamped as the step. ``parameter_sync_step``
-    in ``trainer_cfg``, if present, is checked (an int >= 1, as verl asserts) but does not enter the
-    cutoff, as in today's verl. ``sampler_kwargs.capacity`` or ``overrides`` may set any other argument.
-    """
-    threshold = _get(sampler_cfg, "max_off_policy_threshold", DEFAULT_VERL_THRESHOLD)
-    strategy = _get(sampler_cfg, "max_off_policy_strategy", "drop")
-    sync = _get(trainer_cfg, "parameter_sync_step", 1)
-    if not isinstance(threshold, int) or isinstance(threshold, bool):
-        raise TypeError(
-            f"max_off_policy_threshold={threshold!r} is not an int; set it to an int >= 1 (verl's default is 8)"
-        )
-    if not isinstance(sync, int) or isinstance(sync, bool) or sync <= 0:
-        raise ValueError(
-            f"parameter_sync_step={sync!r} must be an int >= 1; it is the number of trainer steps between weight pushes"
-        )
-    if strategy not in STRATEGIES:
-        raise ValueError(f"max_off_policy_strategy={strategy!r} is unknown; use 'drop' or 'wait'")
-    sampler_kwargs = _get(sampler_cfg, "sampler_kwargs", None)
-    kwargs = {
-        "capacity": _get(sampler_kwargs, "capacity", DEFAULT_VERL_CAPACITY),
-        "max_age": max_age_from_threshold(threshold),
-        "strategy": strategy,
-        # verl pushes weights once per global step, so the weight version is the step itself.
-        "parameter_sync_step": 1,
-    }
-    kwargs.update(overrides)
-    return kwargs
-
-
-def sample_step_from_tag(tag: Any) -> int:
-    """Returns a verl trajectory tag's ``global_steps`` as an int, or raises a ValueError that says how to fix it.
-
-    verl's ReplayBuffer indexes ``tag["global_steps"]`` directly, so a tag written
-    without it fails as a bare KeyError far from its cause.
-    """
-    if not isinstance(tag, Mapping) and not hasattr(tag, "get"):
-        raise TypeError(f"tag={tag!r} is not a mapping; pass the trajectory's TransferQueue tag dict")
-    step = tag.get("global_steps")
-    if step is None:
-        raise ValueError(
-            f"trajectory tag {dict(tag)!r} has no 'global_steps'; stamp global_steps "
-            "(the step of the weights that produced it) when the prompt is dispatched"
-        )
-
-    return as_step(step, "tag['global_steps']")

@@ -4,7 +4,8 @@ A deque of groups, each a list of per-trajectory record dicts, a dict of
 in-flight prompts and a few counters, all under one threading.Condition. It has
 the same API, the same semantics and the same exceptions as the native buffer:
 it is the test oracle and the benchmark baseline, so it favours obviousness
-over speed.
+over speed. Its sections follow the core's files (``csrc/ring_common.cpp``, ``ring_in_flight``,
+``ring_write``, ``ring_take``, ``ring_evict``, ``ring_state``), so one can be read beside the other.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import torch
 
 from . import state
 from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from ._buffer_base import BufferBase
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
-from .checkpoint import CheckpointMethods
-from .config import BufferConfig, check_capacity_fits, config_from_verl, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, NO_COPY, BufferClosedError, BufferFullError
+from .config import resolve_pin_memory
+from .errors import CLOSED_MESSAGE, BufferClosedError, BufferFullError
 from .released import NOT_TRACKED, Released, default_release_bound
 
 _RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of RELEASE_REASONS
@@ -40,9 +41,10 @@ class _Plan:
         self.blocked_by = "none"
 
 
-class ReferenceBuffer(CheckpointMethods):
+class ReferenceBuffer(BufferBase):
     """Pure-Python StalenessBuffer; see that class for the arguments (pin_memory is accepted and ignored)."""
 
+    # -- construction, validation, the clock, interrupts, release notes (csrc/ring_common.cpp) -----------------------
     def __init__(
         self,
         capacity: int,
@@ -56,18 +58,7 @@ class ReferenceBuffer(CheckpointMethods):
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
     ) -> None:
-        self.config = BufferConfig(
-            capacity,
-            max_age,
-            strategy,
-            max_uses,
-            on_full,
-            parameter_sync_step,
-            track_released,
-            release_bound,
-            unique_ids,
-        )
-        check_capacity_fits(capacity)
+        self._configure(locals())
         # (id, reason code) of everything that left, oldest first, until released() drains it
         self._released: Optional[deque] = deque() if track_released else None
         self._release_bound = release_bound or default_release_bound(capacity)
@@ -87,11 +78,6 @@ class ReferenceBuffer(CheckpointMethods):
         self._closed = False
         self._cond = threading.Condition()
 
-    @classmethod
-    def from_verl(cls, sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> ReferenceBuffer:
-        return cls(**config_from_verl(sampler_cfg, trainer_cfg, **overrides))
-
-    # -- helpers -------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise BufferClosedError(CLOSED_MESSAGE)
@@ -109,23 +95,6 @@ class ReferenceBuffer(CheckpointMethods):
                 f"traj_ids: {n} trajectories exceed capacity={self.config.capacity}; raise capacity or {fix} per call"
             )
 
-    def _check_in_flight(self, prompts) -> None:
-        for p in prompts:
-            if p not in self._in_flight:
-                raise ValueError(
-                    f"prompt_ids: prompt {p} is not in flight; dispatch it first "
-                    "(it may already be completed, failed or expired)"
-                )
-
-    def _note_left(self, id_: int, code: int) -> None:
-        if self._released is not None:
-            if len(self._released) >= self._release_bound:
-                self._released.popleft()
-                self._released_overflow += 1
-            self._released.append((id_, code))
-        if self._live is not None and code <= _EVICTED:
-            self._live.discard(id_)
-
     def _check_not_live(self, traj_list: List[int]) -> None:
         if self._live is None:
             return
@@ -136,88 +105,6 @@ class ReferenceBuffer(CheckpointMethods):
                     "give every trajectory a fresh id (or pass unique_ids=False)"
                 )
 
-    def _lease_now(self) -> int:
-        return self._manual_clock if self._manual_clock is not None else time.monotonic_ns()
-
-    def _pop_in_flight(self, prompt: int) -> tuple:
-        self._leases.pop(prompt, None)
-        return self._in_flight.pop(prompt)
-
-    def _expire(self, prompts: List[int]) -> None:
-        for p in prompts:
-            self._pop_in_flight(p)
-            self._note_left(p, _EXPIRED)
-        self._counts["failed"] += len(prompts)
-        self._counts["expired"] += len(prompts)
-        if prompts:
-            self._cond.notify_all()
-
-    def _expire_due(self) -> int:
-        """Fails every prompt whose lease passed, by deadline then id; returns how many."""
-        if self._closed or not self._leases:
-            return 0
-        now = self._lease_now()
-        due = sorted((d, p) for p, d in self._leases.items() if d <= now)
-        self._expire([p for _, p in due])
-        return len(due)
-
-    def _wait(self, deadline: float) -> None:
-        """Sleeps on the condition until notified, the deadline, the earliest lease deadline or _WAKE_S."""
-        wait = min(deadline - time.monotonic(), _WAKE_S)
-        if self._leases and self._manual_clock is None:
-            wait = min(wait, (min(self._leases.values()) - time.monotonic_ns()) / 1e9)
-        self._cond.wait(max(wait, 0.0))
-
-    def _policy_version(self, step: int) -> int:
-        sync = self.config.parameter_sync_step
-        return step // sync if sync else -1
-
-    def _wait_for_room(self, n: int, timeout: Optional[float], call: str, deadline: float) -> bool:
-        cap, on_full = self.config.capacity, self.config.on_full
-        if self._size + n <= cap or on_full == "evict_oldest":
-            return True
-        if on_full == "error" or timeout is None:
-            hint = ", or pass timeout= to wait for room" if on_full == "block" else " or 'block'"
-            raise BufferFullError(
-                f"ring full: {n} entries do not fit, {self._size} of capacity={cap} are ready; "
-                f"take more often, raise capacity, use on_full='evict_oldest'{hint}"
-            )
-        while True:
-            self._wait(deadline)
-            self._check_open()
-            if self._size + n <= cap:
-                return False  # room after waiting: the caller re-validates its arguments
-            if time.monotonic() >= deadline:
-                break
-        raise TimeoutError(
-            f"{call} timed out after {timeout} s waiting for room: {n} entries need room, "
-            f"{self._size} of capacity={cap} are ready; take more often, raise capacity "
-            "or use on_full='evict_oldest'"
-        )
-
-    def _append(self, records: List[dict]) -> None:
-        need = len(records)
-        evicted = 0
-        while self._size + need > self.config.capacity:  # on_full="evict_oldest": whole groups, oldest first
-            oldest = self._groups.popleft()
-            self._size -= len(oldest)
-            evicted += len(oldest)
-            for rec in oldest:
-                self._note_left(rec["traj_id"], _EVICTED)
-        self._counts["evicted"] += evicted
-        self._evicted_unreported += evicted
-        self._groups.append(records)
-        self._size += need
-        if self._live is not None:
-            self._live.update(rec["traj_id"] for rec in records)
-
-    @staticmethod
-    def _group_stably(keys: np.ndarray) -> Dict[int, List[int]]:
-        groups: Dict[int, List[int]] = {}
-        for i, key in enumerate(keys.tolist()):
-            groups.setdefault(key, []).append(i)
-        return groups  # dicts keep first-appearance order
-
     @staticmethod
     def _first_duplicate(ids: List[int]) -> Optional[int]:
         seen = set()
@@ -227,7 +114,27 @@ class ReferenceBuffer(CheckpointMethods):
             seen.add(i)
         return None
 
-    # -- producer side -------------------------------------------------------------------
+    def _wait(self, deadline: float) -> None:
+        """Sleeps on the condition until notified, the deadline, the earliest lease deadline or _WAKE_S."""
+        wait = min(deadline - time.monotonic(), _WAKE_S)
+        if self._leases and self._manual_clock is None:
+            wait = min(wait, (min(self._leases.values()) - time.monotonic_ns()) / 1e9)
+        self._cond.wait(max(wait, 0.0))
+
+    def _note_left(self, id_: int, code: int) -> None:
+        if self._released is not None:
+            if len(self._released) >= self._release_bound:
+                self._released.popleft()
+                self._released_overflow += 1
+            self._released.append((id_, code))
+        if self._live is not None and code <= _EVICTED:
+            self._live.discard(id_)
+
+    def _report_evicted(self) -> int:
+        evicted, self._evicted_unreported = self._evicted_unreported, 0
+        return evicted
+
+    # -- in-flight prompts: dispatch, fail, renew, leases, expiry (csrc/ring_in_flight.cpp) --------------------------
     def dispatch(self, prompt_ids: Any, step: int, lease: Optional[float] = None) -> None:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
         step = as_step(step, "step")
@@ -306,6 +213,40 @@ class ReferenceBuffer(CheckpointMethods):
             self._manual_clock = now_ns
             self._cond.notify_all()
 
+    def _check_in_flight(self, prompts) -> None:
+        for p in prompts:
+            if p not in self._in_flight:
+                raise ValueError(
+                    f"prompt_ids: prompt {p} is not in flight; dispatch it first "
+                    "(it may already be completed, failed or expired)"
+                )
+
+    def _lease_now(self) -> int:
+        return self._manual_clock if self._manual_clock is not None else time.monotonic_ns()
+
+    def _pop_in_flight(self, prompt: int) -> tuple:
+        self._leases.pop(prompt, None)
+        return self._in_flight.pop(prompt)
+
+    def _expire(self, prompts: List[int]) -> None:
+        for p in prompts:
+            self._pop_in_flight(p)
+            self._note_left(p, _EXPIRED)
+        self._counts["failed"] += len(prompts)
+        self._counts["expired"] += len(prompts)
+        if prompts:
+            self._cond.notify_all()
+
+    def _expire_due(self) -> int:
+        """Fails every prompt whose lease passed, by deadline then id; returns how many."""
+        if self._closed or not self._leases:
+            return 0
+        now = self._lease_now()
+        due = sorted((d, p) for p, d in self._leases.items() if d <= now)
+        self._expire([p for _, p in due])
+        return len(due)
+
+    # -- writing: complete, put, grouping, on_full, eviction of the oldest (csrc/ring_write.cpp) ---------------------
     def complete(self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None) -> None:
         trajs, prompts = as_ids(traj_ids, "traj_ids", copy=True), as_ids(prompt_ids, "prompt_ids", copy=True)
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
@@ -385,6 +326,13 @@ class ReferenceBuffer(CheckpointMethods):
             self._clock = max(self._clock, max(steps))
             self._cond.notify_all()
 
+    @staticmethod
+    def _group_stably(keys: np.ndarray) -> Dict[int, List[int]]:
+        groups: Dict[int, List[int]] = {}
+        for i, key in enumerate(keys.tolist()):
+            groups.setdefault(key, []).append(i)
+        return groups  # dicts keep first-appearance order
+
     def _record(self, traj_id: int, group_id: int, step: int, dispatch_ns: int, complete_ns: int) -> dict:
         return {
             "traj_id": traj_id,
@@ -396,53 +344,50 @@ class ReferenceBuffer(CheckpointMethods):
             "uses": 0,
         }
 
-    # -- consumer side -------------------------------------------------------------------
-    def _wait_blocked(self, current_step: int) -> bool:
-        if not self._in_flight:
-            return False
-        oldest = min(rec[0] for rec in self._in_flight.values())
-        return current_step - oldest >= self.config.max_age
+    def _policy_version(self, step: int) -> int:
+        sync = self.config.parameter_sync_step
+        return step // sync if sync else -1
 
-    def _wait_blocked_message(self, current_step: int) -> str:
-        limit = current_step - self.config.max_age
-        blocking = sorted((rec[0], p) for p, rec in self._in_flight.items() if rec[0] <= limit)
-        names = ", ".join(f"prompt {p} since step {s}" for s, p in blocking[:8])
-        more = ", ..." if len(blocking) > 8 else ""
-        return (
-            f"{len(blocking)} in-flight prompt(s) at max_age={self.config.max_age} ({names}{more}); "
-            "complete or fail them, or increase max_age (max_off_policy_threshold)"
+    def _wait_for_room(self, n: int, timeout: Optional[float], call: str, deadline: float) -> bool:
+        cap, on_full = self.config.capacity, self.config.on_full
+        if self._size + n <= cap or on_full == "evict_oldest":
+            return True
+        if on_full == "error" or timeout is None:
+            hint = ", or pass timeout= to wait for room" if on_full == "block" else " or 'block'"
+            raise BufferFullError(
+                f"ring full: {n} entries do not fit, {self._size} of capacity={cap} are ready; "
+                f"take more often, raise capacity, use on_full='evict_oldest'{hint}"
+            )
+        while True:
+            self._wait(deadline)
+            self._check_open()
+            if self._size + n <= cap:
+                return False  # room after waiting: the caller re-validates its arguments
+            if time.monotonic() >= deadline:
+                break
+        raise TimeoutError(
+            f"{call} timed out after {timeout} s waiting for room: {n} entries need room, "
+            f"{self._size} of capacity={cap} are ready; take more often, raise capacity "
+            "or use on_full='evict_oldest'"
         )
 
-    def _is_stale(self, group: List[dict], current_step: int) -> bool:
-        return self.config.strategy == "drop" and current_step - group[0]["sample_step"] > self.config.max_age
+    def _append(self, records: List[dict]) -> None:
+        need = len(records)
+        evicted = 0
+        while self._size + need > self.config.capacity:  # on_full="evict_oldest": whole groups, oldest first
+            oldest = self._groups.popleft()
+            self._size -= len(oldest)
+            evicted += len(oldest)
+            for rec in oldest:
+                self._note_left(rec["traj_id"], _EVICTED)
+        self._counts["evicted"] += evicted
+        self._evicted_unreported += evicted
+        self._groups.append(records)
+        self._size += need
+        if self._live is not None:
+            self._live.update(rec["traj_id"] for rec in records)
 
-    def _plan(self, batch_size: int, current_step: int) -> _Plan:
-        plan = _Plan()
-        if self.config.strategy == "wait" and self._wait_blocked(current_step):
-            plan.blocked_by = "in_flight_at_max_age"
-            return plan
-        for group in self._groups:
-            if self._is_stale(group, current_step):
-                plan.dropped += len(group)
-                plan.walked += 1
-                continue
-            if len(group) > batch_size:
-                raise ValueError(
-                    f"batch_size={batch_size} is smaller than group {group[0]['group_id']} of "
-                    f"{len(group)} trajectories; raise batch_size to at least {len(group)} "
-                    "(a batch never splits a group)"
-                )
-            if plan.taken + len(group) > batch_size:
-                plan.full = True
-                break
-            plan.taken += len(group)
-            plan.walked += 1
-            if plan.taken == batch_size:
-                plan.full = True
-                break
-        plan.blocked_by = "none" if plan.full else "too_few_ready"
-        return plan
-
+    # -- taking: plan, commit, take, the wait gate (csrc/ring_take.cpp) ----------------------------------------------
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
         batch_size = as_count(batch_size, "batch_size", 1)
         current_step = as_step(current_step, "current_step")
@@ -475,6 +420,33 @@ class ReferenceBuffer(CheckpointMethods):
                     plan = self._plan(batch_size, current_step)
             self._clock = max(self._clock, current_step)
             return self._commit(plan, current_step)
+
+    def _plan(self, batch_size: int, current_step: int) -> _Plan:
+        plan = _Plan()
+        if self.config.strategy == "wait" and self._wait_blocked(current_step):
+            plan.blocked_by = "in_flight_at_max_age"
+            return plan
+        for group in self._groups:
+            if self._is_stale(group, current_step):
+                plan.dropped += len(group)
+                plan.walked += 1
+                continue
+            if len(group) > batch_size:
+                raise ValueError(
+                    f"batch_size={batch_size} is smaller than group {group[0]['group_id']} of "
+                    f"{len(group)} trajectories; raise batch_size to at least {len(group)} "
+                    "(a batch never splits a group)"
+                )
+            if plan.taken + len(group) > batch_size:
+                plan.full = True
+                break
+            plan.taken += len(group)
+            plan.walked += 1
+            if plan.taken == batch_size:
+                plan.full = True
+                break
+        plan.blocked_by = "none" if plan.full else "too_few_ready"
+        return plan
 
     def _commit(self, plan: _Plan, current_step: int) -> Batch:
         columns: List[List[int]] = [[] for _ in range(8)]
@@ -539,10 +511,26 @@ class ReferenceBuffer(CheckpointMethods):
         )
         return Batch(torch.tensor(columns, dtype=torch.int64).reshape(8, plan.taken), make_metrics(stats))
 
-    def _report_evicted(self) -> int:
-        evicted, self._evicted_unreported = self._evicted_unreported, 0
-        return evicted
+    def _is_stale(self, group: List[dict], current_step: int) -> bool:
+        return self.config.strategy == "drop" and current_step - group[0]["sample_step"] > self.config.max_age
 
+    def _wait_blocked(self, current_step: int) -> bool:
+        if not self._in_flight:
+            return False
+        oldest = min(rec[0] for rec in self._in_flight.values())
+        return current_step - oldest >= self.config.max_age
+
+    def _wait_blocked_message(self, current_step: int) -> str:
+        limit = current_step - self.config.max_age
+        blocking = sorted((rec[0], p) for p, rec in self._in_flight.items() if rec[0] <= limit)
+        names = ", ".join(f"prompt {p} since step {s}" for s, p in blocking[:8])
+        more = ", ..." if len(blocking) > 8 else ""
+        return (
+            f"{len(blocking)} in-flight prompt(s) at max_age={self.config.max_age} ({names}{more}); "
+            "complete or fail them, or increase max_age (max_off_policy_threshold)"
+        )
+
+    # -- evict_stale (csrc/ring_evict.cpp) ---------------------------------------------------------------------------
     def evict_stale(self, current_step: int) -> int:
         current_step = as_step(current_step, "current_step")
         with self._cond:
@@ -579,7 +567,7 @@ class ReferenceBuffer(CheckpointMethods):
         make_metrics(stats)
         return removed
 
-    # -- introspection, lifecycle, checkpoints ---------------------------------------------
+    # -- state: the ledger, getters, close, export and import of the state (csrc/ring_state.cpp) ---------------------
     def released(self) -> Released:
         with self._cond:
             if self._released is None:
@@ -641,21 +629,6 @@ class ReferenceBuffer(CheckpointMethods):
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-
-    def __copy__(self) -> ReferenceBuffer:
-        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
-
-    def __deepcopy__(self, memo: Any) -> ReferenceBuffer:
-        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(NO_COPY.format(cls="ReferenceBuffer"))
-
-    def __enter__(self) -> ReferenceBuffer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         c = self.config

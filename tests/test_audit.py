@@ -5,7 +5,7 @@ import pathlib
 
 from _workflow_helpers import fixture, run_cli
 
-from pyfast_buffer import audit
+from pyfast_buffer.workflow import audit
 
 
 def test_two_runs_in_one_log_are_two_balanced_segments(capsys):

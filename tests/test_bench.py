@@ -1,4 +1,4 @@
-"""The benchmark suite runs end to end on a tiny plan (no timing is asserted here: that is bench/'s job)."""
+"""The benchmark suite runs end to end on a tiny plan (no timing is asserted here: that is benchmarks/' job)."""
 
 import dataclasses
 import json
@@ -7,7 +7,8 @@ import pytest
 
 from pyfast_buffer.bench import main as bench_main
 from pyfast_buffer.bench import report
-from pyfast_buffer.bench.cases import CASES, Plan
+from pyfast_buffer.bench.plan import Plan
+from pyfast_buffer.bench.registry import CASES
 
 TINY = Plan(
     capacities=(2_000,),
@@ -63,7 +64,7 @@ def test_ratios_and_targets_are_computed_from_the_rows():
 
 
 def test_cli_writes_table_json_and_says_what_it_skipped(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("pyfast_buffer.bench.cases.Plan.quick", classmethod(lambda cls: dataclasses.replace(TINY)))
+    monkeypatch.setattr("pyfast_buffer.bench.plan.Plan.quick", classmethod(lambda cls: dataclasses.replace(TINY)))
     assert bench_main(["--quick", "--cases", "put,evict_stale", "--out", str(tmp_path), "--no-chart"]) == 0
     out = capsys.readouterr().out
     assert "targets:" in out and "pyfast_buffer" in out
@@ -73,7 +74,7 @@ def test_cli_writes_table_json_and_says_what_it_skipped(tmp_path, capsys, monkey
 
 
 def test_perf_guard_names_the_operation_over_budget_and_by_how_much():
-    import perf_guard  # bench/perf_guard.py (bench/ is on pytest's pythonpath)
+    import perf_guard  # benchmarks/perf_guard.py (benchmarks/ is on pytest's pythonpath)
 
     measured = {"put": {"per_entry": 21.0}, "take": {"per_entry": 10.0}, "new_op": {"per_entry": 1.0}}
     failures = perf_guard.check(measured, {"put": 20.0, "take": 12.0})
@@ -85,7 +86,7 @@ def test_perf_guard_names_the_operation_over_budget_and_by_how_much():
 
 
 def test_cli_writes_the_targets_table_into_the_docs_page(tmp_path, monkeypatch):
-    monkeypatch.setattr("pyfast_buffer.bench.cases.Plan.quick", classmethod(lambda cls: dataclasses.replace(TINY)))
+    monkeypatch.setattr("pyfast_buffer.bench.plan.Plan.quick", classmethod(lambda cls: dataclasses.replace(TINY)))
     page = tmp_path / "performance.md"
     page.write_text(f"# Performance\n\n{report.DOCS_START}\nold\n{report.DOCS_END}\n\nafter\n")
     assert (

@@ -6,7 +6,7 @@ import re
 import pytest
 from _workflow_helpers import fixture, run_cli
 
-from pyfast_buffer import rhythm
+from pyfast_buffer.workflow import rhythm
 
 
 def _by_key(result):

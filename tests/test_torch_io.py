@@ -38,7 +38,7 @@ def test_range_and_empty_inputs(impl):
     assert buf.take(8, 0).traj_ids.tolist() == [0, 1, 2]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (GPU checks live in bench/gpu_check.py)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (GPU checks live in benchmarks/gpu_check.py)")
 def test_cuda_input_tensor_and_pinned_outputs():
     buf = pfb.StalenessBuffer(8)
     buf.put(torch.tensor([1, 2], device="cuda"), 0)

@@ -5,13 +5,14 @@ import json
 import pytest
 from _workflow_helpers import fixture, run_cli
 
-from pyfast_buffer import ReferenceBuffer, verify
+from pyfast_buffer import ReferenceBuffer
+from pyfast_buffer.workflow import perturb
 
 LOOPS = fixture("workloads", "user_loops.py")
 
 
 def test_simulated_workload_moves_drops():
-    result = verify.perturb(verify.simulated_workload(16, 16, 128, parameter_sync_step=2, steps=60))
+    result = perturb.perturb(perturb.simulated_workload(16, 16, 128, parameter_sync_step=2, steps=60))
     assert result.exit_code == 0 and result.moved
     assert result.small["dropped_stale"] == result.small["sampled_total"] > 0  # every age is >= 1
     assert result.large["dropped_stale"] == 0
@@ -19,8 +20,8 @@ def test_simulated_workload_moves_drops():
 
 
 def test_reference_buffer_gives_the_same_ledgers():
-    work = verify.simulated_workload(8, 8, 64, steps=40, seed=3)
-    native, ref = verify.perturb(work), verify.perturb(work, buffer_class=ReferenceBuffer)
+    work = perturb.simulated_workload(8, 8, 64, steps=40, seed=3)
+    native, ref = perturb.perturb(work), perturb.perturb(work, buffer_class=ReferenceBuffer)
     assert (native.small, native.large) == (ref.small, ref.large)
 
 
@@ -39,7 +40,7 @@ def test_rates_from_rhythm_json(capsys, tmp_path):
     code, out, _ = run_cli(capsys, "rhythm", fixture("rhythm", "trl_grpo.yaml"), "--json")
     path = tmp_path / "rhythm.json"
     path.write_text(out)
-    assert verify.rates_from_rhythm(str(path)) == {
+    assert perturb.rates_from_rhythm(str(path)) == {
         "produced_per_step": 16,
         "consumed_per_step": 16,
         "capacity": 64,
@@ -82,12 +83,12 @@ def test_bad_workloads_are_usage_errors(capsys):
 
 def test_perturb_checks_its_ages():
     with pytest.raises(ValueError, match="small < large"):
-        verify.perturb(verify.simulated_workload(1, 1, 4), small_max_age=5, large_max_age=5)
+        perturb.perturb(perturb.simulated_workload(1, 1, 4), small_max_age=5, large_max_age=5)
 
 
 def test_fresh_trajectories_make_the_check_inconclusive(capsys):
     code, out, _ = run_cli(capsys, "perturb", "--workload", f"{LOOPS}:fresh")
-    assert code == verify.EXIT_INCONCLUSIVE == 4
+    assert code == perturb.EXIT_INCONCLUSIVE == 4
     assert "inconclusive: taken=320 with max_age=0" in out and "age 0" in out
     code, out, _ = run_cli(capsys, "perturb", "--workload", f"{LOOPS}:fresh", "--small", 3)
     assert code == 4 and "--small 2 or lower" in out

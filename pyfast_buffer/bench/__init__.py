@@ -12,26 +12,24 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from . import report
-from .cases import CASES as _CASES
-from .cases import Plan
-from .verl_case import with_verl_case
+from . import registry, report
+from .plan import Plan
 
 
 def run(args: argparse.Namespace) -> int:
     plan = Plan.quick() if args.quick else Plan()
-    CASES = with_verl_case(_CASES, args.verl_src)
-    names = args.cases.split(",") if args.cases else [n for n in CASES if n != "verl" or args.verl_src]
-    unknown = [n for n in names if n not in CASES]
+    table = registry.cases(args.verl_src)
+    names = args.cases.split(",") if args.cases else registry.default_names(args.verl_src)
+    unknown = [n for n in names if n not in table]
     if unknown:
-        print(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}", file=sys.stderr)
+        print(f"unknown case(s) {unknown}; choose from {', '.join(table)}", file=sys.stderr)
         return 2
     rows: List[Dict] = []
     skipped: Dict[str, str] = {}
     started = time.perf_counter()
     for name in names:
         t0 = time.perf_counter()
-        rows.extend(CASES[name](plan, skipped))
+        rows.extend(table[name](plan, skipped))
         print(f"  {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     report.add_ratios(rows)
     goals = report.targets(rows)
@@ -67,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small configurations, under a minute on 2 cores")
-    p.add_argument("--cases", default="", help=f"comma-separated subset of: {', '.join(_CASES)}, verl")
+    p.add_argument("--cases", default="", help=f"comma-separated subset of: {', '.join(registry.cases())}")
     p.add_argument("--out", default=".", help="directory for bench-results.json and bench-results.png")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG")
     p.add_argument(
@@ -80,7 +78,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--update-readme",
         metavar="PATH",
         default="",
-        help="write the results between the latest-run markers of PATH (bench/README.md)",
+        help="write the results between the latest-run markers of PATH (benchmarks/README.md)",
     )
     p.add_argument(
         "--update-docs",

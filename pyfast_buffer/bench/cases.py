@@ -1,4 +1,7 @@
-"""The benchmark cases. Each returns rows: one contender, one configuration, measured in this process."""
+"""The in-process benchmark cases. Each returns rows: one contender, one configuration, measured in this process.
+
+registry.py names them (with the Ray and verl cases) for ``pyfast-buffer bench``.
+"""
 
 from __future__ import annotations
 
@@ -16,36 +19,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 
 from . import peers
+from .plan import CURRENT_STEP, MAX_AGE, Plan, stamps
 from .timing import Timed, calibrate, median, percentile, sample, sample_interleaved
-
-CURRENT_STEP = 1000  # every case trains at this step
-MAX_AGE = 10  # stamps below CURRENT_STEP - MAX_AGE are stale
-REFERENCE_LIMIT = 1_000_000  # the twin holds ~1 KB of Python objects per entry: skip it above this
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """Which configurations a run covers and how often it repeats them."""
-
-    capacities: tuple = (100_000, 1_000_000, 10_000_000)
-    batches: tuple = (64, 512, 4096)
-    stale: tuple = (0.0, 0.5, 0.99)
-    repeat: int = 15
-    wake_rounds: int = 300
-    throughput_seconds: float = 1.0
-    memory_capacity: int = 10_000_000
-    reference_limit: int = REFERENCE_LIMIT
-
-    @classmethod
-    def quick(cls) -> Plan:
-        return cls(
-            capacities=(100_000, 1_000_000),
-            batches=(512,),
-            repeat=7,
-            wake_rounds=100,
-            throughput_seconds=0.4,
-            reference_limit=100_000,
-        )
 
 
 def row(case: str, contender: str, times: List[float], **params) -> Dict:
@@ -57,18 +32,6 @@ def row(case: str, contender: str, times: List[float], **params) -> Dict:
         "p99_s": percentile(times, 99),
         "runs": len(times),
     }
-
-
-def _stamps(n: int, stale: float, rng: np.random.Generator, ordered: bool = False) -> np.ndarray:
-    """Stamps of n entries of which a fraction ``stale`` is too old; shuffled unless ``ordered``."""
-    n_stale = round(n * stale)
-    steps = np.full(n, CURRENT_STEP, np.int64)
-    steps[:n_stale] = CURRENT_STEP - MAX_AGE - 1 - (np.arange(n_stale) % 50)
-    if ordered:
-        steps.sort()
-    else:
-        rng.shuffle(steps)
-    return steps
 
 
 def _contenders(names: List[str], capacity: int, plan: Plan, skipped: Dict[str, str]) -> List[Any]:
@@ -128,7 +91,7 @@ def take_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     plan = dataclasses.replace(plan, reference_limit=min(plan.reference_limit, 100_000))  # refills take minutes
     for capacity in plan.capacities[:2]:  # the walk, not the ring size, sets the cost
         for stale in plan.stale:
-            steps = _stamps(capacity, stale, rng)
+            steps = stamps(capacity, stale, rng)
             ids = np.arange(capacity, dtype=np.int64)
             for batch in plan.batches:
                 timed: Dict[str, Timed] = {}
@@ -174,7 +137,7 @@ def evict_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     for capacity in plan.capacities:
         ids = np.arange(capacity, dtype=np.int64)
         repeat = max(3, plan.repeat // (2 if capacity >= 10_000_000 else 1))
-        shuffled = _stamps(capacity, 0.5, rng)
+        shuffled = stamps(capacity, 0.5, rng)
         stream_steps = repeat + 2
         stream = (np.arange(capacity, dtype=np.int64) * stream_steps // capacity).astype(np.int64)
         for order in ("shuffled", "non-decreasing"):
@@ -521,19 +484,3 @@ def overhead_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         }
         rows.append(r)
     return rows
-
-
-CASES: Dict[str, Callable[[Plan, Dict[str, str]], List[Dict]]] = {
-    "put": put_case,
-    "take": take_case,
-    "evict_stale": evict_case,
-    "wake_latency": wake_case,
-    "throughput_2p1c": throughput_case,
-    "memory": memory_case,
-    "bulk": bulk_case,
-    "overhead": overhead_case,
-}
-
-from .ray_case import ray_case  # noqa: E402  (the buffer as a Ray actor; skips itself when ray is missing)
-
-CASES["ray"] = ray_case

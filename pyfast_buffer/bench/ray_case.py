@@ -18,9 +18,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .plan import CURRENT_STEP, Plan
+from .ray_cluster import init_local_cluster
 from .timing import median, percentile
 
-CURRENT_STEP = 1000
 PRODUCERS = (1, 2, 4)
 #: Contenders; "pyfast_buffer" is the buffer actor, the floor is a Ray actor call carrying the same bytes.
 OURS, QUEUE, LOCAL, FLOOR = "pyfast_buffer", "ray Queue", "pyfast_buffer in-process", "ray actor call (floor)"
@@ -251,7 +252,7 @@ def _wakes(rounds: int, producer: Any, client: Any, queue: Any) -> List[Dict]:
     return rows
 
 
-def ray_case(plan: Any, skipped: Dict[str, str]) -> List[Dict]:
+def ray_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     """The Ray rows of ``pyfast-buffer bench`` (skipped, with the reason, when ray is not installed)."""
     try:
         import ray
@@ -260,8 +261,6 @@ def ray_case(plan: Any, skipped: Dict[str, str]) -> List[Dict]:
         return []
     started = not ray.is_initialized()
     if started:
-        from ..ray._local import init_local_cluster
-
         init_local_cluster(
             num_cpus=max(PRODUCERS) + 2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
         )
@@ -342,8 +341,6 @@ def _ms(r: Optional[Dict]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from .cases import Plan
-
     parser = argparse.ArgumentParser(prog="pyfast_buffer.bench.ray_case", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="batch 512 only, shorter runs")
     args = parser.parse_args(argv)

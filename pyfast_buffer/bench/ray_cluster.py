@@ -1,4 +1,7 @@
-"""A private Ray cluster of one or two nodes on this machine (loopback only), for the tests and the bench.
+"""Private Ray clusters for ``pyfast-buffer bench --cases ray`` and the project's Ray tests.
+
+``init_local_cluster``: one in-process local cluster. ``LocalCluster``: one or two nodes on this machine
+(loopback only).
 
 Each node is a ``ray start`` of its own (a head, then a second node joining it) with its own custom
 resource (``node0``, ``node1``) so that producers can be pinned to a node, a temporary directory of its
@@ -49,6 +52,25 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
+
+
+def init_local_cluster(**kwargs: Any) -> None:
+    """Starts a local cluster of its own (``ray.init(address="local", ...)``) from a neutral directory.
+
+    Ray puts the driver's working directory first on every worker's ``sys.path``. Run from a source
+    checkout, that directory holds the uncompiled ``pyfast_buffer`` package, which would shadow the
+    installed one in every worker; starting Ray from the temporary directory keeps workers on the install.
+    """
+    import ray
+
+    # Workers keep the driver's directory as their own working directory, so it must outlive the cluster:
+    # the system's temporary directory, not one made (and removed) here.
+    here = os.getcwd()
+    os.chdir(tempfile.gettempdir())
+    try:
+        ray.init(address="local", **kwargs)
+    finally:
+        os.chdir(here)
 
 
 class LocalCluster:

@@ -107,6 +107,23 @@ class ListedAnswer:
         self.prepare()
 
 
+def sampler_modules() -> list[Any]:
+    """The modules of pyfast_buffer's verl sampler that call TransferQueue as ``tq``: what a stand-in replaces.
+
+    Found among the loaded modules rather than listed, so that a module the sampler gains is not missed.
+    """
+    import transfer_queue
+
+    from pyfast_buffer.integrations import verl  # noqa: F401 - loads every module of the sampler
+
+    prefix = "pyfast_buffer.integrations."
+    return [
+        m
+        for name, m in sorted(sys.modules.items())
+        if name.startswith(prefix) and getattr(m, "tq", None) is transfer_queue
+    ]
+
+
 @contextmanager
 def transfer_queue_module(modules: list[Any], stand_in: Any) -> Iterator[None]:
     """Points each module's ``tq`` at ``stand_in`` for the duration."""
@@ -247,7 +264,6 @@ def _end_to_end_times(tq: Any, classes: dict[str, Any], tags: int, repeat: int) 
 def verl_case(plan: Any, skipped: dict[str, str], verl_src: str = "", sizes: tuple | None = None) -> list[dict]:
     """The rows described in the module docstring, for each size of ``sizes`` (by the plan when None)."""
     try:
-        from pyfast_buffer.integrations import _verl_state
         from pyfast_buffer.integrations import verl as ours
     except ImportError as exc:
         skipped["verl"] = f"the verl extra is not installed ({exc}); pip install 'pyfast_buffer[verl]'"
@@ -269,7 +285,7 @@ def verl_case(plan: Any, skipped: dict[str, str], verl_src: str = "", sizes: tup
             if verl is not None:
                 rows.append(_row("verl cpu", _cpu_times(verl.ReplayBufferAsync, [verl], tags, repeat), tags))
             rows.append(
-                _row("pyfast_buffer cpu", _cpu_times(ours.FastReplayBuffer, [ours, _verl_state], tags, repeat), tags)
+                _row("pyfast_buffer cpu", _cpu_times(ours.FastReplayBuffer, sampler_modules(), tags, repeat), tags)
             )
             classes: dict[str, Any] = {"tq round trip": None}
             if verl is not None:
@@ -302,14 +318,3 @@ def summary(rows: list[dict]) -> str:
                 f"{r['p99_s'] * 1e3:>8.1f}ms{ratio:>9}"
             )
     return "\n".join(lines)
-
-
-def with_verl_case(cases: dict[str, Callable], verl_src: str) -> dict[str, Callable]:
-    """The bench's case table plus ``verl`` (its summary table goes to stderr, beside the shared report)."""
-
-    def run_verl(plan: Any, skipped: dict[str, str]) -> list[dict]:
-        rows = verl_case(plan, skipped, verl_src)
-        print(summary(rows), file=sys.stderr)
-        return rows
-
-    return {**cases, "verl": run_verl}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from pyfast_buffer.rhythm import plan
+from pyfast_buffer.workflow.plan import plan
 
 from .config import ArmConfig, ExperimentConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from pyfast_buffer.audit import ledger_gap
+from pyfast_buffer.workflow.audit import ledger_gap
 
 #: Share of the sampling steps in the "first" and "last" windows the report compares.
 WINDOW = 0.2

@@ -13,24 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pyfast_buffer._args import MAX_TIMEOUT
+from pyfast_buffer._args import MAX_TIMEOUT, STRATEGIES
+from pyfast_buffer.integrations.verl_mapping import DEFAULT_VERL_CAPACITY, read
 
 DEFAULT_TIMEOUT_S = 600.0  # verl waits forever; a stuck rollout should fail a run, not hang it
 DEFAULT_POLL_BACKOFF_MAX_S = 0.05  # TransferQueue has no change notification: poll 1 ms, doubling, capped here
-DEFAULT_CAPACITY = 65536
-STRATEGIES = ("drop", "wait")
 
 
 class VerlConfigError(AssertionError, ValueError):
     """A bad setting where verl asserts: catchable as verl's AssertionError and as our ValueError."""
-
-
-def read(cfg: Any, key: str, default: Any = None) -> Any:
-    """``cfg[key]`` from a dict or an omegaconf DictConfig (both have ``get``); None counts as absent."""
-    if cfg is None:
-        return default
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
 
 
 def _seconds(value: Any, name: str, maximum: float) -> float:
@@ -135,7 +126,7 @@ def parse(
         read(sampler_kwargs, "poll_backoff_max", DEFAULT_POLL_BACKOFF_MAX_S), "sampler_kwargs.poll_backoff_max", 1.0
     )
     capacity = _positive_int(
-        read(sampler_kwargs, "capacity", DEFAULT_CAPACITY),
+        read(sampler_kwargs, "capacity", DEFAULT_VERL_CAPACITY),
         "sampler_kwargs.capacity",
         "it bounds batch_size (prompts per sample)",
     )

@@ -15,7 +15,8 @@ from ray.actor import ActorHandle
 from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from ..batch import Batch
 from ..buffer import Ids
-from ..config import BufferConfig, config_from_verl
+from ..config import BufferConfig, config_from_arguments
+from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
 from . import _errors, _wire
 from ._actor import BLOCKING_GROUP, BufferActor
@@ -85,8 +86,8 @@ class RemoteBuffer:
         track_released: bool = False,
         release_bound: Optional[int] = None,
         unique_ids: bool = False,
-        capacity_bytes: Optional[int] = None,
         *,
+        capacity_bytes: Optional[int] = None,
         name: Optional[str] = None,
         namespace: Optional[str] = None,
         lifetime: Optional[str] = "detached",
@@ -109,17 +110,7 @@ class RemoteBuffer:
         directory). ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve calls
         with a timeout; ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
         """
-        config = BufferConfig(
-            capacity=capacity,
-            max_age=max_age,
-            strategy=strategy,
-            max_uses=max_uses,
-            on_full=on_full,
-            parameter_sync_step=parameter_sync_step,
-            track_released=track_released,
-            release_bound=release_bound,
-            unique_ids=unique_ids,
-        )
+        config = config_from_arguments(locals())
         if capacity_bytes is not None:
             as_count(capacity_bytes, "capacity_bytes", 1)
         as_count(max_concurrency, "max_concurrency", 1)

@@ -20,10 +20,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Set
 
-from ._args import MAX_CAPACITY
+from .._args import MAX_CAPACITY
+from ..buffer import StalenessBuffer
 from .audit import ledger_gap
-from .buffer import StalenessBuffer
-from .rhythm import REQUIRED_RATES, print_output
+from .output import print_output
+from .rhythm import REQUIRED_RATES
 
 SMALL_MAX_AGE = 0
 LARGE_MAX_AGE = 10**9

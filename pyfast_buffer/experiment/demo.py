@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from .experiment.cli import add_arguments, execute
+from .cli import add_arguments, execute
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,8 +19,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Dict, Iterable, List, Optional, Tuple
 
+from ..batch import AGE_BUCKETS
 from ._config_files import is_binary
-from .batch import AGE_BUCKETS
+from .output import print_output
 
 COUNT_FIELDS: Tuple[str, ...] = ("dropped_stale", "taken", "retired", "evicted")  # since the previous record: summed
 RUNNING_FIELDS = ("buffer_left", "sampled_total")  # running values: the last one counts
@@ -407,8 +408,6 @@ def _opt(value: Optional[int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .rhythm import print_output
-
     try:
         result = audit(args.logs, group=args.group)
     except ValueError as exc:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from _contenders import make
 
-from pyfast_buffer.bench.cases import CURRENT_STEP, MAX_AGE, _stamps
+from pyfast_buffer.bench.plan import CURRENT_STEP, MAX_AGE, stamps
 
 CAPACITY = 100_000
 
@@ -17,7 +17,7 @@ def test_take_512(benchmark, name, stale, rng):
     benchmark.group = f"take B=512 stale={stale:.0%} C={CAPACITY:.0e}"
     c = make(name, CAPACITY, MAX_AGE)
     ids = np.arange(CAPACITY, dtype=np.int64)
-    steps = _stamps(CAPACITY, stale, rng)
+    steps = stamps(CAPACITY, stale, rng)
 
     def refill():
         if len(c) < 0.6 * CAPACITY:

@@ -1,6 +1,6 @@
 """GPU check (about a minute): pinned ring and batches, async H2D overlap, take-to-GPU latency.
 
-Run ``python bench/gpu_check.py``. Without CUDA it checks the CPU path and says it skipped the
+Run ``python benchmarks/gpu_check.py``. Without CUDA it checks the CPU path and says it skipped the
 GPU part. With CUDA it verifies that the ring columns and every batch are pinned, that
 ``batch.to("cuda", non_blocking=True)`` returns before the copy finishes (so host work overlaps
 it), and measures take-to-GPU latency for B=4096 and host-to-device bandwidth against a plain

@@ -1,4 +1,4 @@
-"""pytest-benchmark cases: ``pytest bench/`` (the bench extra installs the peers).
+"""pytest-benchmark cases: ``pytest benchmarks/`` (the bench extra installs the peers).
 
 Each benchmark group holds the baseline and our code doing the same work on the same data; each
 test asserts what the call returned, so a benchmark can never pass by doing nothing.

@@ -1,6 +1,6 @@
 """verl sampling at 4k, 17k and 70k TransferQueue tags: verl's real ReplayBufferAsync against ours.
 
-``pytest bench/test_bench_verl.py --verl-src /path/to/verl`` (or ``VERL_SRC=...``); without a verl
+``pytest benchmarks/test_bench_verl.py --verl-src /path/to/verl`` (or ``VERL_SRC=...``); without a verl
 checkout the verl rows are skipped with the reason. Per size, one benchmark group with:
 - ``tq round trip``: ``kv_list`` of the partition alone, on a real TransferQueue (the floor);
 - ``verl cpu`` / ``pyfast_buffer cpu``: one ``sample`` on an answer already listed (an in-process
@@ -19,7 +19,6 @@ import pytest
 pytest.importorskip("transfer_queue", reason="the verl extra is not installed: pip install '.[verl]'")
 ours = pytest.importorskip("pyfast_buffer.integrations.verl", reason="the verl extra is not installed")
 from pyfast_buffer.bench import verl_case  # noqa: E402 - after the skip: it needs the verl extra
-from pyfast_buffer.integrations import _verl_state  # noqa: E402
 
 ROUNDS = 5
 
@@ -101,7 +100,7 @@ def test_verl_cpu(benchmark, verl, tags):
 @pytest.mark.parametrize("tags", verl_case.SIZES)
 def test_pyfast_buffer_cpu(benchmark, tags):
     benchmark.group = f"verl sample B={verl_case.BATCH} tags={tags}"
-    cpu_round(benchmark, ours.FastReplayBuffer, [ours, _verl_state], tags)
+    cpu_round(benchmark, ours.FastReplayBuffer, verl_case.sampler_modules(), tags)
 
 
 @pytest.mark.parametrize("tags", verl_case.SIZES)

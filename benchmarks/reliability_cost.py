@@ -1,6 +1,6 @@
 """Cost of the opt-in reliability features: unique_ids=True and track_released=True, per put+take cycle.
 
-Usage: python bench/reliability_cost.py [--repeat 40]
+Usage: python benchmarks/reliability_cost.py [--repeat 40]
 
 One process, the same workload on each variant: put B fresh ids (one group each) then take B, so every
 id enters and leaves once. Reports the median time per cycle of repeated runs, each variant's ratio to

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from _contenders import make
 
-from pyfast_buffer.bench.cases import CURRENT_STEP, MAX_AGE, _stamps
+from pyfast_buffer.bench.plan import CURRENT_STEP, MAX_AGE, stamps
 
 
 @pytest.mark.parametrize("capacity", [100_000, 1_000_000])
@@ -13,7 +13,7 @@ def test_evict_shuffled(benchmark, name, capacity, rng):
     benchmark.group = f"evict_stale shuffled C={capacity:.0e}"
     c = make(name, capacity, MAX_AGE)
     ids = np.arange(capacity, dtype=np.int64)
-    steps = _stamps(capacity, 0.5, rng)
+    steps = stamps(capacity, 0.5, rng)
 
     def refill():
         if name != "memcpy":

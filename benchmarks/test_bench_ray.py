@@ -16,9 +16,9 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
 from pyfast_buffer import StalenessBuffer  # noqa: E402
-from pyfast_buffer.bench.ray_case import CURRENT_STEP  # noqa: E402
+from pyfast_buffer.bench.plan import CURRENT_STEP  # noqa: E402
+from pyfast_buffer.bench.ray_cluster import init_local_cluster  # noqa: E402
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
-from pyfast_buffer.ray._local import init_local_cluster  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import this module
 

@@ -1,4 +1,4 @@
-// Fixed, deterministic workloads of the native core for the callgrind perf guard (bench/perf_guard.py).
+// Fixed, deterministic workloads of the native core for the callgrind perf guard (benchmarks/perf_guard.py).
 //
 // Usage: perf_driver <workload>   (perf_driver --list names them)
 // Each workload builds a ring and fills it outside the measured region, then calls the operation under

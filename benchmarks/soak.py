@@ -1,9 +1,9 @@
 """Soak test (not part of CI): producers and a consumer hammer one buffer for a chosen time while the
 process's resident memory and the ledger are reported at fixed intervals.
 
-    python bench/soak.py --seconds 600                   # ten minutes, native buffer, defaults below
-    python bench/soak.py --seconds 60 --impl reference --strategy wait --json soak.json
-    python bench/soak.py --seconds 600 --lease 0.5 --lost-rate 0.01 --track-released   # leases, released ids
+    python benchmarks/soak.py --seconds 600                   # ten minutes, native buffer, defaults below
+    python benchmarks/soak.py --seconds 60 --impl reference --strategy wait --json soak.json
+    python benchmarks/soak.py --seconds 600 --lease 0.5 --lost-rate 0.01 --track-released   # leases, released ids
 
 A healthy run keeps RSS flat after the warm-up (the ring is allocated once; batches are freed when
 dropped) and the ledger balanced at every report. Exit status 1 if the ledger ever fails to balance,

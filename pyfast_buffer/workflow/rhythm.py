@@ -9,16 +9,18 @@ under FIFO, and what ``max_age`` fits. ``scan(paths)`` and ``plan(...)`` are the
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import math
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..integrations.verl_mapping import DEFAULT_VERL_CAPACITY, max_age_from_threshold
 from ._config_files import find_config_files, read_config
 from ._known_keys import GENERIC_CAPACITY, match_keyword, match_known
-from .config import DEFAULT_VERL_CAPACITY, max_age_from_threshold
+from .output import print_output
+from .plan import Plan as Plan
+from .plan import finite_number, plan
 
 #: Names ``--set`` accepts for the rhythm itself (anything else is a dotted config key).
 RHYTHM_KEYS = (
@@ -32,9 +34,6 @@ RHYTHM_KEYS = (
 )
 #: The rates a plan needs (rhythm's ``missing`` and perturb's ``--rhythm`` both check these).
 REQUIRED_RATES = ("produced_per_step", "consumed_per_step", "capacity")
-#: Capacity at or above this many steps of consumption is "far above" it (the procedure's first flag).
-FAR_ABOVE_STEPS = 4
-_MAX_SIMULATED_STEPS = 200_000
 
 
 @dataclass(frozen=True)
@@ -58,30 +57,6 @@ class ScanResult:
     findings: List[Finding] = field(default_factory=list)
     files: List[str] = field(default_factory=list)
     skipped: List[Tuple[str, str]] = field(default_factory=list)
-
-
-@dataclass
-class Plan:
-    """The FIFO steady state of a rhythm, in trainer steps and trajectories per step."""
-
-    produced_per_step: float
-    consumed_per_step: float
-    capacity: int
-    parameter_sync_step: int
-    turnover_steps: float  # capacity / consumed_per_step: steps to drain a full buffer once
-    age_distribution: Dict[int, float]  # age -> share of trained trajectories, FIFO steady state
-    age_mean: float
-    age_max: int
-    suggested_max_age: int
-    reasoning: str
-    warnings: List[str]
-    max_age: Optional[int] = None  # the configured one, when known
-    drop_share_at_max_age: Optional[float] = None  # share of trajectories it drops in steady state
-    strategy: Optional[str] = None
-    latency_steps: int = 0
-    # The suggestion assumes a buffer that has filled once (the worst case); from an empty start at the
-    # same rates the oldest trajectory trained on is this old (equal when production outruns consumption).
-    age_max_empty_start: Optional[int] = None
 
 
 def scan(paths: List[str]) -> ScanResult:
@@ -121,12 +96,6 @@ def classify(path: str, line: int, key: str, value: Any) -> Optional[Finding]:
 # ---------------------------------------------------------------- deriving the rhythm
 
 
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return value
-
-
 def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """Returns ({rhythm key: value}, {rhythm key: how it was derived}) from the findings.
 
@@ -153,7 +122,7 @@ def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) ->
         if role not in roles:
             return None
         f = roles[role]
-        value = _number(f.value)
+        value = finite_number(f.value)
         if value is None and f.value is not None and role not in unusable and notes is not None:
             unusable.add(role)
             notes.append(
@@ -295,160 +264,6 @@ def _derive_trl(roles, num, put, ref) -> None:
     put("parameter_sync_step", 1, "1 (TRL generates with the current weights)")
 
 
-# ---------------------------------------------------------------- the FIFO steady state
-
-
-def plan(
-    produced_per_step: float,
-    consumed_per_step: float,
-    capacity: int,
-    parameter_sync_step: int = 1,
-    *,
-    max_age: Optional[int] = None,
-    strategy: Optional[str] = None,
-    latency_steps: int = 0,
-) -> Plan:
-    """Returns the FIFO steady state of a buffer fed ``produced_per_step`` and drained ``consumed_per_step``.
-
-    Trajectories produced at step t carry the weights of the last push (``t - t % parameter_sync_step``)
-    plus ``latency_steps`` of generation; the buffer is assumed full once it has filled (the worst
-    case), oldest first out, overflow evicted oldest first. ``max_age`` and ``strategy``, when known,
-    add the share the configured threshold drops and the ``wait`` warning. Raises ValueError on
-    non-positive rates, capacity or sync step.
-    """
-    for name, value in (("produced_per_step", produced_per_step), ("consumed_per_step", consumed_per_step)):
-        if _number(value) is None or value <= 0:
-            raise ValueError(f"{name}={value!r} must be a number > 0; pass it or supply it with --set {name}=N")
-    capacity = _whole(capacity, "capacity", 1)
-    sync = _whole(parameter_sync_step, "parameter_sync_step", 1)
-    latency = _whole(latency_steps, "latency_steps", 0, exact=True)
-    if max_age is not None:
-        max_age = _whole(max_age, "max_age", 0, exact=True)
-    ages = _fifo_ages(produced_per_step, consumed_per_step, capacity, sync)
-    if strategy not in (None, "drop", "wait"):
-        raise ValueError(f"strategy={strategy!r} is unknown; use 'drop' or 'wait'")
-    try:
-        empty_max: Optional[int] = (
-            max(_fifo_ages(produced_per_step, consumed_per_step, capacity, sync, start_full=False)) + latency
-        )
-    except ValueError:
-        empty_max = None
-    total = sum(ages.values())
-    dist = {a + latency: n / total for a, n in sorted(ages.items())}
-    age_max = max(dist)
-    age_mean = sum(a * s for a, s in dist.items())
-    turnover = capacity / consumed_per_step
-    queue_wait = age_max - latency - (sync - 1)
-    reasoning = (
-        f"max_age={age_max}: the oldest a trajectory gets under FIFO at these rates (queue wait {queue_wait}"
-        f" + weight lag up to {sync - 1} + latency {latency}); a smaller one drops a steady share every step,"
-        " a larger one only admits stragglers"
-    )
-    warnings = []
-    if capacity >= FAR_ABOVE_STEPS * consumed_per_step:
-        warnings.append(
-            f"capacity {capacity} is {turnover:g}x one step's consumption ({consumed_per_step:g}): old "
-            "trajectories will be picked up again; lower the capacity or drop by age"
-        )
-    if produced_per_step < consumed_per_step:
-        warnings.append(
-            f"production {produced_per_step:g}/step is below consumption {consumed_per_step:g}/step: the "
-            "trainer will starve (short batches or waiting for rollouts)"
-        )
-    if strategy == "wait" and max_age is not None and max_age < turnover:
-        warnings.append(
-            f"strategy 'wait' with max_age {max_age} below the turnover ({turnover:g} steps): the trainer "
-            "will block on in-flight prompts; raise the threshold or use 'drop'"
-        )
-    drop_share = None
-    if max_age is not None:
-        drop_share = sum(s for a, s in dist.items() if a > max_age)
-    return Plan(
-        produced_per_step,
-        consumed_per_step,
-        capacity,
-        sync,
-        turnover,
-        dist,
-        age_mean,
-        age_max,
-        age_max,
-        reasoning,
-        warnings,
-        max_age,
-        drop_share,
-        strategy,
-        latency,
-        empty_max,
-    )
-
-
-def _whole(value: Any, name: str, minimum: int, exact: bool = False) -> int:
-    """Returns ``value`` as an int >= ``minimum`` (rounded down unless ``exact``), or raises ValueError saying why."""
-    if _number(value) is None:
-        raise ValueError(f"{name}={value!r} is not a number; supply it with --set {name}=N")
-    if exact and value != int(value):
-        raise ValueError(f"{name}={value!r} is not a whole number; supply it with --set {name}=N")
-    if int(value) < minimum:
-        raise ValueError(
-            f"{name}={value!r} is below {minimum}"
-            + (" once rounded down to a whole number" if value != int(value) else "")
-            + f"; supply it with --set {name}=N (N >= {minimum})"
-        )
-    return int(value)
-
-
-def _fifo_ages(produced: float, consumed: float, capacity: int, sync: int, start_full: bool = True) -> Dict[int, int]:
-    """Simulates a FIFO (full, or empty) until it is periodic and counts the age of every trajectory taken.
-
-    Raises ValueError when that takes more than _MAX_SIMULATED_STEPS steps, or when nothing is taken.
-    """
-    drain = consumed - produced if consumed > produced else produced  # rate the prefill leaves the head
-    warm = math.ceil(capacity / max(drain, 1e-9)) + 2 * sync + 2
-    window = 8 * sync + 16
-    if warm + window > _MAX_SIMULATED_STEPS:
-        raise ValueError(
-            f"too large to simulate: reaching the steady state takes about {warm + window:.3g} steps "
-            f"(capacity {capacity}, parameter_sync_step {sync}, {drain:g} trajectories a step), "
-            f"above the {_MAX_SIMULATED_STEPS} simulated; check the values, or --set smaller ones"
-        )
-    queue: collections.deque = collections.deque([[None, capacity]] if start_full else [])  # [sample_step, count]
-    level, made, taken_so_far = (capacity if start_full else 0), 0.0, 0.0
-    ages: Dict[int, int] = collections.Counter()
-    for t in range(warm + window):
-        # Whole trajectories only: accumulate fractional rates (TRL's batch / num_iterations).
-        new = int(made + produced) - int(made)
-        made += produced
-        want = int(taken_so_far + consumed) - int(taken_so_far)
-        taken_so_far += consumed
-        if new:
-            queue.append([t - t % sync, new])
-            level += new
-        while level > capacity:  # evict oldest
-            head = queue[0]
-            k = min(head[1], level - capacity)
-            head[1] -= k
-            level -= k
-            if not head[1]:
-                queue.popleft()
-        while want and queue:
-            head = queue[0]
-            k = min(head[1], want)
-            if t >= warm and head[0] is not None:
-                ages[t - head[0]] += k
-            head[1] -= k
-            level -= k
-            want -= k
-            if not head[1]:
-                queue.popleft()
-    if not ages:
-        raise ValueError(
-            f"no trajectory reached the trainer in {window} simulated steps (production {produced:g}, "
-            f"consumption {consumed:g} a step); check the rates"
-        )
-    return ages
-
-
 # ---------------------------------------------------------------- the command
 
 
@@ -496,7 +311,7 @@ def _check_rhythm_value(key: str, value: Any) -> None:
     kind = "a whole number" if whole else "a number"
     bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
     example = "8" if whole else "64"
-    number = _number(value)  # None for text, booleans, NaN and infinities
+    number = finite_number(value)  # None for text, booleans, NaN and infinities
     if number is None or (whole and number != int(number)):
         raise ValueError(f"--set {key}={value!r} is not {kind}; write {kind} {bound}, e.g. --set {key}={example}")
     if number < minimum or (number == minimum and not inclusive):
@@ -660,18 +475,6 @@ def run(args: argparse.Namespace) -> int:
     print_output(to_json(report) if args.json else format_report(report))
     # 2 when nothing could be read or planned; warnings alone do not fail the command.
     return 0 if report["files"] or report["findings"] or report["plan"] else 2
-
-
-def print_output(text: str) -> None:
-    """Prints ``text``; a reader that went away (``| head``) ends the output quietly."""
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # Point stdout at devnull so the interpreter's final flush does not raise again.
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

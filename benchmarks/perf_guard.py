@@ -1,13 +1,13 @@
 """The noise-free perf guard: instructions per entry of the native core under callgrind, against budgets.
 
-Builds bench/native (the C++ driver of the core, not part of the wheel), runs each fixed workload under
+Builds benchmarks/native (the C++ driver of the core, not part of the wheel), runs each fixed workload under
 ``valgrind --tool=callgrind --toggle-collect=pfb_measured`` so that only the measured calls count, and
-compares instructions per entry with bench/instruction_budgets.json. Instruction counts repeat to a
+compares instructions per entry with benchmarks/instruction_budgets.json. Instruction counts repeat to a
 fraction of a percent from run to run, unlike wall-clock time on a shared machine.
 
-    python bench/perf_guard.py             # check: exit 1 naming each operation over its budget
-    python bench/perf_guard.py --show      # print the counts only
-    python bench/perf_guard.py --update    # rewrite the budgets: measured * (1 + --headroom)
+    python benchmarks/perf_guard.py             # check: exit 1 naming each operation over its budget
+    python benchmarks/perf_guard.py --show      # print the counts only
+    python benchmarks/perf_guard.py --update    # rewrite the budgets: measured * (1 + --headroom)
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Dict, List
 
 ROOT = Path(__file__).resolve().parent.parent
-BUDGETS = ROOT / "bench" / "instruction_budgets.json"
+BUDGETS = ROOT / "benchmarks" / "instruction_budgets.json"
 BUILD = ROOT / "build" / "perf-native"
 
 
 def build(build_dir: Path) -> Path:
     """Configures and builds the driver (Release, like the wheel); returns the executable's path."""
     subprocess.run(
-        ["cmake", "-S", str(ROOT / "bench" / "native"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release"],
+        ["cmake", "-S", str(ROOT / "benchmarks" / "native"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release"],
         check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -87,7 +87,7 @@ def check(measured: Dict[str, Dict[str, float]], budgets: Dict[str, float]) -> L
     for name, m in measured.items():
         budget = budgets.get(name)
         if budget is None:
-            failures.append(f"{name}: no budget in {BUDGETS.name}; run bench/perf_guard.py --update and commit it")
+            failures.append(f"{name}: no budget in {BUDGETS.name}; run benchmarks/perf_guard.py --update and commit it")
         elif m["per_entry"] > budget:
             over = m["per_entry"] - budget
             failures.append(
@@ -125,7 +125,7 @@ def main(argv: List[str] | None = None) -> int:
         )
     if args.update:
         data = {
-            "_comment": "Instructions per entry of the native core under callgrind (bench/perf_guard.py); "
+            "_comment": "Instructions per entry of the native core under callgrind (benchmarks/perf_guard.py); "
             "budget = max(measured * (1 + headroom), measured + 0.05).",
             "headroom": args.headroom,
             # Near-zero counts (construct, the sorted evict) get an absolute slack of 0.05 as well.

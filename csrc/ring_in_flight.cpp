@@ -1,0 +1,104 @@
+// StalenessRing: in-flight prompts (dispatch, fail, renew), leases and their expiry.
+#include "ring_detail.hpp"
+
+#include <vector>
+
+namespace pyfast_buffer {
+
+int64_t StalenessRing::lease_now() const { return manual_lease_clock_ ? *manual_lease_clock_ : steady_ns(); }
+
+int64_t StalenessRing::expire_due() {
+  if (closed_) return 0;  // a closed buffer is frozen
+  const int64_t now = lease_now();
+  if (in_flight_.earliest_deadline() > now) return 0;
+  const std::vector<int64_t> due = in_flight_.due(now);
+  expire_prompts(due);
+  return static_cast<int64_t>(due.size());
+}
+
+void StalenessRing::expire_prompts(const std::vector<int64_t>& prompts) {
+  for (const int64_t prompt : prompts) {
+    in_flight_.erase(prompt);
+    if (release_log_) note_left(prompt, ReleaseReason::kExpired);
+  }
+  const auto n = static_cast<int64_t>(prompts.size());
+  ledger_.failed += n;
+  ledger_.expired += n;
+  if (n > 0) ready_cv_.notify_all();  // a waiting take may have been blocked by these prompts
+}
+
+void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step, std::optional<double> lease) {
+  const int64_t lease_ns = lease ? checked_seconds_ns(*lease, "lease", false) : 0;
+  MutexLock lock(mutex_);
+  check_open();
+  expire_due();
+  if (sample_step < 0) throw InvalidArgument(concat("step=", sample_step, " is negative; steps are ints >= 0"));
+  if (auto dup = first_duplicate(prompt_ids, n))
+    throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; dispatch each prompt once"));
+  for (int64_t i = 0; i < n; ++i)
+    if (in_flight_.contains(prompt_ids[i]))
+      throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i], " is already in flight (dispatched at step ",
+                                   in_flight_.at(prompt_ids[i]).sample_step,
+                                   "); complete or fail it before dispatching it again"));
+  const int64_t stamp = now_ns(), since = lease_now();
+  const int64_t deadline = lease ? add_saturating(since, lease_ns) : kNoLease;
+  for (int64_t i = 0; i < n; ++i) in_flight_.insert(prompt_ids[i], {sample_step, stamp, since, deadline});
+  ledger_.dispatched += n;
+  clock_ = std::max(clock_, sample_step);
+}
+
+void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
+  MutexLock lock(mutex_);
+  check_open();
+  expire_due();
+  if (auto dup = first_duplicate(prompt_ids, n))
+    throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; fail each prompt once"));
+  for (int64_t i = 0; i < n; ++i)
+    if (!in_flight_.contains(prompt_ids[i]))
+      throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
+                                   " is not in flight; dispatch it first (it may already be "
+                                   "completed, failed or expired)"));
+  for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]);
+  if (release_log_)
+    for (int64_t i = 0; i < n; ++i) note_left(prompt_ids[i], ReleaseReason::kFailed);
+  ledger_.failed += n;
+  lock.unlock();
+  if (n > 0) ready_cv_.notify_all();
+}
+
+void StalenessRing::renew(const int64_t* prompt_ids, int64_t n, double lease) {
+  const int64_t lease_ns = checked_seconds_ns(lease, "lease", false);
+  MutexLock lock(mutex_);
+  check_open();
+  expire_due();
+  if (auto dup = first_duplicate(prompt_ids, n))
+    throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; renew each prompt once"));
+  for (int64_t i = 0; i < n; ++i)
+    if (!in_flight_.contains(prompt_ids[i]))
+      throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
+                                   " is not in flight; only in-flight prompts can be renewed (it may already be "
+                                   "completed, failed or expired)"));
+  const int64_t deadline = add_saturating(lease_now(), lease_ns);
+  for (int64_t i = 0; i < n; ++i) in_flight_.set_deadline(prompt_ids[i], deadline);
+}
+
+int64_t StalenessRing::expire_in_flight(double older_than) {
+  const int64_t older_ns = checked_seconds_ns(older_than, "older_than_s", true);
+  MutexLock lock(mutex_);
+  check_open();
+  const int64_t by_lease = expire_due();
+  const std::vector<int64_t> old = in_flight_.dispatched_by(lease_now() - older_ns);
+  expire_prompts(old);
+  return by_lease + static_cast<int64_t>(old.size());
+}
+
+void StalenessRing::set_lease_clock(std::optional<int64_t> now_ns) {
+  if (now_ns && *now_ns < 0) throw InvalidArgument(concat("lease clock=", *now_ns, " must be >= 0"));
+  {
+    MutexLock lock(mutex_);
+    manual_lease_clock_ = now_ns;
+  }
+  ready_cv_.notify_all();  // a waiting take re-checks the leases against the new time
+}
+
+}  // namespace pyfast_buffer

@@ -1,0 +1,277 @@
+// StalenessRing: take; planning a batch (stale skips, groups, the wait gate) and committing it.
+#include "ring_detail.hpp"
+
+#include <limits>
+
+namespace pyfast_buffer {
+
+bool StalenessRing::wait_blocked(int64_t current_step) const {
+  return in_flight_.size() > 0 && current_step - in_flight_.oldest_step() >= max_age_;
+}
+
+std::string StalenessRing::wait_blocked_message(int64_t current_step) const {
+  const auto blocking = in_flight_.at_or_before(current_step - max_age_);
+  std::ostringstream out;
+  out << blocking.size() << " in-flight prompt(s) at max_age=" << max_age_ << " (";
+  for (size_t i = 0; i < blocking.size() && i < 8; ++i)
+    out << (i ? ", " : "") << "prompt " << blocking[i].first << " since step " << blocking[i].second;
+  if (blocking.size() > 8) out << ", ...";
+  out << "); complete or fail them, or increase max_age (max_off_policy_threshold)";
+  return out.str();
+}
+
+int64_t StalenessRing::skip_stale(int64_t i, int64_t cutoff) const {
+  // Scans contiguous physical runs without per-entry index arithmetic or dependent loads.
+  const int64_t* steps = columns_.get().sample_step;
+  while (i < size_) {
+    const int64_t p = phys(i);
+    const int64_t run = std::min(size_ - i, config_.capacity - p);
+    const int64_t* s = steps + p;
+    int64_t k = 0;
+    while (k < run && s[k] < cutoff) ++k;
+    i += k;
+    if (k < run) break;
+  }
+  return i;
+}
+
+void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const {
+  plan.walked = plan.taken = plan.dropped = 0;
+  plan.full = false;
+  plan.spans.clear();
+  if (config_.strategy == Strategy::kWait && wait_blocked(current_step)) {
+    plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
+    return;
+  }
+  // Under drop, stale entries are skipped one by one: a group shares one stamp, so a stale group
+  // is skipped whole and every fresh entry reached starts a group.
+  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
+                                                              : std::numeric_limits<int64_t>::min();
+  const int32_t* group_len = columns_.get().group_len;
+  const int64_t* group_id = columns_.get().group_id;
+  const int64_t* steps = columns_.get().sample_step;
+  const int64_t size = size_, cap = config_.capacity;
+  int64_t i = 0, taken = 0;
+  int64_t p = head_;          // phys(i), advanced with i
+  int64_t span_start = -1;    // start of the open span of fresh entries, -1 if none
+  while (i < size) {
+    if (steps[p] < cutoff) {  // a stale run: close the span, skip the run in contiguous scans
+      if (span_start >= 0) plan.spans.push_back({span_start, i - span_start}), span_start = -1;
+      const int64_t fresh = skip_stale(i, cutoff);
+      plan.dropped += fresh - i;
+      i = fresh;
+      if (i == size) break;
+      p = phys(i);
+    }
+    if (span_start < 0) span_start = i;
+    // A run of fresh singletons (ungrouped puts) in one tight scan, up to the wrap point or the batch.
+    if (group_len[p] == 1) {
+      const int64_t limit = std::min({batch_size - taken, cap - p, size - i});
+      int64_t k = 1;
+      // Scalar first: a short run (fresh entries among stale ones) ends here at little cost.
+      const int64_t warm = std::min<int64_t>(limit, 8);
+      while (k < warm && group_len[p + k] == 1 && steps[p + k] >= cutoff) ++k;
+      // A long run goes on eight at a time, branch-free: the OR of (stamp - cutoff) is negative iff one
+      // stamp is stale. With cutoff <= 0 every stamp (>= 0) is fresh; above it no difference overflows.
+      const int64_t floor = cutoff > 0 ? cutoff : 0;
+      while (k >= 8 && limit - k >= 8) {
+        uint64_t below = 0;
+        uint32_t not_one = 0;
+        for (int j = 0; j < 8; ++j) {
+          below |= static_cast<uint64_t>(steps[p + k + j]) - static_cast<uint64_t>(floor);
+          not_one |= static_cast<uint32_t>(group_len[p + k + j] ^ 1);
+        }
+        if ((below >> 63) != 0 || not_one != 0) break;
+        k += 8;
+      }
+      while (k < limit && group_len[p + k] == 1 && steps[p + k] >= cutoff) ++k;
+      taken += k, i += k, p += k;
+      p -= p == cap ? cap : 0;
+    }
+    if (i == size || taken == batch_size) {
+      plan.full = taken == batch_size;
+      break;
+    }
+    if (steps[p] < cutoff) continue;
+    const int64_t len = group_len[p];
+    if (len > batch_size)
+      throw InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", group_id[p], " of ", len,
+                                   " trajectories; raise batch_size to at least ", len,
+                                   " (a batch never splits a group)"));
+    if (taken + len > batch_size) {
+      plan.full = true;
+      break;
+    }
+    taken += len;
+    i += len;
+    p += len;
+    p -= p >= cap ? cap : 0;
+    if (taken == batch_size) {
+      plan.full = true;
+      break;
+    }
+  }
+  if (span_start >= 0 && i > span_start) plan.spans.push_back({span_start, i - span_start});
+  plan.taken = taken;
+  plan.walked = i;
+  plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
+}
+
+void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int64_t* base, TakeStats& stats) {
+  const int64_t k_all = plan.taken;
+  int64_t* const o_traj = base;
+  int64_t* const o_group = base + k_all;
+  int64_t* const o_step = base + 2 * k_all;
+  int64_t* const o_age = base + 3 * k_all;
+  int64_t* const o_uses = base + 4 * k_all;
+  int64_t* const o_version = base + 5 * k_all;
+  int64_t* const o_dispatch = base + 6 * k_all;
+  int64_t* const o_complete = base + 7 * k_all;
+  const int32_t max_uses = static_cast<int32_t>(config_.max_uses);
+  const ColumnPointers c = columns_.get();  // a local copy: the output writes cannot alias it
+  int64_t k = 0, survivors = 0, age_max = 0;
+  Int128 age_sum = 0;  // 2**40 ages near 2**63 overflow int64
+  // With max_uses == 1 every taken entry retires and leaves with the walked prefix, so its ring `uses`
+  // need not be written, unless the released-id hooks read it (note_walked) before it leaves.
+  const bool uses_unread = max_uses == 1 && !leave_hooks();
+  // Ages come in runs (a group shares one stamp, producers stamp many entries alike): the histogram
+  // and the sums are updated once per run of equal ages, not once per entry.
+  int64_t run_age = 0, run_count = 0;
+  auto flush = [&] {
+    if (run_count == 0) return;
+    age_sum += static_cast<Int128>(run_age) * run_count;
+    age_max = std::max(age_max, run_age);
+    stats.age_hist[age_bucket(run_age)] += run_count;
+  };
+  for (const Span& span : plan.spans) {
+    for (int64_t i = span.start, end = span.start + span.count; i < end;) {
+      // One contiguous physical run: six column copies, then one pass for age and uses.
+      const int64_t p0 = phys(i);
+      const int64_t run = std::min(end - i, config_.capacity - p0);
+      if (run < 16) {  // a short run (fresh entries scattered among stale ones): entry by entry
+        for (int64_t p = p0; p < p0 + run; ++p, ++k) {
+          const int64_t age = current_step - c.sample_step[p];
+          const int32_t uses = uses_unread ? 1 : ++c.uses[p];
+          o_traj[k] = c.traj_id[p], o_group[k] = c.group_id[p], o_step[k] = c.sample_step[p];
+          o_age[k] = age, o_uses[k] = uses, o_version[k] = c.policy_version[p];
+          o_dispatch[k] = c.dispatch_ns[p], o_complete[k] = c.complete_ns[p];
+          if (age != run_age) flush(), run_age = age, run_count = 0;
+          ++run_count;
+          survivors += uses < max_uses;
+        }
+        i += run;
+        continue;
+      }
+      std::copy_n(c.traj_id + p0, run, o_traj + k);
+      std::copy_n(c.group_id + p0, run, o_group + k);
+      std::copy_n(c.sample_step + p0, run, o_step + k);
+      std::copy_n(c.policy_version + p0, run, o_version + k);
+      std::copy_n(c.dispatch_ns + p0, run, o_dispatch + k);
+      std::copy_n(c.complete_ns + p0, run, o_complete + k);
+      const int64_t* __restrict step = c.sample_step + p0;
+      int64_t* __restrict age_out = o_age + k;
+      const uint64_t first = static_cast<uint64_t>(step[0]);
+      uint64_t differs = 0;
+      for (int64_t j = 0; j < run; ++j) {  // vectorisable: ages, and whether any stamp differs from the first
+        age_out[j] = current_step - step[j];
+        differs |= static_cast<uint64_t>(step[j]) ^ first;
+      }
+      if (differs == 0) {  // one stamp for the whole run, the usual case: one histogram update
+        const int64_t age = current_step - step[0];
+        if (age != run_age) flush(), run_age = age, run_count = 0;
+        run_count += run;
+      } else {
+        for (int64_t j = 0; j < run; ++j) {
+          const int64_t age = age_out[j];
+          if (age != run_age) flush(), run_age = age, run_count = 0;
+          ++run_count;
+        }
+      }
+      int64_t* __restrict uses_out = o_uses + k;
+      int32_t* __restrict uses = c.uses + p0;
+      if (uses_unread) {
+        std::fill_n(uses_out, run, 1);  // uses 0 -> 1 for every entry
+      } else {
+        for (int64_t j = 0; j < run; ++j) {
+          const int32_t u = ++uses[j];
+          uses_out[j] = u;
+          survivors += u < max_uses;
+        }
+      }
+      k += run;
+      i += run;
+    }
+  }
+  flush();
+  if (leave_hooks()) note_walked(plan.walked, current_step);  // before survivors move: ring order intact
+  stats.age_sum = age_sum;
+  stats.age_max = age_max;
+  if (survivors > 0) {
+    // Reused entries keep their place: move them, in order, to the end of the walked prefix.
+    const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
+                                                                : std::numeric_limits<int64_t>::min();
+    int64_t write = plan.walked - 1;
+    for (int64_t i = plan.walked - 1; i >= 0; --i) {
+      const int64_t p = phys(i);
+      if (c.sample_step[p] < cutoff || c.uses[p] >= max_uses) continue;
+      const int64_t q = phys(write--);
+      if (p == q) continue;
+      c.traj_id[q] = c.traj_id[p], c.group_id[q] = c.group_id[p], c.sample_step[q] = c.sample_step[p];
+      c.policy_version[q] = c.policy_version[p], c.dispatch_ns[q] = c.dispatch_ns[p];
+      c.complete_ns[q] = c.complete_ns[p], c.uses[q] = c.uses[p], c.group_len[q] = c.group_len[p];
+    }
+  }
+  remove_prefix(plan.walked - survivors);
+  stats.taken = plan.taken;
+  stats.dropped_stale = plan.dropped;
+  stats.retired = plan.taken - survivors;
+  stats.blocked_by = plan.blocked_by;
+  ledger_.taken += plan.taken;
+  ledger_.retired += stats.retired;
+  ledger_.dropped_stale += plan.dropped;
+  if (plan.walked > 0) room_cv_.notify_all();
+}
+
+TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::optional<double> timeout,
+                              int64_t* out) {
+  check_timeout(timeout);
+  MutexLock lock(mutex_);
+  check_open();
+  expire_due();
+  if (batch_size <= 0) throw InvalidArgument(concat("batch_size=", batch_size, " must be > 0"));
+  check_clock(current_step);
+  TakeStats stats;
+  TakePlan plan;
+  plan_take(batch_size, current_step, plan);
+  if (timeout && !plan.full) {
+    const auto deadline = deadline_after(*timeout);
+    SteadyTime last_check = SteadyClock::now();
+    // Every change that could complete the batch notifies ready_cv_; re-plan on each wake-up. The wait
+    // also wakes for the interrupt check and at the earliest lease deadline, which may unblock `wait`.
+    while (!plan.full) {
+      ready_cv_.wait_until(mutex_, next_wake(deadline));
+      check_interrupt(last_check);
+      check_open();
+      expire_due();
+      if (SteadyClock::now() >= deadline) {
+        plan_take(batch_size, current_step, plan);
+        if (plan.full) break;
+        std::string cause = plan.blocked_by == BlockedBy::kInFlightAtMaxAge
+                                ? wait_blocked_message(current_step)
+                                : concat("only ", plan.taken, " fresh entries are ready for batch_size=", batch_size,
+                                         " (", size_, " ready in all, ", in_flight_.size(),
+                                         " prompts in flight); produce faster, lower batch_size or raise the timeout");
+        throw Timeout(concat("take timed out after ", *timeout, " s under ", strategy_name(config_.strategy),
+                             ": ", cause));
+      }
+      check_clock(current_step);  // a producer may have stamped a later step while we waited
+      plan_take(batch_size, current_step, plan);
+    }
+  }
+  clock_ = std::max(clock_, current_step);
+  commit_take(plan, current_step, out, stats);
+  fill_state(stats);
+  return stats;
+}
+
+}  // namespace pyfast_buffer
