@@ -38,4 +38,3 @@ def ray_cluster():
         yield cluster
     finally:
         cluster.stop()
-

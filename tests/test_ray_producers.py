@@ -17,9 +17,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
-from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
-
 from _ray_helpers import kill_named_actors  # noqa: E402
+
+from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
 
 # Workers unpickle this module's remote functions and actors by value: they need not (and, with the
 # repository off their sys.path, cannot) import the test module itself.

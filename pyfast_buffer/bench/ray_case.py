@@ -281,10 +281,16 @@ def ray_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         rows += _wakes(max(20, plan.wake_rounds // 3), producers[0], client, queue)
         client.kill()
         queue.shutdown()
-        return rows
     finally:
         if started:
             ray.shutdown()
+    if started:  # payloads over two nodes need a cluster of their own (this process's cluster is one node)
+        from .ray_payloads import payload_rows
+
+        rows += payload_rows(plan)
+    else:
+        skipped["ray payloads"] = "Ray was already running: the two-node payload rows start their own cluster"
+    return rows
 
 
 def markdown(rows: List[Dict]) -> str:
@@ -333,6 +339,10 @@ def markdown(rows: List[Dict]) -> str:
         for r in rows
         if r["op"] == "wake"
     ]
+    if any("nodes" in r for r in rows):
+        from .ray_payloads import markdown as payload_table
+
+        out += ["", payload_table(rows)]
     return "\n".join(out)
 
 

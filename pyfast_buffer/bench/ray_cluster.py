@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 LOOPBACK = "127.0.0.1"
 #: Environment of the node processes: no usage report, no token auth, and health checks patient enough for
@@ -62,7 +62,9 @@ def init_local_cluster(**kwargs: Any) -> None:
     installed one in every worker; starting Ray from the temporary directory keeps workers on the install.
     """
     import ray
+    from ray._private import ray_constants
 
+    ray_constants.ENABLE_RAY_CLUSTER = False  # a single-machine cluster: its nodes listen on loopback only
     # Workers keep the driver's directory as their own working directory, so it must outlive the cluster:
     # the system's temporary directory, not one made (and removed) here.
     here = os.getcwd()
@@ -93,10 +95,14 @@ class LocalCluster:
         env = {**os.environ, **CLUSTER_ENV}
         try:
             for i in range(nodes):
-                where = ["--head", "--port", str(self.port), "--include-dashboard", "false"] if i == 0 else [
-                    "--address",
-                    self.address,
-                ]
+                where = (
+                    ["--head", "--port", str(self.port), "--include-dashboard", "false"]
+                    if i == 0
+                    else [
+                        "--address",
+                        self.address,
+                    ]
+                )
                 # Each node gets its own ports, picked free now (two nodes on one machine must not share them).
                 ports = [
                     "--node-manager-port",
@@ -118,9 +124,21 @@ class LocalCluster:
                 ]
                 if i == 0:
                     ports += ["--ray-client-server-port", str(_free_port())]
-                resources = '{"node%d": 1000}' % i
+                resources = f'{{"node{i}": 1000}}'
                 out = subprocess.run(
-                    [sys.executable, "-c", _LOOPBACK_RAY_START, "start", *where, *common, *ports, "--resources", resources, "--temp-dir", self.temp_dir],
+                    [
+                        sys.executable,
+                        "-c",
+                        _LOOPBACK_RAY_START,
+                        "start",
+                        *where,
+                        *common,
+                        *ports,
+                        "--resources",
+                        resources,
+                        "--temp-dir",
+                        self.temp_dir,
+                    ],
                     capture_output=True,
                     text=True,
                     env=env,

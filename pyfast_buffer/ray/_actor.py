@@ -16,7 +16,7 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import ray
@@ -46,12 +46,16 @@ _NO_WAIT = 1e-9  # the core's take/put "timeout" that never blocks but applies t
 class BufferActor:
     """Hosts the index: a StalenessBuffer over trajectory ids, which owner holds each payload, and the journal."""
 
-    def __init__(self, buffer_kwargs: Dict[str, Any], capacity_bytes: Optional[int], journal: Optional[str]) -> None:
+    def __init__(
+        self, buffer_kwargs: Dict[str, Any], capacity_bytes: Optional[int], journal: Union[str, bool, None]
+    ) -> None:
         self._user_config = BufferConfig(**buffer_kwargs)
         self._buf = StalenessBuffer(**{**buffer_kwargs, "track_released": True}, pin_memory=False)
         self._max_uses = self._buf.config.max_uses
         self._capacity_bytes = capacity_bytes
-        self._report = ReleasedReport(self._user_config.release_bound or default_release_bound(self._user_config.capacity))
+        self._report = ReleasedReport(
+            self._user_config.release_bound or default_release_bound(self._user_config.capacity)
+        )
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._where: Dict[int, int] = {}  # traj id -> owner slot
@@ -66,7 +70,10 @@ class BufferActor:
         context = ray.get_runtime_context()
         self._name = context.get_actor_name() or f"pyfast_buffer-{context.get_actor_id()[:12]}"
         self._namespace = context.namespace
-        path = journal or os.path.join(_journal_dir(), f"{self._name}.pfb")
+        self._journal: Union[_journal.Journal, _journal.NoJournal] = _journal.NoJournal()
+        if journal is False:
+            return
+        path = journal if isinstance(journal, str) else os.path.join(_journal_dir(), f"{self._name}.pfb")
         restored = _journal.read(path) if context.was_current_actor_reconstructed else None
         if restored is not None:
             self._restore(restored)
@@ -478,6 +485,10 @@ class BufferActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def cpu_seconds(self) -> float:
+        """CPU time of this process, every thread (the bench's index CPU per payload)."""
+        return time.process_time()
 
     def ping(self) -> int:
         """Does nothing: the round trip of an empty call, the floor under every call to this actor."""

@@ -53,9 +53,7 @@ def wait_alive(actor: Any, deadline: float) -> bool:
     return False
 
 
-def call_index(
-    actor: Any, method: str, *args: Any, blocking: bool = False, timeout_arg: Optional[int] = None
-) -> Any:
+def call_index(actor: Any, method: str, *args: Any, blocking: bool = False, timeout_arg: Optional[int] = None) -> Any:
     """Calls ``actor.method(*args)``; if the actor dies meanwhile, waits for its restart and retries once.
 
     ``args[timeout_arg]``, if given, is the call's timeout in seconds (or None); the retry passes what is
@@ -81,6 +79,5 @@ def call_index(
         return _errors.get(fn.remote(*args))
     except (RayActorError, ActorUnavailableError) as second:
         raise BufferUnavailableError(
-            f"the buffer's index actor died twice during {method}(); the call was applied at most once: "
-            "retry it"
+            f"the buffer's index actor died twice during {method}(); the call was applied at most once: retry it"
         ) from second

@@ -70,7 +70,13 @@ class PayloadOwner:
             self._pending.update(zip(keys, zip(objects, sizes)))
         try:
             call_index(
-                self._index, "admit", request, call, np.asarray(sizes, np.int64), self._slot, blocking=True,
+                self._index,
+                "admit",
+                request,
+                call,
+                np.asarray(sizes, np.int64),
+                self._slot,
+                blocking=True,
                 timeout_arg=None,
             )
         except BaseException:

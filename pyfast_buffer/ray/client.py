@@ -95,7 +95,7 @@ class RemoteBuffer:
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         blocking_calls: int = DEFAULT_BLOCKING_CALLS,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
-        journal: Optional[str] = None,
+        journal: Union[str, bool, None] = None,
         actor_options: Optional[Dict[str, Any]] = None,
     ) -> RemoteBuffer:
         """Starts the index actor and returns its client.
@@ -107,8 +107,10 @@ class RemoteBuffer:
         default) keeps it alive after this driver exits: end it with ``kill()`` (or a ``with`` block);
         ``lifetime=None`` ties it to this driver. ``max_restarts`` restarts of the index are allowed; it
         rebuilds its state from ``journal`` (a file path on its node; default: in the node's Ray session
-        directory). ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve calls
-        with a timeout; ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
+        directory), which it rewrites before answering each change; ``journal=False`` writes nothing and
+        allows no restart (a dead index stays dead: calls raise BufferUnavailableError).
+        ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve calls with a timeout;
+        ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
         """
         config = config_from_arguments(locals())
         if capacity_bytes is not None:
@@ -119,6 +121,10 @@ class RemoteBuffer:
             raise ValueError(f"lifetime={lifetime!r} is unknown; use 'detached' (the default) or None")
         if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < -1:
             raise ValueError(f"max_restarts={max_restarts!r} must be an int >= -1 (-1: restart without limit)")
+        if journal is True or not isinstance(journal, (str, type(None), bool)):
+            raise TypeError(f"journal={journal!r} must be a file path, None (the default path) or False (none)")
+        if journal is False:
+            max_restarts = 0  # without a journal a restarted index would come back empty: it stays dead
         threads: Dict[str, Any] = dict(
             max_concurrency=max_concurrency, concurrency_groups={BLOCKING_GROUP: blocking_calls}
         )
@@ -152,9 +158,7 @@ class RemoteBuffer:
         try:
             return cls(ray.get_actor(name, namespace=namespace))
         except ValueError as exc:
-            found = sorted(
-                a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == name
-            )
+            found = sorted(a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == name)
             hint = (
                 f"; it exists in namespace(s) {found}: pass namespace={found[0]!r}"
                 if found
