@@ -38,3 +38,27 @@ def ray_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_namespace(request, ray_cluster):
+    """Connects this module to the session's cluster in its own namespace (the module's ``NAMESPACE``)."""
+    import ray
+    from _ray_helpers import kill_named_actors
+
+    namespace = request.module.NAMESPACE
+    ray_cluster.connect(namespace=namespace)
+    try:
+        yield namespace
+    finally:
+        kill_named_actors(namespace)
+        ray.shutdown()
+
+
+@pytest.fixture
+def buffers_ended(ray_namespace):
+    """Buffers are detached by default: each test ends the ones it made (index and payload owners)."""
+    from _ray_helpers import kill_named_actors
+
+    yield
+    kill_named_actors(ray_namespace)

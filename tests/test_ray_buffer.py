@@ -19,7 +19,6 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
-from _ray_helpers import kill_named_actors  # noqa: E402
 
 import pyfast_buffer as pfb  # noqa: E402
 from pyfast_buffer.batch import metric_key  # noqa: E402
@@ -29,25 +28,10 @@ from pyfast_buffer.ray import RemoteBatch, RemoteBuffer  # noqa: E402
 # Workers unpickle this module's remote functions and actors by value: they need not (and, with the
 # repository off their sys.path, cannot) import the test module itself.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.usefixtures("ray_namespace", "buffers_ended")
 
 NAMESPACE = "pyfast_buffer_tests"
 PAYLOAD_BYTES = 256 * 1024  # above Ray's 100 KiB inline limit: each payload lives in the shared object store
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray(ray_cluster):
-    ray_cluster.connect(namespace=NAMESPACE)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def no_buffers_left():
-    """Buffers are detached by default: each test ends the ones it made (index and payload owners)."""
-    yield
-    kill_named_actors(NAMESPACE)
 
 
 @ray.remote(num_cpus=0)

@@ -21,33 +21,18 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
-from _ray_helpers import kill_named_actors  # noqa: E402
 
 from pyfast_buffer.bench.ray_cluster import object_store_stats  # noqa: E402
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
 from pyfast_buffer.ray._calls import BufferUnavailableError  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.usefixtures("ray_namespace", "buffers_ended")
 
 NAMESPACE = "pyfast_buffer_cluster_tests"
 PAYLOAD_WORDS = 16 * 1024  # 128 KiB of int64: above Ray's inline limit, so each payload is a store object
 #: What a call may take past its own timeout (the index's restart check, one round trip) on this busy machine.
 MARGIN_S = 5.0
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray(ray_cluster):
-    ray_cluster.connect(namespace=NAMESPACE)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def no_buffers_left():
-    yield
-    kill_named_actors(NAMESPACE)
 
 
 def payload(traj_id: int) -> np.ndarray:

@@ -17,13 +17,13 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
-from _ray_helpers import kill_named_actors  # noqa: E402
 
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
 
 # Workers unpickle this module's remote functions and actors by value: they need not (and, with the
 # repository off their sys.path, cannot) import the test module itself.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.usefixtures("ray_namespace")
 
 TRAJECTORIES = 10_000
 GROUP = 4  # trajectories per prompt (GRPO's n)
@@ -34,16 +34,6 @@ BASE_STEP = 100  # the trainer's first step; producers stamp relative to it
 
 
 NAMESPACE = "pyfast_buffer_producer_tests"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray(ray_cluster):
-    ray_cluster.connect(namespace=NAMESPACE)
-    try:
-        yield
-    finally:
-        kill_named_actors(NAMESPACE)
-        ray.shutdown()
 
 
 @ray.remote(num_cpus=0)

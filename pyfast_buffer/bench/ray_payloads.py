@@ -1,4 +1,4 @@
-"""Payload ingest over a two-node loopback cluster: RemoteBuffer (payload owners per node) vs producer refs in ray Queue.
+"""Payload ingest on a two-node loopback cluster: RemoteBuffer (an owner per node) vs producer refs in ray Queue.
 
 For 64 KiB and 1 MiB payloads, 4 and 8 producers, all on one node or split over two: producers put
 payload values for a fixed time while a trainer in the driver takes batches and drops them (the refs
@@ -26,7 +26,7 @@ SIZES = (64 * 1024, 1024 * 1024)
 PRODUCERS = (4, 8)
 #: Payloads per call: about 1 MiB (64 KiB payloads) or 4 MiB (1 MiB payloads) per round trip.
 PER_CALL = {64 * 1024: 16, 1024 * 1024: 4}
-OURS, QUEUE = "pyfast_buffer", "ray Queue (producer refs)"
+OURS, UNJOURNALED, QUEUE = "pyfast_buffer", "pyfast_buffer, journal=False", "ray Queue (producer refs)"
 CASE = "ray"
 
 
@@ -44,7 +44,7 @@ def _classes() -> Any:
             sent, next_id = 0, first_id
             stop = time.perf_counter() + seconds
             while time.perf_counter() < stop:
-                if kind == "ours":
+                if kind != "queue":
                     ids = np.arange(next_id, next_id + per_call, dtype=np.int64)
                     target.put(ids, 0, payloads=[value] * per_call)
                 else:
@@ -83,14 +83,22 @@ def _one_row(
     per_call = PER_CALL[size]
     node_ids = cluster.node_ids()
     workers = state["workers"][:producers] if nodes == 2 else state["workers_node0"][:producers]
-    client, queue = state["client"], state["queue"]
-    if kind == "ours":
-        cpu = lambda: ray.get(client.actor.cpu_seconds.remote(), timeout=60)  # noqa: E731
+    client = state["unjournaled"] if kind == "unjournaled" else state["client"]
+    queue = state["queue"]
+    if kind != "queue":
 
-        def take() -> int:
-            return len(client.take(64, 0))
+        def cpu() -> Optional[float]:
+            return float(ray.get(client.actor.cpu_seconds.remote(), timeout=60))
+
+        def take() -> int:  # blocking: an idle trainer does not spin calls on the index
+            try:
+                return len(client.take(2 * per_call, 0, timeout=0.5))
+            except TimeoutError:
+                return len(client.take(2 * per_call, 0))
     else:
-        cpu = lambda: _queue_cpu(queue)  # noqa: E731
+
+        def cpu() -> Optional[float]:
+            return _queue_cpu(queue)
 
         def take() -> int:
             try:
@@ -98,28 +106,34 @@ def _one_row(
             except Empty:
                 return 0
 
-    ray.get([w.run.remote(client if kind == "ours" else queue, kind, size, per_call, 0.2, _next(state)) for w in workers])
+    target = queue if kind == "queue" else client
+    ray.get([w.run.remote(target, kind, size, per_call, 0.2, _next(state)) for w in workers])  # warm
     while take():  # empty before the clock starts
         pass
     stop = threading.Event()
     trainer = threading.Thread(target=_trainer, args=(take, stop))
     trainer.start()
-    before, cpu0 = object_store_stats(), cpu()
+    before = object_store_stats()
+    cpu0: Optional[float] = cpu()
     began = time.perf_counter()
-    sent = sum(ray.get([w.run.remote(client if kind == "ours" else queue, kind, size, per_call, seconds, _next(state)) for w in workers]))
+    sent = sum(ray.get([w.run.remote(target, kind, size, per_call, seconds, _next(state)) for w in workers]))
     elapsed = time.perf_counter() - began
-    after, cpu1 = object_store_stats(), cpu()
+    after = object_store_stats()
+    cpu1: Optional[float] = cpu()
     stop.set()
     trainer.join()
     while take():
         pass
-    written = {n: after[n]["created_bytes"] - before[n]["created_bytes"] for n in node_ids if n in after and n in before}
+    written = {
+        n: after[n]["created_bytes"] - before[n]["created_bytes"] for n in node_ids if n in after and n in before
+    }
+
     producer_nodes = node_ids[:nodes]
     offered = sent * size
     return {
         "case": CASE,
         "op": f"payloads/{size // 1024}KiB/{producers}p/{nodes}n",
-        "contender": OURS if kind == "ours" else QUEUE,
+        "contender": {"ours": OURS, "unjournaled": UNJOURNALED, "queue": QUEUE}[kind],
         "batch": per_call,
         "producers": producers,
         "nodes": nodes,
@@ -156,15 +170,18 @@ def payload_rows(plan: Plan) -> List[Dict[str, Any]]:
         node0 = [producer_cls.options(resources={"node0": 1}).remote() for _ in range(max(PRODUCERS))]
         ray.get([w.ping.remote() for w in split + node0])
         client = RemoteBuffer.create(256, max_age=10, on_full="evict_oldest", num_cpus=0, name="bench-payloads")
+        unjournaled = RemoteBuffer.create(256, max_age=10, num_cpus=0, name="bench-payloads-nj", journal=False)
         queue = Queue(maxsize=0, actor_options={"num_cpus": 0})
         state = {"workers": split, "workers_node0": node0, "client": client, "queue": queue, "next_id": 0}
+        state["unjournaled"] = unjournaled
         rows = []
         for size in SIZES:
             for producers in PRODUCERS:
                 for nodes in (1, 2):
-                    for kind in ("ours", "queue"):
+                    for kind in ("ours", "unjournaled", "queue"):
                         rows.append(_one_row(cluster, kind, size, producers, nodes, seconds, state))
         client.kill()
+        unjournaled.kill()
         queue.shutdown()
         return rows
     finally:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import ray
+from ray.exceptions import RayActorError
 
 from ..buffer import StalenessBuffer
 from ..config import BufferConfig
@@ -68,7 +69,7 @@ class BufferActor:
         self._owner_nodes: List[str] = []  # slot -> node id ("" once that owner died)
         self._owners: List[Any] = []
         context = ray.get_runtime_context()
-        self._name = context.get_actor_name() or f"pyfast_buffer-{context.get_actor_id()[:12]}"
+        self._name = context.get_actor_name() or f"pyfast_buffer-{str(context.get_actor_id())[:12]}"
         self._namespace = context.namespace
         self._journal: Union[_journal.Journal, _journal.NoJournal] = _journal.NoJournal()
         if journal is False:
@@ -133,8 +134,8 @@ class BufferActor:
             if owner is None:
                 continue
             try:
-                held = ray.get(owner.holdings.remote(), timeout=60).tolist()
-            except ray.exceptions.RayActorError:
+                held: List[int] = np.asarray(ray.get(owner.holdings.remote(), timeout=60)).tolist()
+            except RayActorError:
                 self._owners[slot], self._owner_nodes[slot] = None, ""
                 continue
             stray = [k for k in held if self._where.get(k) != slot] + gone.get(slot, [])
@@ -359,10 +360,11 @@ class BufferActor:
                 slots = np.asarray([self._where.get(k, -1) for k in ids.tolist()], np.int64)
                 self._forget(ids[retire], notify=False)  # the owners let go of these at hand-out
             reply = (columns, dict(batch.metrics), slots, retire)
+            if not self._settle() and not len(ids):
+                return reply  # nothing changed (an empty take): nothing to journal, and a repeat is harmless
             self._done_takes[request] = reply
             while len(self._done_takes) > REMEMBERED_TAKES:
                 self._done_takes.popitem(last=False)
-            self._settle()
             version = self._journal.mark()
             self._changed.notify_all()
         self._journal.wait(version)
@@ -395,16 +397,20 @@ class BufferActor:
                 if owner is not None:
                     owner.release.remote(ids)  # no wait: a missed notice is caught up after a restart
 
-    def _settle(self) -> None:
-        """Drains the core's released ids (under the lock): frees untaken payloads, keeps the caller's report."""
+    def _settle(self) -> bool:
+        """Drains the core's released ids (under the lock): frees untaken payloads, keeps the caller's report.
+
+        Returns whether any id was released.
+        """
         released = self._buf.released()
         if not len(released.ids):
-            return
+            return False
         if self._user_config.track_released:
             self._report.add(released)
         untaken = (released.reasons == _DROPPED_STALE) | (released.reasons == _EVICTED)
         if untaken.any() and self._where:
             self._forget(released.ids[untaken], notify=True)
+        return True
 
     def released(self) -> Released:
         if not self._user_config.track_released:
@@ -425,7 +431,8 @@ class BufferActor:
             ledger["taken"] -= undelivered
             if "released_overflow" in ledger:
                 ledger["released_overflow"] += self._report.overflow
-            ledger.update(self._extra)
+            for key, value in self._extra.items():
+                ledger[key] = value
             ledger["payload_bytes_held"] = self._bytes_held
             if self._capacity_bytes is not None:
                 ledger["capacity_bytes"] = self._capacity_bytes

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import ray
+from ray.exceptions import OwnerDiedError
 
 from . import _wire
 from ._calls import call_index
@@ -132,7 +133,7 @@ def _adopt(traj_ids: np.ndarray, refs: List[Any]) -> List[Any]:
     for ref in refs:
         try:
             out.append(ray.get(ref, timeout=ADOPT_TIMEOUT_S))
-        except ray.exceptions.OwnerDiedError as exc:
+        except OwnerDiedError as exc:
             raise ValueError(
                 f"a payload ObjectRef of this put ({ref.hex()[:16]}...) belongs to a process that died, so its "
                 f"object is gone; none of trajectories {traj_ids.tolist()[:8]} was stored: put them again with "

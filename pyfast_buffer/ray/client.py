@@ -11,6 +11,7 @@ import numpy as np
 import ray
 import torch
 from ray.actor import ActorHandle
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from ..batch import Batch
@@ -158,7 +159,8 @@ class RemoteBuffer:
         try:
             return cls(ray.get_actor(name, namespace=namespace))
         except ValueError as exc:
-            found = sorted(a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == name)
+            named: List[Dict[str, str]] = cast(Any, ray.util.list_named_actors(all_namespaces=True))
+            found = sorted(a["namespace"] for a in named if a["name"] == name)
             hint = (
                 f"; it exists in namespace(s) {found}: pass namespace={found[0]!r}"
                 if found
@@ -214,7 +216,7 @@ class RemoteBuffer:
         if group_ids is not None:
             groups = as_ids(group_ids, "group_ids")
             same_length(trajs, "traj_ids", groups, "group_ids")
-        call = {"kind": "put", "traj_ids": trajs, "sample_step": stamp, "group_ids": groups}
+        call: Dict[str, Any] = {"kind": "put", "traj_ids": trajs, "sample_step": stamp, "group_ids": groups}
         call["timeout"] = as_timeout(timeout)
         self._admit(call, _payload_list(payloads, len(trajs)))
 
@@ -257,7 +259,7 @@ class RemoteBuffer:
         slot, owner = _owner_here(self.actor)
         try:
             _get_owner(owner.store.remote(request, call, headers, refs, *pieces))
-        except ray.exceptions.RayActorError:
+        except RayActorError:
             # The owner of this node died (with the payloads it held): the next one gets them, once.
             self._call("owner_died", slot)
             _forget_owner(self.actor)
@@ -310,7 +312,7 @@ class RemoteBuffer:
         for slot, (at, pending) in calls.items():
             try:
                 got = _get_owner(pending)
-            except ray.exceptions.RayActorError:
+            except RayActorError:
                 lost[at] = True
                 self._call("owner_died", slot)
                 continue
@@ -407,8 +409,9 @@ class RemoteBuffer:
                 continue
             try:
                 node, pid = ray.get(owner.where.remote(), timeout=60)
-                out.append({"node_id": node, "pid": pid, **ray.get(owner.stats.remote(), timeout=60)})
-            except ray.exceptions.RayActorError:
+                stats: Dict[str, int] = ray.get(owner.stats.remote(), timeout=60)
+                out.append({"node_id": node, "pid": pid, **stats})
+            except RayActorError:
                 continue
         return out
 
@@ -420,7 +423,7 @@ class RemoteBuffer:
         """Ends the index actor and every payload owner at once (the buffer and its payloads go with them)."""
         try:
             owners = ray.get(self.actor.owners.remote(), timeout=30)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        except (RayActorError, GetTimeoutError):
             owners = []
         for owner in owners:
             if owner is not None:
