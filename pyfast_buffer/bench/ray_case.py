@@ -2,7 +2,8 @@
 
 Every row is measured on one local Ray cluster that this case starts (or the one already running), side
 by side with ``ray.util.queue.Queue`` (what a Ray user would reach for), the in-process StalenessBuffer,
-and the floor: a Ray actor call that carries the same bytes and does nothing with them.
+and the floor: a Ray actor call that carries the same bytes and does nothing with them. Before them, when
+this case starts Ray itself, the payload rows of ``ray_payloads`` run on a two-node cluster of their own.
 
 ``python -c "from pyfast_buffer.bench.ray_case import main; main()" [--quick]`` prints the rows as the
 Markdown tables of docs/ray.md (``pyfast-buffer bench --cases ray`` prints them in the bench's own table).
@@ -281,7 +282,11 @@ def ray_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         skipped["ray payloads"] = "Ray was already running: the two-node payload rows start their own cluster"
     if started:
         init_local_cluster(
-            num_cpus=max(PRODUCERS) + 2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+            num_cpus=max(PRODUCERS) + 2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            namespace="pyfast_buffer_bench",  # the buffers are detached: a named namespace, not an anonymous one
         )
     try:
         from ray.util.queue import Queue
