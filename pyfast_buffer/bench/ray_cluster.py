@@ -31,6 +31,9 @@ CLUSTER_ENV = {
     "RAY_health_check_period_ms": "5000",
     "RAY_health_check_timeout_ms": "30000",
     "RAY_health_check_failure_threshold": "24",
+    # Nodes of a multi-node cluster (the launcher below keeps them on loopback), even when this process was
+    # told it is a single machine (a driver of such a cluster sets this to 0 for itself and its children).
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
 }
 
 
