@@ -27,7 +27,9 @@ def impl(request):
 def ray_cluster():
     """A private two-node Ray cluster on loopback, started once per session for every Ray test module.
 
-    Each node has 16 logical CPUs (scheduling tokens, not cores: every buffer's index actor takes one) and
+    Run the Ray test files in a pytest process of their own: once this process has run an in-process local
+    Ray (``ray.init()`` without an address, as the verl tests do), Ray 2.60 fails every actor it creates in
+    another cluster ("all references to the actor were removed"). Each node has 16 logical CPUs (scheduling tokens, not cores: every buffer's index actor takes one) and
     its own custom resource (``node0``, ``node1``) to pin producers with.
     """
     pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
