@@ -40,15 +40,24 @@ class Floor:
 def targets():
     from ray.util.queue import Queue
 
-    init_local_cluster(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    init_local_cluster(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+        namespace="pyfast_buffer_bench_tests",
+    )
+    # The index journals its ring before answering each change: a ring of 2^16, not 2^20 (docs/ray.md).
+    remote = RemoteBuffer.create(1 << 16, max_age=10, num_cpus=0)
     try:
         yield {
-            "pyfast_buffer actor": RemoteBuffer.create(1 << 20, max_age=10, num_cpus=0),
+            "pyfast_buffer actor": remote,
             "ray Queue": Queue(actor_options={"num_cpus": 0}),
             "pyfast_buffer in-process": StalenessBuffer(1 << 20, max_age=10, pin_memory=False),
             "actor call floor": Floor.remote(),
         }
     finally:
+        remote.kill()  # detached by default: it would outlive this module
         ray.shutdown()
 
 

@@ -223,13 +223,15 @@ def _write_all(f: BinaryIO, head: bytes, header: bytes, layout: list[tuple[int, 
         f.write(_bytes_of(array))
 
 
-def save_state(state: dict[str, Any], path: PathLike) -> None:
+def save_state(state: dict[str, Any], path: PathLike, fsync: bool = True) -> None:
     """Writes ``state`` (a state_dict, or any tree of the supported types) to ``path`` atomically.
 
     A temporary file in the same directory is written, flushed and fsynced, renamed over ``path``
     and the directory fsynced: a reader sees the old file or the new one, never a mix. If anything
     fails before the rename, the temporary file is removed and ``path`` is untouched. After a
     successful save, temporary files of ``path`` left by killed saves on this host are removed.
+    ``fsync=False`` skips the two fsyncs: the file then survives the death of the writing process (the
+    rename is still atomic) but not the machine's, for a caller that rewrites it many times a second.
     """
     target = os.path.abspath(os.fspath(path))
     head, header, layout, _ = _serialize(state)  # a state that cannot be stored fails here, before any file
@@ -242,13 +244,15 @@ def save_state(state: dict[str, Any], path: PathLike) -> None:
                 os.chmod(f.fileno(), stat.S_IMODE(os.stat(target).st_mode))
             _write_all(f, head, header, layout)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(temp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-    _fsync_directory(directory)  # makes the rename itself durable
+    if fsync:
+        _fsync_directory(directory)  # makes the rename itself durable
     for orphan in orphaned_temp_files(target):
         with contextlib.suppress(OSError):
             os.unlink(orphan)

@@ -21,3 +21,46 @@ IMPLEMENTATIONS = {"native": pfb.StalenessBuffer, "reference": pfb.ReferenceBuff
 def impl(request):
     """The buffer class under test: StalenessBuffer or ReferenceBuffer."""
     return IMPLEMENTATIONS[request.param]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A private two-node Ray cluster on loopback, started once per session for every Ray test module.
+
+    Run the Ray test files in a pytest process of their own: once this process has run an in-process local
+    Ray (``ray.init()`` without an address, as the verl tests do), Ray 2.60 fails every actor it creates in
+    another cluster ("all references to the actor were removed"). Each node has 16 logical CPUs (scheduling tokens, not cores: every buffer's index actor takes one) and
+    its own custom resource (``node0``, ``node1``) to pin producers with.
+    """
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
+    from pyfast_buffer.bench.ray_cluster import LocalCluster
+
+    cluster = LocalCluster(nodes=2, cpus_per_node=16, object_store_bytes=384 * 2**20)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_namespace(request, ray_cluster):
+    """Connects this module to the session's cluster in its own namespace (the module's ``NAMESPACE``)."""
+    import ray
+    from _ray_helpers import kill_named_actors
+
+    namespace = request.module.NAMESPACE
+    ray_cluster.connect(namespace=namespace)
+    try:
+        yield namespace
+    finally:
+        kill_named_actors(namespace)
+        ray.shutdown()
+
+
+@pytest.fixture
+def buffers_ended(ray_namespace):
+    """Buffers are detached by default: each test ends the ones it made (index and payload owners)."""
+    from _ray_helpers import kill_named_actors
+
+    yield
+    kill_named_actors(ray_namespace)

@@ -1,7 +1,7 @@
 """RemoteBuffer on a real local Ray: the API, errors, blocking, payload lifetime, Ray tasks and a second driver.
 
-Ray starts once for the module (``ray.init(address="local")``: a cluster of its own, never one another
-process started). Producers are Ray actors, so every put below crosses a process boundary.
+The session's private two-node cluster (``ray_cluster`` in conftest.py) serves every module; this one
+connects to it for its tests. Producers are Ray actors, so every put below crosses a process boundary.
 """
 
 from __future__ import annotations
@@ -19,34 +19,19 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
+
 import pyfast_buffer as pfb  # noqa: E402
 from pyfast_buffer.batch import metric_key  # noqa: E402
-from pyfast_buffer.bench.ray_cluster import init_local_cluster  # noqa: E402
 from pyfast_buffer.checkpoint import CheckpointError  # noqa: E402
 from pyfast_buffer.ray import RemoteBatch, RemoteBuffer  # noqa: E402
 
 # Workers unpickle this module's remote functions and actors by value: they need not (and, with the
 # repository off their sys.path, cannot) import the test module itself.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.usefixtures("ray_namespace", "buffers_ended")
 
 NAMESPACE = "pyfast_buffer_tests"
 PAYLOAD_BYTES = 256 * 1024  # above Ray's 100 KiB inline limit: each payload lives in the shared object store
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    init_local_cluster(
-        num_cpus=4,
-        namespace=NAMESPACE,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level="ERROR",
-        object_store_memory=256 * 2**20,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 @ray.remote(num_cpus=0)
@@ -118,7 +103,9 @@ def test_calls_return_the_buffers_types_and_values():
     assert remote_batch.columns.tolist() != [] and remote_batch.columns[:6].tolist() == local_batch.columns[:6].tolist()
     assert remote_batch.payloads is None
     remote_batch.columns[0] = -1  # the caller owns its tensors
-    assert client.ledger() == local.ledger()
+    remote_ledger = client.ledger()
+    assert {k: remote_ledger[k] for k in local.ledger()} == local.ledger()
+    assert remote_ledger["payload_lost"] == remote_ledger["lost_in_restart"] == remote_ledger["index_restarts"] == 0
     sd = client.state_dict()
     assert sd["entries"]["traj_id"].tolist() == local.state_dict()["entries"]["traj_id"].tolist()
     assert client.config == local.config
@@ -265,16 +252,17 @@ def test_save_and_load_run_in_the_actor(tmp_path):
     assert client.ledger()["taken"] == 3 and len(client) == 0
 
 
-def test_payload_refs_are_returned_as_given():
+def test_payload_refs_are_adopted_by_the_payload_owner():
     client = RemoteBuffer.create(16)
     ref = ray.put(np.arange(10))
     client.put([1, 2], 0, payloads=[ref, {"tokens": [1, 2, 3]}])
     batch = client.take(2, 0)
-    assert batch.payloads[0] == ref
+    assert batch.payloads[0] != ref  # read and put again by the owner: it no longer depends on this process
+    assert ray.get(batch.payloads[0]).tolist() == list(range(10))
     assert ray.get(batch.payloads[1]) == {"tokens": [1, 2, 3]}
     with pytest.raises(ValueError, match="one per trajectory"):
         client.put([3, 4], 0, payloads=[ref])
     client.put([5], 0, payloads=[ref])
-    with pytest.raises(ValueError, match="still hold payloads"):
+    with pytest.raises(ValueError, match="already hold payloads"):
         client.put([5], 0, payloads=[ref])
     assert len(client) == 1 and client.payloads_held() == 1

@@ -17,12 +17,13 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
-from pyfast_buffer.bench.ray_cluster import init_local_cluster  # noqa: E402
+
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
 
 # Workers unpickle this module's remote functions and actors by value: they need not (and, with the
 # repository off their sys.path, cannot) import the test module itself.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.usefixtures("ray_namespace")
 
 TRAJECTORIES = 10_000
 GROUP = 4  # trajectories per prompt (GRPO's n)
@@ -32,15 +33,7 @@ MAX_AGE = 4
 BASE_STEP = 100  # the trainer's first step; producers stamp relative to it
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    init_local_cluster(
-        num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR", object_store_memory=128 * 2**20
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+NAMESPACE = "pyfast_buffer_producer_tests"
 
 
 @ray.remote(num_cpus=0)

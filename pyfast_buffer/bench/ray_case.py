@@ -2,7 +2,8 @@
 
 Every row is measured on one local Ray cluster that this case starts (or the one already running), side
 by side with ``ray.util.queue.Queue`` (what a Ray user would reach for), the in-process StalenessBuffer,
-and the floor: a Ray actor call that carries the same bytes and does nothing with them.
+and the floor: a Ray actor call that carries the same bytes and does nothing with them. Before them, when
+this case starts Ray itself, the payload rows of ``ray_payloads`` run on a two-node cluster of their own.
 
 ``python -c "from pyfast_buffer.bench.ray_case import main; main()" [--quick]`` prints the rows as the
 Markdown tables of docs/ray.md (``pyfast-buffer bench --cases ray`` prints them in the bench's own table).
@@ -26,6 +27,10 @@ from .timing import median, percentile
 PRODUCERS = (1, 2, 4)
 #: Contenders; "pyfast_buffer" is the buffer actor, the floor is a Ray actor call carrying the same bytes.
 OURS, QUEUE, LOCAL, FLOOR = "pyfast_buffer", "ray Queue", "pyfast_buffer in-process", "ray actor call (floor)"
+#: The buffer actor without its journal (``journal=False``: no restarts), to show what the journal costs.
+OURS_NO_JOURNAL = "pyfast_buffer, journal=False"
+#: Ring of the buffer actors: the journal rewrites the ring per group of calls, so it is a realistic size.
+RING = 1 << 16
 PAYLOAD_BYTES = 4096  # a small trajectory (1k int32 tokens): inlined by Ray, the per-object cost dominates
 CASE = "ray"  # every row; ``op`` says which measurement: put/<n>p, take, wake
 
@@ -124,7 +129,9 @@ def _remote_classes() -> Tuple[Any, Any]:
     return Producer, Sink
 
 
-def _puts(batches: Tuple[int, ...], seconds: float, producers: List[Any], sink: Any, client: Any) -> List[Dict]:
+def _puts(
+    batches: Tuple[int, ...], seconds: float, producers: List[Any], sink: Any, client: Any, unjournaled: Any
+) -> List[Dict]:
     import ray
     from ray.util.queue import Queue
 
@@ -134,7 +141,13 @@ def _puts(batches: Tuple[int, ...], seconds: float, producers: List[Any], sink: 
     for batch in batches:
         for n in PRODUCERS:
             op = f"put/{n}p"
-            for name, target, kind in ((OURS, client, "buffer"), (FLOOR, sink, "sink"), (QUEUE, None, "queue")):
+            contenders = (
+                (OURS, client, "buffer"),
+                (OURS_NO_JOURNAL, unjournaled, "buffer"),
+                (FLOOR, sink, "sink"),
+                (QUEUE, None, "queue"),
+            )
+            for name, target, kind in contenders:
                 queue = Queue(actor_options={"num_cpus": 0}) if kind == "queue" else None
                 if queue is not None:
                     queue.size()  # started before the clock does
@@ -261,9 +274,20 @@ def ray_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         skipped["ray"] = "ray is not installed: pip install 'pyfast_buffer[ray]'"
         return []
     started = not ray.is_initialized()
+    rows: List[Dict] = []
+    if started:  # payloads over two nodes need a cluster of their own, started before this process's one
+        from .ray_payloads import payload_rows
+
+        rows += payload_rows(plan)
+    else:
+        skipped["ray payloads"] = "Ray was already running: the two-node payload rows start their own cluster"
     if started:
         init_local_cluster(
-            num_cpus=max(PRODUCERS) + 2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+            num_cpus=max(PRODUCERS) + 2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            namespace="pyfast_buffer_bench",  # the buffers are detached: a named namespace, not an anonymous one
         )
     try:
         from ray.util.queue import Queue
@@ -275,17 +299,19 @@ def ray_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         sink = sink_cls.remote()
         ray.get([p.ping.remote() for p in producers] + [sink.sink.remote(np.arange(1))])
         # One buffer actor and one queue serve every phase: starting an actor costs seconds.
-        client = RemoteBuffer.create(1 << 20, max_age=10, on_full="evict_oldest", num_cpus=0)
+        client = RemoteBuffer.create(RING, max_age=10, on_full="evict_oldest", num_cpus=0)
+        unjournaled = RemoteBuffer.create(RING, max_age=10, on_full="evict_oldest", num_cpus=0, journal=False)
         queue = Queue(actor_options={"num_cpus": 0})
-        rows = _puts(tuple(plan.batches), plan.throughput_seconds, producers, sink, client)
+        rows += _puts(tuple(plan.batches), plan.throughput_seconds, producers, sink, client, unjournaled)
         rows += _takes(tuple(plan.batches), max(plan.repeat, 20), sink, client, queue)
         rows += _wakes(max(20, plan.wake_rounds // 3), producers[0], client, queue)
         client.kill()
+        unjournaled.kill()
         queue.shutdown()
-        return rows
     finally:
         if started:
             ray.shutdown()
+    return rows
 
 
 def markdown(rows: List[Dict]) -> str:
@@ -295,20 +321,22 @@ def markdown(rows: List[Dict]) -> str:
         return next(r for r in rows if r["op"] == op and r["contender"] == contender and r["batch"] == batch)
 
     out = [
-        "| producers | batch | pyfast_buffer actor | ray Queue | actor/Queue | floor: actor call, same bytes "
-        "| in-process (threads) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| producers | batch | pyfast_buffer actor | journal=False | ray Queue | actor/Queue | floor: actor call, "
+        "same bytes | in-process (threads) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if r["op"].startswith("put") and r["contender"] == OURS:
             q = find(r["op"], QUEUE, r["batch"])
             f = find(r["op"], FLOOR, r["batch"])
+            nj = find(r["op"], OURS_NO_JOURNAL, r["batch"])
             local = next(
                 x for x in rows if x["op"] == r["op"] and x["batch"] == r["batch"] and x["contender"].startswith(LOCAL)
             )
             out.append(
                 f"| {r['producers']} | {r['batch']} | {r['entries_per_s'] / 1e6:.3f} M/s "
-                f"| {q['entries_per_s'] / 1e6:.3f} M/s | {r['entries_per_s'] / q['entries_per_s']:.1f}x "
+                f"| {nj['entries_per_s'] / 1e6:.3f} M/s | {q['entries_per_s'] / 1e6:.3f} M/s "
+                f"| {r['entries_per_s'] / q['entries_per_s']:.1f}x "
                 f"| {f['entries_per_s'] / 1e6:.3f} M/s | {local['entries_per_s'] / 1e6:.2f} M/s |"
             )
     out += ["", "| one producer, batch | put with payloads | entries/s |", "| --- | --- | --- |"]
@@ -334,6 +362,10 @@ def markdown(rows: List[Dict]) -> str:
         for r in rows
         if r["op"] == "wake"
     ]
+    if any("nodes" in r for r in rows):
+        from .ray_payloads import markdown as payload_table
+
+        out += ["", payload_table(rows)]
     return "\n".join(out)
 
 

@@ -1,10 +1,60 @@
-"""Starting a private local Ray cluster: for ``pyfast-buffer bench --cases ray`` and the project's Ray tests."""
+"""Private Ray clusters for ``pyfast-buffer bench --cases ray`` and the project's Ray tests.
+
+``init_local_cluster``: one in-process local cluster. ``LocalCluster``: one or two nodes on this machine
+(loopback only).
+
+Each node is a ``ray start`` of its own (a head, then a second node joining it) with its own custom
+resource (``node0``, ``node1``) so that producers can be pinned to a node, a temporary directory of its
+own and ports picked free at start. ``stop()`` ends exactly the processes these nodes started (found by
+their temporary directory, and their children), never other Ray clusters on the machine (``ray stop``
+would end them all).
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
-from typing import Any
+import time
+from typing import Any, Dict, List
+
+LOOPBACK = "127.0.0.1"
+#: Environment of the node processes: no usage report, no token auth, and health checks patient enough for
+#: a machine whose cores are shared with other work (a node missing heartbeats for ~2 minutes is dead).
+CLUSTER_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_health_check_period_ms": "5000",
+    "RAY_health_check_timeout_ms": "30000",
+    "RAY_health_check_failure_threshold": "24",
+    # Nodes of a multi-node cluster (the launcher below keeps them on loopback), even when this process was
+    # told it is a single machine (a driver of such a cluster sets this to 0 for itself and its children).
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+}
+
+
+#: Tells Ray (read when it is imported) not to replace loopback addresses: what a driver of this cluster needs.
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: ``ray start``, except that 127.0.0.1 stays 127.0.0.1: Ray replaces a loopback --node-ip-address and
+#: --address with the machine's network address (to be reachable from other machines), which this
+#: single-machine cluster must not use.
+_LOOPBACK_RAY_START = (
+    "import sys, ray._private.services as s\n"
+    "s.resolve_ip_for_localhost = lambda host: host\n"
+    "from ray.scripts.scripts import main\n"
+    "sys.argv[0] = 'ray'\n"
+    "main()\n"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
 
 
 def init_local_cluster(**kwargs: Any) -> None:
@@ -15,7 +65,9 @@ def init_local_cluster(**kwargs: Any) -> None:
     installed one in every worker; starting Ray from the temporary directory keeps workers on the install.
     """
     import ray
+    from ray._private import ray_constants
 
+    ray_constants.ENABLE_RAY_CLUSTER = False  # a single-machine cluster: its nodes listen on loopback only
     # Workers keep the driver's directory as their own working directory, so it must outlive the cluster:
     # the system's temporary directory, not one made (and removed) here.
     here = os.getcwd()
@@ -24,3 +76,183 @@ def init_local_cluster(**kwargs: Any) -> None:
         ray.init(address="local", **kwargs)
     finally:
         os.chdir(here)
+
+
+class LocalCluster:
+    """``nodes`` Ray nodes on loopback; ``connect()`` joins this driver; ``stop()`` ends every process of theirs."""
+
+    def __init__(self, nodes: int = 2, cpus_per_node: int = 4, object_store_bytes: int = 256 * 2**20) -> None:
+        self.temp_dir = tempfile.mkdtemp(prefix="pfbray-", dir="/tmp")  # short: Ray's socket paths are limited
+        self.port = _free_port()
+        self.address = f"{LOOPBACK}:{self.port}"
+        self.nodes = nodes
+        common = [
+            "--node-ip-address",
+            LOOPBACK,
+            "--num-cpus",
+            str(cpus_per_node),
+            "--object-store-memory",
+            str(object_store_bytes),
+            "--disable-usage-stats",
+        ]
+        env = {**os.environ, **CLUSTER_ENV}
+        try:
+            for i in range(nodes):
+                where = (
+                    ["--head", "--port", str(self.port), "--include-dashboard", "false"]
+                    if i == 0
+                    else [
+                        "--address",
+                        self.address,
+                    ]
+                )
+                # Each node gets its own ports, picked free now (two nodes on one machine must not share them).
+                ports = [
+                    "--node-manager-port",
+                    str(_free_port()),
+                    "--object-manager-port",
+                    str(_free_port()),
+                    "--min-worker-port",
+                    "0",
+                    "--max-worker-port",
+                    "0",
+                    "--dashboard-agent-listen-port",
+                    str(_free_port()),
+                    "--dashboard-agent-grpc-port",
+                    str(_free_port()),
+                    "--runtime-env-agent-port",
+                    str(_free_port()),
+                    "--metrics-export-port",
+                    str(_free_port()),
+                ]
+                if i == 0:
+                    ports += ["--ray-client-server-port", str(_free_port())]
+                resources = f'{{"node{i}": 1000}}'
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        _LOOPBACK_RAY_START,
+                        "start",
+                        *where,
+                        *common,
+                        *ports,
+                        "--resources",
+                        resources,
+                        "--temp-dir",
+                        self.temp_dir,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    cwd=tempfile.gettempdir(),  # workers keep this as their working directory (see connect)
+                    timeout=int(os.environ.get("PFB_RAY_START_TIMEOUT", "300")),
+                )
+                if out.returncode:
+                    raise RuntimeError(f"ray start of node {i} failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def connect(self, **kwargs: Any) -> None:
+        """``ray.init`` of this driver into the cluster (from the temp directory: see init_local_cluster)."""
+        import ray
+        from ray._private import ray_constants
+
+        # A driver resolves a loopback address to the machine's network address unless Ray is told this is a
+        # single-machine setup; drivers this process starts (subprocesses) get the same setting.
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        os.environ[SINGLE_MACHINE_ENV] = "0"
+        here = os.getcwd()
+        os.chdir(tempfile.gettempdir())
+        try:
+            ray.init(address=self.address, **{"log_to_driver": False, "logging_level": "ERROR", **kwargs})
+            addresses = {n["NodeManagerAddress"] for n in ray.nodes()}
+            if addresses != {LOOPBACK}:
+                raise RuntimeError(f"the cluster's nodes listen on {addresses}, not only on {LOOPBACK}")
+        finally:
+            os.chdir(here)
+        deadline = time.monotonic() + 120
+        while len([n for n in ray.nodes() if n["Alive"]]) < self.nodes:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(ray.nodes())} of {self.nodes} Ray nodes came up")
+            time.sleep(0.2)
+
+    def node_ids(self) -> List[str]:
+        """Node ids in the order the nodes started (index i carries the custom resource ``node{i}``)."""
+        import ray
+
+        by_resource: Dict[int, str] = {}
+        for node in ray.nodes():
+            if node["Alive"]:
+                for i in range(self.nodes):
+                    if f"node{i}" in node["Resources"]:
+                        by_resource[i] = node["NodeID"]
+        return [by_resource[i] for i in sorted(by_resource)]
+
+    def _processes(self) -> List[Any]:
+        import psutil
+
+        mine = []
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if any(self.temp_dir in part for part in (proc.info["cmdline"] or [])):
+                    mine.append(proc)
+            except psutil.Error:
+                continue
+        found = {p.pid: p for p in mine}
+        for proc in mine:
+            try:
+                for child in proc.children(recursive=True):
+                    found[child.pid] = child
+            except psutil.Error:
+                continue
+        return list(found.values())
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Ends every process of these nodes (SIGTERM, then SIGKILL after ``grace_s``) and removes the temp dir."""
+        import psutil
+
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        except ImportError:
+            pass
+        procs = self._processes()
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                continue
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for proc in alive + self._processes():
+            try:
+                proc.kill()
+            except psutil.Error:
+                continue
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def object_store_stats() -> Dict[str, Dict[str, int]]:
+    """Object-store counters of each node (``cumulative_created_bytes``, ``object_store_bytes_used``, ...).
+
+    Read from each raylet's own stats reply, keyed by node id; ``spilled_bytes_total`` says whether Ray spilled.
+    """
+    import ray
+    from ray._private.internal_api import node_stats
+
+    out = {}
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        reply = node_stats(node["NodeManagerAddress"], node["NodeManagerPort"], include_memory_info=False)
+        s = reply.store_stats
+        out[node["NodeID"]] = {
+            "created_bytes": int(s.cumulative_created_bytes),
+            "created_objects": int(s.cumulative_created_objects),
+            "used_bytes": int(s.object_store_bytes_used),
+            "spilled_bytes": int(s.spilled_bytes_total),
+        }
+    return out

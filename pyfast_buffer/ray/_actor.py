@@ -1,159 +1,455 @@
-"""The Ray actor that hosts one StalenessBuffer (the class is made remote by ``RemoteBuffer.create``).
+"""The index actor: one StalenessBuffer of ids and stamps, its ledger, and a journal that outlives the process.
 
-Every method runs in one of the actor's threads. Blocking calls (a take, put or complete with a timeout)
-wait inside the native core, on its condition variable and with the GIL released, so a put arriving on
-another thread wakes them directly; the client sends them to their own concurrency group so that they
-can never occupy every thread of the quick calls.
+Payload bytes never pass through here: each node's payload owner (``_owner``) puts and holds them, and
+admits their ids with ``admit``. Every change is under ``self._lock`` (the core call and the tables next to
+it together) and is written to the journal before the call returns, so a restarted actor (Ray's
+``max_restarts``) continues from the last answered call. Calls that may block never wait inside the core
+while holding the lock: they retry the core's non-blocking call whenever something changed (``_changed``),
+up to their deadline.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import os
+import tempfile
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import ray
+from ray.exceptions import RayActorError
 
 from ..buffer import StalenessBuffer
 from ..config import BufferConfig
+from ..errors import BufferFullError
 from ..released import RELEASE_REASONS, Released, default_release_bound
-from ._payloads import PayloadStore, ReleasedReport, own
+from . import _journal
+from ._calls import ADMISSION_GROUP, BLOCKING_GROUP
+from ._report import ReleasedReport
 
-#: Concurrency group of the calls that may block (take/put/complete with a timeout).
-BLOCKING_GROUP = "blocking"
-#: Concurrency group of paced dispatches waiting for admission: apart from BLOCKING_GROUP, so that producers
-#: blocked at the admission limit can never hold every thread the trainer's blocking take needs to free them.
-ADMISSION_GROUP = "admission"
-_DROPPED_STALE, _EVICTED = RELEASE_REASONS.index("dropped_stale"), RELEASE_REASONS.index("evicted")
+__all__ = ["ADMISSION_GROUP", "BLOCKING_GROUP", "BufferActor"]
+
+_RETIRED, _DROPPED_STALE, _EVICTED = (RELEASE_REASONS.index(r) for r in ("retired", "dropped_stale", "evicted"))
+#: Request ids of puts/completes the index remembers (a retry older than this many calls is applied again).
+REMEMBERED_PUTS = 16384
+#: Takes whose replies the index remembers, so that a retried take returns the same batch.
+REMEMBERED_TAKES = 64
+#: Longest wait of a blocked call between two looks at the core (it is also woken by every change).
+RECHECK_S = 0.1
+#: Counters of the remote buffer kept next to the core's ledger (see docs/ray.md, "What survives what").
+EXTRA_COUNTERS = ("payload_lost", "lost_in_restart", "index_restarts", "duplicate_requests", "evicted_bytes")
+_NO_WAIT = 1e-9  # the core's take/put "timeout" that never blocks but applies the blocking call's rules
 
 
 class BufferActor:
-    """Hosts a StalenessBuffer and the payload refs of the trajectories it holds."""
+    """Hosts the index: a StalenessBuffer over trajectory ids, which owner holds each payload, and the journal."""
 
-    def __init__(self, buffer_kwargs: Dict[str, Any]) -> None:
+    def __init__(
+        self, buffer_kwargs: Dict[str, Any], capacity_bytes: Optional[int], journal: Union[str, bool, None]
+    ) -> None:
         self._user_config = BufferConfig(**buffer_kwargs)
-        # The actor always tracks released ids: it frees payload refs from that report. The caller sees the
-        # report through released() only if it asked for track_released.
-        core_kwargs = {**buffer_kwargs, "track_released": True}
-        self._buf = StalenessBuffer(**core_kwargs, pin_memory=False)  # batches leave by pickle: no pinning
-        self._payloads = PayloadStore()
-        self._settle_lock = threading.Lock()
+        self._buf = StalenessBuffer(**{**buffer_kwargs, "track_released": True}, pin_memory=False)
         self._max_uses = self._buf.config.max_uses
-        config = self._buf.config
-        self._report = ReleasedReport(config.release_bound or default_release_bound(config.capacity))
+        self._capacity_bytes = capacity_bytes
+        self._report = ReleasedReport(
+            self._user_config.release_bound or default_release_bound(self._user_config.capacity)
+        )
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._where: Dict[int, int] = {}  # traj id -> owner slot
+        self._sizes: Dict[int, int] = {}  # traj id -> payload bytes
+        self._bytes_held = 0
+        self._reserved: Dict[int, int] = {}  # request id -> bytes reserved before the owner's ray.put
+        self._done_puts: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._done_takes: collections.OrderedDict[int, Tuple[Any, ...]] = collections.OrderedDict()
+        self._extra = dict.fromkeys(EXTRA_COUNTERS, 0)
+        self._owner_nodes: List[str] = []  # slot -> node id ("" once that owner died)
+        self._owners: List[Any] = []
+        context = ray.get_runtime_context()
+        self._name = context.get_actor_name() or f"pyfast_buffer-{str(context.get_actor_id())[:12]}"
+        self._namespace = context.namespace
+        self._journal: Union[_journal.Journal, _journal.NoJournal] = _journal.NoJournal()
+        if journal is False:
+            return
+        path = journal if isinstance(journal, str) else os.path.join(_journal_dir(), f"{self._name}.pfb")
+        restored = _journal.read(path) if context.was_current_actor_reconstructed else None
+        if restored is not None:
+            self._restore(restored)
+        self._journal = _journal.Journal(path, self._capture)
+        if context.was_current_actor_reconstructed:
+            self._journal.commit()  # the restart itself is counted durably
 
-    # -- in-flight prompts and trajectories ------------------------------------------------------------------------
-    def dispatch(self, prompt_ids: np.ndarray, step: int, lease: Optional[float], timeout: Optional[float]) -> None:
-        self._buf.dispatch(prompt_ids, step, lease, timeout)  # a paced wait: in the blocking group, GIL released
-        self._settle()
+    # -- journal ---------------------------------------------------------------------------------------------------
+    def _capture(self) -> Dict[str, Any]:
+        with self._lock:
+            ids = np.fromiter(self._where.keys(), np.int64, len(self._where))
+            report = self._report.peek()
+            return {
+                "buffer": self._buf.state_dict(),
+                "max_age": self._buf.max_age,
+                "payload_ids": ids,
+                "payload_slots": np.fromiter(self._where.values(), np.int64, len(ids)),
+                "payload_bytes": np.asarray([self._sizes.get(k, 0) for k in ids.tolist()], np.int64),
+                "done_puts": np.fromiter(self._done_puts.keys(), np.int64, len(self._done_puts)),
+                "done_takes": [[k, *v] for k, v in self._done_takes.items()],
+                "extra": dict(self._extra),
+                "owner_nodes": list(self._owner_nodes),
+                "report_ids": report.ids,
+                "report_reasons": report.reasons.astype(np.int64),
+                "report_overflow": self._report.overflow,
+            }
+
+    def _restore(self, snap: Dict[str, Any]) -> None:
+        """Loads the last snapshot; ids that left the ring in a call that never answered are counted, not lost."""
+        self._buf.load_state_dict(snap["buffer"])
+        self._buf.max_age = int(snap["max_age"])
+        self._buf.released()  # the restore's own report: nothing left the buffer
+        ids, slots, sizes = (np.asarray(snap[k]).tolist() for k in ("payload_ids", "payload_slots", "payload_bytes"))
+        in_ring = set(self._buf.state_dict()["entries"]["traj_id"].tolist())
+        self._done_puts.update((int(k), None) for k in np.asarray(snap["done_puts"]).tolist())
+        for entry in snap["done_takes"]:
+            self._done_takes[int(entry[0])] = tuple(entry[1:])
+        self._extra.update({k: int(v) for k, v in snap["extra"].items()})
+        self._extra["index_restarts"] += 1
+        self._owner_nodes = [str(n) for n in snap["owner_nodes"]]
+        self._owners = [self._find_owner(slot) if node else None for slot, node in enumerate(self._owner_nodes)]
+        # An id the snapshot's tables hold but its ring does not left the ring in a take that had not
+        # answered when the index died: nobody received it. Counted, and its payload let go of.
+        gone: Dict[int, List[int]] = collections.defaultdict(list)
+        for k, slot, n in zip(ids, slots, sizes):
+            if k in in_ring:
+                self._where[k], self._sizes[k] = slot, n
+                self._bytes_held += n
+            else:
+                gone[slot].append(k)
+                self._extra["lost_in_restart"] += 1
+        self._report.overflow = int(snap["report_overflow"])
+        if len(snap["report_ids"]):
+            self._report.add(Released(np.asarray(snap["report_ids"]), np.asarray(snap["report_reasons"], np.int8)))
+        # Owners may hold payloads of ids the index let go of before its notice reached them: they let go now.
+        for slot, owner in enumerate(self._owners):
+            if owner is None:
+                continue
+            try:
+                held: List[int] = np.asarray(ray.get(owner.holdings.remote(), timeout=60)).tolist()
+            except RayActorError:
+                self._owners[slot], self._owner_nodes[slot] = None, ""
+                continue
+            stray = [k for k in held if self._where.get(k) != slot] + gone.get(slot, [])
+            if stray:
+                owner.release.remote(stray)
+
+    # -- payload owners --------------------------------------------------------------------------------------------
+    def _owner_name(self, slot: int) -> str:
+        return f"{self._name}.payloads.{slot}"
+
+    def _find_owner(self, slot: int) -> Optional[Any]:
+        try:
+            return ray.get_actor(self._owner_name(slot), namespace=self._namespace)
+        except ValueError:
+            return None
+
+    def owner_for(self, node_id: str) -> Tuple[int, Any]:
+        """The slot and handle of the payload owner of ``node_id``, started (detached, pinned there) if needed."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from ._owner import PayloadOwner
+
+        with self._lock:
+            for slot, node in enumerate(self._owner_nodes):
+                if node == node_id:
+                    return slot, self._owners[slot]
+            slot = len(self._owner_nodes)
+            owner = (
+                ray.remote(PayloadOwner)
+                .options(
+                    name=self._owner_name(slot),
+                    namespace=self._namespace,
+                    lifetime="detached",  # owned by Ray's control store: outlives this index and its creator
+                    num_cpus=0,
+                    max_concurrency=64,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                )
+                .remote(ray.get_runtime_context().current_actor, slot, self._capacity_bytes is not None)
+            )
+            self._owner_nodes.append(node_id)
+            self._owners.append(owner)
+            version = self._journal.mark()
+        self._journal.wait(version)
+        return slot, owner
+
+    def owner_died(self, slot: int) -> None:
+        """A client found this owner dead: its node gets a new owner (and slot) at the next put from there."""
+        with self._lock:
+            if 0 <= slot < len(self._owners) and self._owner_nodes[slot]:
+                self._owner_nodes[slot], self._owners[slot] = "", None
+                version = self._journal.mark()
+            else:
+                return
+        self._journal.wait(version)
+
+    def owners(self) -> List[Any]:
+        with self._lock:
+            return list(self._owners)
+
+    # -- admission ---------------------------------------------------------------------------------------------------
+    def dispatch(
+        self, request: int, prompt_ids: np.ndarray, step: int, lease: Optional[float], timeout: Optional[float]
+    ) -> None:
+        # Under pace with a timeout the wait for admission happens here, between looks at the core that never
+        # block it (the index lock is free meanwhile), in the admission group's thread.
+        self._apply(
+            request,
+            lambda wait: self._buf.dispatch(prompt_ids, step, lease, wait),
+            timeout=timeout,
+            blocking=True,
+        )
 
     def admissible(self, step: int) -> int:
-        return self._buf.admissible(step)
+        with self._lock:
+            return self._buf.admissible(step)
 
-    def renew(self, prompt_ids: np.ndarray, lease: float) -> None:
-        self._buf.renew(prompt_ids, lease)
-        self._settle()
+    def renew(self, request: int, prompt_ids: np.ndarray, lease: float) -> None:
+        self._apply(request, lambda: self._buf.renew(prompt_ids, lease))
 
     def expire_in_flight(self, older_than_s: float) -> int:
-        n = self._buf.expire_in_flight(older_than_s)
-        self._settle()
-        return n
+        return self._apply(None, lambda: self._buf.expire_in_flight(older_than_s))
 
-    def complete(
-        self,
-        traj_ids: np.ndarray,
-        prompt_ids: np.ndarray,
-        timeout: Optional[float],
-        payloads: Optional[Sequence[Any]],
-        finish_step: Optional[np.ndarray] = None,
-    ) -> None:
-        call = lambda: self._buf.complete(traj_ids, prompt_ids, timeout, finish_step=finish_step)  # noqa: E731
-        self._with_payloads(traj_ids, payloads, call)
+    def fail(self, request: int, prompt_ids: np.ndarray) -> None:
+        self._apply(request, lambda: self._buf.fail(prompt_ids))
 
-    def fail(self, prompt_ids: np.ndarray) -> None:
-        self._buf.fail(prompt_ids)
-        self._settle()
-
-    def put(
-        self,
-        traj_ids: np.ndarray,
-        sample_step: Any,
-        group_ids: Optional[np.ndarray],
-        timeout: Optional[float],
-        payloads: Optional[Sequence[Any]],
-        finish_step: Optional[np.ndarray] = None,
-    ) -> None:
-        call = lambda: self._buf.put(traj_ids, sample_step, group_ids, timeout, finish_step=finish_step)  # noqa: E731
-        self._with_payloads(traj_ids, payloads, call)
-
-    def _with_payloads(self, traj_ids: np.ndarray, payloads: Optional[Sequence[Any]], call: Any) -> None:
-        if payloads is None:
-            call()
-        else:
-            if len(payloads) != len(traj_ids):
+    def reserve(self, request: int, nbytes: int, timeout: Optional[float]) -> None:
+        """Holds room for ``nbytes`` of payload before the owner writes them (the byte budget, ``on_full``)."""
+        if self._capacity_bytes is None:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if request in self._reserved or request in self._done_puts:
+                return
+            if nbytes > self._capacity_bytes:
                 raise ValueError(
-                    f"payloads has {len(payloads)} entries but traj_ids has {len(traj_ids)}; "
-                    "pass one payload per trajectory"
+                    f"one call carries {nbytes} payload bytes, more than capacity_bytes={self._capacity_bytes}; "
+                    "send fewer payloads per call or raise capacity_bytes"
                 )
-            self._payloads.hold(traj_ids, own(payloads))  # before the call: a take may see the ids at once
+            while self._bytes_held + sum(self._reserved.values()) + nbytes > self._capacity_bytes:
+                on_full = self._user_config.on_full
+                if on_full == "evict_oldest" and self._evict_oldest_bytes(nbytes):
+                    continue
+                if on_full == "error" or (on_full == "block" and timeout is None) or on_full == "evict_oldest":
+                    raise BufferFullError(
+                        f"the buffer holds {self._bytes_held} payload bytes and this call brings {nbytes}, past "
+                        f"capacity_bytes={self._capacity_bytes}; take or evict first, or put with a timeout "
+                        "under on_full='block'"
+                    )
+                left = deadline - time.monotonic() if deadline is not None else 0.0
+                if left <= 0:
+                    raise TimeoutError(
+                        f"no room for {nbytes} payload bytes within the timeout: the buffer holds "
+                        f"{self._bytes_held} of capacity_bytes={self._capacity_bytes}; take faster or raise it"
+                    )
+                self._changed.wait(min(left, RECHECK_S))
+            self._reserved[request] = nbytes
+
+    def _evict_oldest_bytes(self, nbytes: int) -> bool:
+        """Evicts the oldest whole groups until ``nbytes`` more fit the byte budget; False if nothing can go."""
+        sd = self._buf.state_dict()
+        entries = {k: v.numpy() for k, v in sd["entries"].items()}
+        n = len(entries["traj_id"])
+        if n == 0:
+            return False
+        over = self._bytes_held + sum(self._reserved.values()) + nbytes - int(self._capacity_bytes or 0)
+        freed, cut = 0, 0
+        lens = entries["group_len"].tolist()
+        ids = entries["traj_id"].tolist()
+        while cut < n and freed < over:
+            group = lens[cut]
+            freed += sum(self._sizes.get(k, 0) for k in ids[cut : cut + group])
+            cut += group
+        sd["entries"] = {k: sd["entries"][k][cut:] for k in sd["entries"]}
+        sd["ledger"] = {**sd["ledger"], "evicted": sd["ledger"]["evicted"] + cut}
+        self._buf.load_state_dict(sd)
+        self._buf.released()
+        evicted = np.asarray(ids[:cut], np.int64)
+        self._report.add(Released(evicted, np.full(cut, _EVICTED, np.int8)))
+        self._extra["evicted_bytes"] += freed
+        self._forget(evicted, notify=True)
+        return True
+
+    def admit(self, request: int, call: Dict[str, Any], sizes: Optional[np.ndarray], slot: int) -> None:
+        """Puts (``call["kind"] == "put"``) or completes ids whose payloads ``slot``'s owner now holds."""
+        kind, trajs, timeout = call["kind"], call["traj_ids"], call.get("timeout")
+        if kind == "put":
+
+            def run(wait: Optional[float]) -> None:
+                self._buf.put(trajs, call["sample_step"], call["group_ids"], wait, finish_step=call.get("finish_step"))
+        else:
+
+            def run(wait: Optional[float]) -> None:
+                self._buf.complete(trajs, call["prompt_ids"], timeout=wait, finish_step=call.get("finish_step"))
+
+        def record() -> None:
+            self._reserved.pop(request, None)
+            if sizes is not None:
+                for k, n in zip(trajs.tolist(), sizes.tolist()):
+                    self._where[k], self._sizes[k] = slot, n
+                    self._bytes_held += n
+
+        def on_repeat() -> None:
+            if sizes is not None:  # a retry after the first owner died: the new owner holds the payloads
+                for k in trajs.tolist():
+                    if k in self._where:
+                        self._where[k] = slot
+
+        try:
+            self._apply(request, run, record=record, timeout=timeout, blocking=True, on_repeat=on_repeat)
+        except BaseException:
+            with self._lock:  # nothing was admitted: the room reserved for these bytes is free again
+                if self._reserved.pop(request, None) is not None:
+                    self._changed.notify_all()
+            raise
+
+    def _apply(
+        self,
+        request: Optional[int],
+        run: Callable[..., Any],
+        record: Optional[Callable[[], None]] = None,
+        timeout: Optional[float] = None,
+        blocking: bool = False,
+        on_repeat: Optional[Callable[[], None]] = None,
+    ) -> Any:
+        """Runs one change under the lock (at most once per request id), settles it, journals it, then returns."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if request is not None and request in self._done_puts:
+                self._extra["duplicate_requests"] += 1
+                if on_repeat is not None:
+                    on_repeat()
+                version = self._journal.mark()
+                result = None
+            else:
+                result = self._until(deadline, lambda wait: run(wait) if blocking else run())
+                if record is not None:
+                    record()
+                if request is not None:
+                    self._done_puts[request] = None
+                    while len(self._done_puts) > REMEMBERED_PUTS:
+                        self._done_puts.popitem(last=False)
+                self._settle()
+                version = self._journal.mark()
+                self._changed.notify_all()
+        self._journal.wait(version)
+        return result
+
+    def _until(self, deadline: Optional[float], attempt: Callable[[Optional[float]], Any]) -> Any:
+        """Runs ``attempt`` without blocking in the core; with a deadline, retries on every change until it passes."""
+        if deadline is None:
+            return attempt(None)
+        while True:
             try:
-                call()
-            except BaseException:
-                self._payloads.release(traj_ids)  # the call changed nothing: hold nothing either
-                raise
-        self._settle()
+                return attempt(_NO_WAIT)
+            except (TimeoutError, BufferFullError):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                self._changed.wait(min(left, RECHECK_S))
 
     # -- taking ------------------------------------------------------------------------------------------------------
-    def take(
-        self,
-        batch_size: int,
-        current_step: int,
-        timeout: Optional[float],
-    ) -> Tuple[np.ndarray, Dict[str, Any], Optional[List[Optional[ray.ObjectRef]]]]:
-        batch = self._buf.take(batch_size, current_step, timeout)
-        columns = batch.columns.numpy()
-        refs = None
-        if len(self._payloads):
-            refs = self._payloads.lookup(columns[0])
-            # This take retired the entries it used for the last time: it releases them itself, from its own
-            # batch, so that no concurrent call can free a ref before it is handed out here.
-            self._payloads.release(columns[0][columns[4] >= self._max_uses])
-        self._settle()
-        return columns, batch.metrics, refs
+    def take(self, request: int, batch_size: int, current_step: int, timeout: Optional[float]) -> Tuple[Any, ...]:
+        """One batch: (columns, metrics, owner slot per id or None, which ids this take retired)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if request in self._done_takes:
+                self._extra["duplicate_requests"] += 1
+                return self._done_takes[request]
+            batch = self._until(deadline, lambda wait: self._buf.take(batch_size, current_step, wait))
+            columns = batch.columns.numpy()
+            ids = columns[0]
+            retire = columns[4] >= self._max_uses
+            slots = None
+            if self._where:
+                slots = np.asarray([self._where.get(k, -1) for k in ids.tolist()], np.int64)
+                self._forget(ids[retire], notify=False)  # the owners let go of these at hand-out
+            reply = (columns, dict(batch.metrics), slots, retire)
+            if not self._settle() and not len(ids):
+                return reply  # nothing changed (an empty take): nothing to journal, and a repeat is harmless
+            self._done_takes[request] = reply
+            while len(self._done_takes) > REMEMBERED_TAKES:
+                self._done_takes.popitem(last=False)
+            version = self._journal.mark()
+            self._changed.notify_all()
+        self._journal.wait(version)
+        return reply
+
+    def report_lost(self, request: int, traj_ids: np.ndarray) -> None:
+        """A take's client found no payload for these ids (their owner died): counted as payload_lost."""
+        with self._lock:
+            if request in self._done_puts:
+                return
+            self._done_puts[request] = None
+            self._extra["payload_lost"] += len(traj_ids)
+            version = self._journal.mark()
+        self._journal.wait(version)
 
     def evict_stale(self, current_step: int) -> int:
-        n = self._buf.evict_stale(current_step)
-        self._settle()
-        return n
+        return self._apply(None, lambda: self._buf.evict_stale(current_step))
 
-    def _settle(self) -> None:
-        """Drains the core's released ids: frees the payloads of those that left untaken, keeps the report.
+    def _forget(self, traj_ids: np.ndarray, notify: bool) -> None:
+        """Drops the payload bookkeeping of ids that left the buffer; with ``notify`` their owners let go too."""
+        by_slot: Dict[int, List[int]] = collections.defaultdict(list)
+        for k in traj_ids.tolist():
+            slot = self._where.pop(k, None)
+            if slot is not None:
+                self._bytes_held -= self._sizes.pop(k, 0)
+                by_slot[slot].append(k)
+        if notify:
+            for slot, ids in by_slot.items():
+                owner = self._owners[slot] if slot < len(self._owners) else None
+                if owner is not None:
+                    owner.release.remote(ids)  # no wait: a missed notice is caught up after a restart
 
-        Retired ids are freed by the take that retired them (above); failed and expired ids are prompt ids,
-        which never hold payloads.
+    def _settle(self) -> bool:
+        """Drains the core's released ids (under the lock): frees untaken payloads, keeps the caller's report.
+
+        Returns whether any id was released.
         """
-        with self._settle_lock:  # drain and record in one step, so that the report keeps the core's order
-            released = self._buf.released()
-            if self._user_config.track_released and len(released.ids):
-                self._report.add(released)
-        if len(released.ids):
-            untaken = (released.reasons == _DROPPED_STALE) | (released.reasons == _EVICTED)
-            if untaken.any() and len(self._payloads):
-                self._payloads.release(released.ids[untaken])
+        released = self._buf.released()
+        if not len(released.ids):
+            return False
+        if self._user_config.track_released:
+            self._report.add(released)
+        untaken = (released.reasons == _DROPPED_STALE) | (released.reasons == _EVICTED)
+        if untaken.any() and self._where:
+            self._forget(released.ids[untaken], notify=True)
+        return True
 
     def released(self) -> Released:
         if not self._user_config.track_released:
             raise ValueError("released() needs track_released=True; create the RemoteBuffer with track_released=True")
-        self._settle()
-        return self._report.drain()
+        with self._lock:
+            out = self._report.drain()
+            version = self._journal.mark()
+        self._journal.wait(version)
+        return out
 
     # -- state -------------------------------------------------------------------------------------------------------
     def ledger(self) -> Dict[str, int]:
-        ledger = self._buf.ledger()
-        if "released_overflow" in ledger:
-            ledger["released_overflow"] += self._report.overflow
-        return ledger
+        """The core's ledger, with ids that were taken but never delivered moved out of retired into their reasons."""
+        with self._lock:
+            ledger = self._buf.ledger()
+            undelivered = self._extra["payload_lost"] + self._extra["lost_in_restart"]
+            ledger["retired"] -= undelivered
+            ledger["taken"] -= undelivered
+            if "released_overflow" in ledger:
+                ledger["released_overflow"] += self._report.overflow
+            for key, value in self._extra.items():
+                ledger[key] = value
+            ledger["payload_bytes_held"] = self._bytes_held
+            if self._capacity_bytes is not None:
+                ledger["capacity_bytes"] = self._capacity_bytes
+            return ledger
 
     def size(self) -> int:
         return len(self._buf)
@@ -165,13 +461,15 @@ class BufferActor:
         return self._buf.closed
 
     def close(self) -> None:
-        self._buf.close()
+        with self._lock:
+            self._buf.close()
+            self._changed.notify_all()
 
     def get_max_age(self) -> int:
         return self._buf.max_age
 
     def set_max_age(self, max_age: int) -> None:
-        self._buf.max_age = max_age
+        self._apply(None, lambda: setattr(self._buf, "max_age", max_age))
 
     def config(self) -> Dict[str, Any]:
         now = self._buf.config  # max_age and source_max_age may have changed since construction
@@ -192,28 +490,54 @@ class BufferActor:
         self._buf.source_max_age = bounds
 
     def payloads_held(self) -> int:
-        return len(self._payloads)
+        return len(self._where)
 
     def state_dict(self) -> Dict[str, Any]:
         return self._buf.state_dict()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        self._buf.load_state_dict(state_dict)
+        self._apply(None, lambda: self._buf.load_state_dict(state_dict))
         self._after_restore()
 
     def save(self, path: str) -> None:
         self._buf.save(path)
 
     def load(self, path: str, in_flight: str) -> Any:
-        failed = self._buf.load(path, in_flight)
+        failed = self._apply(None, lambda: self._buf.load(path, in_flight))
         self._after_restore()
         return failed
 
     def _after_restore(self) -> None:
-        # Payloads are not part of a checkpoint: keep only the refs of ids that are in the buffer again.
-        self._settle()  # whatever the restore reported (e.g. restored in-flight prompts it failed)
-        self._payloads.keep_only(self._buf.state_dict()["entries"]["traj_id"].numpy())
+        # Payloads are not part of a checkpoint: keep only those of ids that are in the buffer again.
+        with self._lock:
+            keep = set(self._buf.state_dict()["entries"]["traj_id"].tolist())
+            self._forget(np.asarray([k for k in self._where if k not in keep], np.int64), notify=True)
+            version = self._journal.mark()
+        self._journal.wait(version)
+
+    def journal_stats(self) -> Dict[str, Any]:
+        return {"path": self._journal.path, "writes": self._journal.writes, "write_s": self._journal.write_s}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def cpu_seconds(self) -> float:
+        """CPU time of this process, every thread (the bench's index CPU per payload)."""
+        return time.process_time()
 
     def ping(self) -> int:
         """Does nothing: the round trip of an empty call, the floor under every call to this actor."""
         return threading.get_ident()
+
+
+def _journal_dir() -> str:
+    """This node's Ray session directory (it lives as long as the cluster), or the system temp directory."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        if node is not None:
+            return os.path.join(node.get_session_dir_path(), "pyfast_buffer")
+    except (ImportError, AttributeError):
+        pass
+    return os.path.join(tempfile.gettempdir(), "pyfast_buffer-journals")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-from typing import Any, Dict, List, Optional, Sequence, Union, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import ray
 import torch
 from ray.actor import ActorHandle
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
 from .._devices import check_usable
@@ -18,8 +20,11 @@ from ..buffer import Ids
 from ..config import BufferConfig, SourceMaxAge, config_from_arguments, source_max_age_pairs
 from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
-from . import _errors
-from ._actor import ADMISSION_GROUP, BLOCKING_GROUP, BufferActor
+from . import _errors, _wire
+from ._actor import BLOCKING_GROUP, BufferActor
+from ._calls import ADMISSION_GROUP, BufferUnavailableError, actor_state, call_index
+
+logger = logging.getLogger(__name__)
 
 #: Threads of the actor for quick calls (ledger, non-blocking put/take, ...).
 DEFAULT_MAX_CONCURRENCY = 16
@@ -27,37 +32,47 @@ DEFAULT_MAX_CONCURRENCY = 16
 DEFAULT_BLOCKING_CALLS = 16
 #: Threads of the actor for paced dispatches waiting for admission (more producers wait in Ray's queue).
 DEFAULT_ADMISSION_CALLS = 16
+#: Restarts of the index actor allowed by default (-1: as many as it takes); it rebuilds from its journal.
+DEFAULT_MAX_RESTARTS = -1
 
 
 class RemoteBatch(Batch):
-    """A Batch taken through the actor; ``payloads[i]`` is the ObjectRef put with ``traj_ids[i]`` (or None)."""
+    """A Batch taken through the actor; ``payloads[i]`` is the ObjectRef put with ``traj_ids[i]`` (or None).
 
-    __slots__ = ("payloads",)
+    ``lost`` holds the ids this take drew whose payload owner had died: they are not in the batch, and the
+    ledger counts them as ``payload_lost`` (not retired).
+    """
+
+    __slots__ = ("lost", "payloads")
 
     def __init__(
-        self, columns: torch.Tensor, metrics: Dict[str, Any], payloads: Optional[List[Optional[ray.ObjectRef]]] = None
+        self,
+        columns: torch.Tensor,
+        metrics: Dict[str, Any],
+        payloads: Optional[List[Optional[ray.ObjectRef]]] = None,
+        lost: Optional[np.ndarray] = None,
     ) -> None:
         super().__init__(columns, metrics)
         self.payloads = payloads
+        self.lost = np.empty(0, np.int64) if lost is None else lost
 
     def to(self, *args: Any, **kwargs: Any) -> RemoteBatch:
         check_usable(args, kwargs)
-        return RemoteBatch(self.columns.to(*args, **kwargs), self.metrics, self.payloads)
+        return RemoteBatch(self.columns.to(*args, **kwargs), self.metrics, self.payloads, self.lost)
 
 
 class RemoteBuffer:
-    """A StalenessBuffer hosted by a Ray actor: same methods, same return types, same exceptions.
+    """A StalenessBuffer on a Ray cluster: same methods, same return types, same exceptions.
 
     Make one with ``RemoteBuffer.create(...)`` or find a named one with ``RemoteBuffer.get(name)``. The
-    client only wraps the actor handle, so it pickles: pass it to Ray tasks and actors (producers, the
-    trainer) and every copy talks to the same buffer. Each method is one round trip to the actor; send
+    client only wraps the index actor's handle, so it pickles: pass it to Ray tasks and actors (producers,
+    the trainer) and every copy talks to the same buffer. Each method is one round trip to the index; send
     many ids per call.
 
-    Payloads: ``put``/``complete`` take ``payloads=`` aligned with the ids. Values (e.g. numpy arrays) are
-    ``ray.put`` by the actor, which then owns them, so a trajectory survives the producer that made it;
-    ObjectRefs are held as given (they live as long as the process that created them). ``take`` returns
-    the refs in ``batch.payloads``; the actor drops its ref when an id leaves the buffer, and Ray's object
-    store frees the object once the trainer drops its copy too.
+    Payloads: ``put``/``complete`` take ``payloads=`` aligned with the ids. They go to the payload owner of
+    the caller's node, a detached actor that ``ray.put``s them once into that node's object store and keeps
+    them by trajectory id, so a trajectory survives its producer and the index actor; ObjectRefs are read
+    and put again there. ``take`` returns the refs in ``batch.payloads``. See docs/ray.md.
     """
 
     def __init__(self, actor: ActorHandle) -> None:
@@ -83,37 +98,67 @@ class RemoteBuffer:
         source_max_age: Optional[SourceMaxAge] = None,
         starvation_share: Optional[float] = None,
         *,
+        capacity_bytes: Optional[int] = None,
         name: Optional[str] = None,
         namespace: Optional[str] = None,
-        lifetime: Optional[str] = None,
+        lifetime: Optional[str] = "detached",
         num_cpus: float = 1,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         blocking_calls: int = DEFAULT_BLOCKING_CALLS,
         admission_calls: int = DEFAULT_ADMISSION_CALLS,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        journal: Union[str, bool, None] = None,
         actor_options: Optional[Dict[str, Any]] = None,
     ) -> RemoteBuffer:
-        """Starts the actor and returns its client.
+        """Starts the index actor and returns its client.
 
         The buffer arguments are StalenessBuffer's (checked here, before anything starts; ``pin_memory`` is
-        not one: batches leave the actor by pickle). ``name`` (and ``namespace``) make it reachable with
-        ``RemoteBuffer.get`` from any driver of the cluster; ``lifetime="detached"`` keeps it alive after
-        this driver exits. ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve
-        calls with a timeout, ``admission_calls`` more serve paced dispatches waiting for admission (so waiting
-        producers never starve the trainer's take); ``actor_options`` go to ``.options()``.
+        not one: batches leave the actor by pickle). ``capacity_bytes`` bounds the payload bytes the buffer
+        holds (``on_full`` applies to it, before the bytes are written). ``name`` (and ``namespace``) make it
+        reachable with ``RemoteBuffer.get`` from any driver of the cluster. ``lifetime="detached"`` (the
+        default) keeps it alive after this driver exits: end it with ``kill()`` (or a ``with`` block);
+        ``lifetime=None`` ties it to this driver. ``max_restarts`` restarts of the index are allowed; it
+        rebuilds its state from ``journal`` (a file path on its node; default: in the node's Ray session
+        directory), which it rewrites before answering each change; ``journal=False`` writes nothing and
+        allows no restart (a dead index stays dead: calls raise BufferUnavailableError).
+        ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve calls with a timeout,
+        ``admission_calls`` more serve paced dispatches waiting for admission (so waiting producers never
+        starve the trainer's take);
+        ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
         """
         config = config_from_arguments(locals())
+        if capacity_bytes is not None:
+            as_count(capacity_bytes, "capacity_bytes", 1)
         as_count(max_concurrency, "max_concurrency", 1)
         as_count(blocking_calls, "blocking_calls", 1)
         as_count(admission_calls, "admission_calls", 1)
-        groups = {BLOCKING_GROUP: blocking_calls, ADMISSION_GROUP: admission_calls}
-        threads: Dict[str, Any] = dict(max_concurrency=max_concurrency, concurrency_groups=groups)
+        if lifetime not in (None, "detached", "non_detached"):
+            raise ValueError(f"lifetime={lifetime!r} is unknown; use 'detached' (the default) or None")
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < -1:
+            raise ValueError(f"max_restarts={max_restarts!r} must be an int >= -1 (-1: restart without limit)")
+        if journal is True or not isinstance(journal, (str, type(None), bool)):
+            raise TypeError(f"journal={journal!r} must be a file path, None (the default path) or False (none)")
+        if journal is False:
+            max_restarts = 0  # without a journal a restarted index would come back empty: it stays dead
+        threads: Dict[str, Any] = dict(
+            max_concurrency=max_concurrency,
+            concurrency_groups={BLOCKING_GROUP: blocking_calls, ADMISSION_GROUP: admission_calls},
+        )
         remote_cls = ray.remote(**threads)(BufferActor)
-        options: Dict[str, Any] = dict(num_cpus=num_cpus, **(actor_options or {}))
-        if name is not None:
-            options.update(name=name, namespace=namespace)
+        options: Dict[str, Any] = dict(num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=0)
+        if "scheduling_strategy" not in (actor_options or {}):
+            # Restart where the journal is: on this node, unless it is gone.
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            here = ray.get_runtime_context().get_node_id()
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
+        options.update(actor_options or {})
+        options.update(name=name or f"pyfast_buffer-{os.urandom(6).hex()}", namespace=namespace)
         if lifetime is not None:
             options["lifetime"] = lifetime
-        handle = remote_cls.options(**options).remote(dataclasses.asdict(config))
+        if name is not None:
+            _reclaim_if_dead(name, namespace)
+        handle = remote_cls.options(**options).remote(dataclasses.asdict(config), capacity_bytes, journal)
         client = cls(cast(ActorHandle, handle))
         client.ping()  # surfaces a failed start here, not at the first call
         return client
@@ -125,8 +170,19 @@ class RemoteBuffer:
 
     @classmethod
     def get(cls, name: str, namespace: Optional[str] = None) -> RemoteBuffer:
-        """Returns the client of the buffer created with ``name`` (ValueError if there is none)."""
-        return cls(ray.get_actor(name, namespace=namespace))
+        """Returns the client of the buffer created with ``name`` (ValueError naming where it is, if not here)."""
+        try:
+            return cls(ray.get_actor(name, namespace=namespace))
+        except ValueError as exc:
+            named: List[Dict[str, str]] = cast(Any, ray.util.list_named_actors(all_namespaces=True))
+            found = sorted(a["namespace"] for a in named if a["name"] == name)
+            hint = (
+                f"; it exists in namespace(s) {found}: pass namespace={found[0]!r}"
+                if found
+                else "; no namespace of this cluster has it (was it killed, or created on another cluster?)"
+            )
+            here = ray.get_runtime_context().namespace
+            raise ValueError(f"no buffer named {name!r} in namespace {namespace or here!r}{hint}") from exc
 
     def __reduce__(self) -> Any:
         return (RemoteBuffer, (self.actor,))
@@ -138,10 +194,9 @@ class RemoteBuffer:
         """Marks prompts as in flight; with ``lease`` (seconds) the buffer fails them if not completed,
         failed or renewed in time, so a producer that died never holds a ``wait`` trainer longer. Under pace
         with ``timeout`` it waits for admission in one of the actor's ``admission_calls`` threads."""
-        wait = as_timeout(timeout)
-        prompts, stamp = as_ids(prompt_ids, "prompt_ids"), as_step(step, "step")
+        prompts, stamp, wait = as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_timeout(timeout)
         group = ADMISSION_GROUP if wait is not None else None
-        self._call("dispatch", prompts, stamp, as_lease(lease), wait, group=group)
+        self._call("dispatch", _request(), prompts, stamp, as_lease(lease), wait, timeout_arg=4, group=group)
 
     def admissible(self, step: int) -> int:
         """How many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
@@ -150,7 +205,7 @@ class RemoteBuffer:
     def renew(self, prompt_ids: Ids, lease: float) -> None:
         """Gives in-flight prompts a lease of ``lease`` seconds from now (a producer's heartbeat)."""
         lease = as_seconds(lease, "lease", False, "renew with a lease > 0")
-        self._call("renew", as_ids(prompt_ids, "prompt_ids"), lease)
+        self._call("renew", _request(), as_ids(prompt_ids, "prompt_ids"), lease)
 
     def expire_in_flight(self, older_than_s: float) -> int:
         """Fails, as expired, every in-flight prompt dispatched at least ``older_than_s`` seconds ago."""
@@ -169,14 +224,13 @@ class RemoteBuffer:
         steps (see StalenessBuffer.complete)."""
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
-        finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
-        wait = as_timeout(timeout)
-        payload_list = _payload_list(payloads, len(trajs))
-        self._call("complete", trajs, prompts, wait, payload_list, finish, blocking=wait is not None)
+        call = {"kind": "complete", "traj_ids": trajs, "prompt_ids": prompts, "timeout": as_timeout(timeout)}
+        call["finish_step"] = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
+        self._admit(call, _payload_list(payloads, len(trajs)))
 
     def fail(self, prompt_ids: Ids) -> None:
         """Marks in-flight prompts as failed."""
-        self._call("fail", as_ids(prompt_ids, "prompt_ids"))
+        self._call("fail", _request(), as_ids(prompt_ids, "prompt_ids"))
 
     def put(
         self,
@@ -196,20 +250,118 @@ class RemoteBuffer:
         if group_ids is not None:
             groups = as_ids(group_ids, "group_ids")
             same_length(trajs, "traj_ids", groups, "group_ids")
-        finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
-        wait = as_timeout(timeout)
-        payload_list = _payload_list(payloads, len(trajs))
-        self._call("put", trajs, stamp, groups, wait, payload_list, finish, blocking=wait is not None)
+        call: Dict[str, Any] = {"kind": "put", "traj_ids": trajs, "sample_step": stamp, "group_ids": groups}
+        call["timeout"] = as_timeout(timeout)
+        call["finish_step"] = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
+        self._admit(call, _payload_list(payloads, len(trajs)))
+
+    def _admit(self, call: Dict[str, Any], payloads: Optional[List[Any]]) -> None:
+        """Sends a put/complete: straight to the index, or with payloads through this node's payload owner."""
+        request = _request()
+        if payloads is None:
+            self._call("admit", request, call, None, -1, blocking=call["timeout"] is not None, timeout_arg=None)
+            return
+        headers: List[Optional[_wire.Header]] = []
+        pieces: List[List[bytes]] = []
+        refs: List[Optional[ray.ObjectRef]] = []
+        for value in payloads:
+            if isinstance(value, ray.ObjectRef):
+                headers.append(None)
+                pieces.append([])
+                refs.append(value)
+            else:
+                header, cut = _wire.pack(value)
+                headers.append(header)
+                pieces.append(cut)
+                refs.append(None)
+        sizes = [_wire.size(h) if h is not None else 0 for h in headers]
+        runs = _wire.split_for_calls(sizes)
+        for start, stop in runs:
+            part = dict(call)
+            part["traj_ids"] = call["traj_ids"][start:stop]
+            for key in ("prompt_ids", "group_ids"):
+                if part.get(key) is not None:
+                    part[key] = call[key][start:stop]
+            if isinstance(call.get("sample_step"), np.ndarray):
+                part["sample_step"] = call["sample_step"][start:stop]
+            flat = [p for cut in pieces[start:stop] for p in cut]
+            sub = request if len(runs) == 1 else _request()
+            self._store(sub, part, headers[start:stop], refs[start:stop], flat)
+
+    def _store(
+        self, request: int, call: Dict[str, Any], headers: List[Any], refs: List[Any], pieces: List[bytes]
+    ) -> None:
+        slot, owner = _owner_here(self.actor)
+        try:
+            _get_owner(owner.store.remote(request, call, headers, refs, *pieces))
+        except RayActorError:
+            # The owner of this node died (with the payloads it held): the next one gets them, once.
+            self._call("owner_died", slot)
+            _forget_owner(self.actor)
+            slot, owner = _owner_here(self.actor)
+            _get_owner(owner.store.remote(request, call, headers, refs, *pieces))
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> RemoteBatch:
         """Takes up to ``batch_size`` trajectories (see StalenessBuffer.take); refs in ``batch.payloads``."""
         n = as_count(batch_size, "batch_size", 1)
         step = as_step(current_step, "current_step")
         wait = as_timeout(timeout)
-        columns, metrics, refs = self._call("take", n, step, wait, blocking=wait is not None)
+        request = _request()
+        columns, metrics, slots, retire = self._call(
+            "take", request, n, step, wait, blocking=wait is not None, timeout_arg=3
+        )
         if not columns.flags.writeable:  # zero-copy from the object store: the caller owns its tensors
             columns = columns.copy()
-        return RemoteBatch(torch.from_numpy(columns), metrics, refs)
+        refs, lost = None, None
+        if slots is not None and (slots >= 0).any():
+            refs, lost_mask = self._hand_out(columns[0], np.asarray(slots), np.asarray(retire, bool))
+            if lost_mask.any():
+                lost = columns[0][lost_mask]
+                self._call("report_lost", _request(), lost)
+                logger.warning(
+                    "take: %d trajectories lost their payloads with a dead payload owner (ids %s...); they are "
+                    "counted as payload_lost",
+                    len(lost),
+                    lost[:8].tolist(),
+                )
+                columns = np.ascontiguousarray(columns[:, ~lost_mask])
+                refs = [r for r, gone in zip(refs, lost_mask.tolist()) if not gone]
+                metrics = {**metrics, "payload_lost": len(lost)}
+        return RemoteBatch(torch.from_numpy(columns), metrics, refs, lost)
+
+    def _hand_out(
+        self, ids: np.ndarray, slots: np.ndarray, retire: np.ndarray
+    ) -> Tuple[List[Optional[ray.ObjectRef]], np.ndarray]:
+        """Fetches the refs of a batch from the owners that hold them (one call per owner, all at once)."""
+        owners = self._owners(int(slots.max()))
+        refs: List[Optional[ray.ObjectRef]] = [None] * len(ids)
+        lost = np.zeros(len(ids), bool)
+        calls = {}
+        for slot in np.unique(slots[slots >= 0]).tolist():
+            at = np.flatnonzero(slots == slot)
+            owner = owners[slot] if slot < len(owners) else None
+            if owner is None:
+                lost[at] = True
+                continue
+            calls[slot] = (at, owner.hand_out.remote(ids[at], retire[at]))
+        for slot, (at, pending) in calls.items():
+            try:
+                got = _get_owner(pending)
+            except RayActorError:
+                lost[at] = True
+                self._call("owner_died", slot)
+                continue
+            for i, ref in zip(at.tolist(), got):
+                refs[i] = ref
+                lost[i] = ref is None
+        return refs, lost
+
+    def _owners(self, need: int) -> List[Any]:
+        cached = _OWNERS.get(self.actor._actor_id.hex())
+        if cached is None or len(cached) <= need:
+            cached = self._call("owners")
+            _OWNERS[self.actor._actor_id.hex()] = cached
+        return cached
 
     def evict_stale(self, current_step: int) -> int:
         """Drops every ready entry with age > max_age; returns how many."""
@@ -220,6 +372,7 @@ class RemoteBuffer:
         return self._call("released")
 
     def ledger(self) -> Dict[str, int]:
+        """The ledger, plus the remote buffer's own counters (payload_lost, lost_in_restart, ...; docs/ray.md)."""
         return self._call("ledger")
 
     def __len__(self) -> int:
@@ -265,7 +418,10 @@ class RemoteBuffer:
         self._call("set_max_age", as_count(value, "max_age", 0))
 
     def close(self) -> None:
-        """Closes the buffer: every blocked take/put, in any process, raises BufferClosedError."""
+        """Closes the buffer: every blocked take/put, in any process, raises BufferClosedError.
+
+        The actors stay (refs already taken stay readable); ``kill()`` ends them.
+        """
         self._call("close")
 
     def state_dict(self) -> Dict[str, Any]:
@@ -280,36 +436,100 @@ class RemoteBuffer:
 
     def load(self, path: Union[str, os.PathLike[str]], in_flight: str = "fail") -> torch.Tensor:
         """Replaces the state with a file on the actor's node; returns the prompt ids it failed (see
-        StalenessBuffer.load). Payload refs of ids that are not in the restored buffer are released."""
+        StalenessBuffer.load). Payloads of ids that are not in the restored buffer are released."""
         return self._call("load", os.fspath(path), in_flight)
 
     def __enter__(self) -> RemoteBuffer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        self.kill()
 
     def __repr__(self) -> str:
         return f"RemoteBuffer(actor={self.actor._actor_id.hex()[:12]})"
 
     # -- beyond StalenessBuffer ----------------------------------------------------------------------------------
     def payloads_held(self) -> int:
-        """Number of payload refs the actor holds (ids in the buffer that came with a payload)."""
+        """Number of ids in the buffer whose payload an owner holds."""
         return self._call("payloads_held")
+
+    def payload_owners(self) -> List[Dict[str, Any]]:
+        """One dict per live payload owner: its node id, pid, and the payloads and bytes it holds."""
+        out = []
+        for owner in self._call("owners"):
+            if owner is None:
+                continue
+            try:
+                node, pid = ray.get(owner.where.remote(), timeout=60)
+                stats: Dict[str, int] = ray.get(owner.stats.remote(), timeout=60)
+                out.append({"node_id": node, "pid": pid, **stats})
+            except RayActorError:
+                continue
+        return out
 
     def ping(self) -> None:
         """One empty round trip to the actor (what every call costs at least)."""
         self._call("ping")
 
     def kill(self) -> None:
-        """Ends the actor at once (its buffer and held payload refs go with it)."""
-        ray.kill(self.actor)
+        """Ends the index actor and every payload owner at once (the buffer and its payloads go with them)."""
+        try:
+            owners = ray.get(self.actor.owners.remote(), timeout=30)
+        except (RayActorError, GetTimeoutError):
+            owners = []
+        for owner in owners:
+            if owner is not None:
+                ray.kill(owner)
+        ray.kill(self.actor, no_restart=True)
+        _OWNERS.pop(self.actor._actor_id.hex(), None)
+        _forget_owner(self.actor)
 
-    def _call(self, method: str, *args: Any, blocking: bool = False, group: Optional[str] = None) -> Any:
-        fn = getattr(self.actor, method)
-        if blocking or group:
-            fn = fn.options(concurrency_group=group or BLOCKING_GROUP)
-        return _errors.get(fn.remote(*args))
+    def _call(
+        self,
+        method: str,
+        *args: Any,
+        blocking: bool = False,
+        timeout_arg: Optional[int] = None,
+        group: Optional[str] = None,
+    ) -> Any:
+        return call_index(self.actor, method, *args, blocking=blocking, timeout_arg=timeout_arg, group=group)
+
+
+#: Per process: index actor id -> handles of its payload owners by slot (refreshed when a take needs more).
+_OWNERS: Dict[str, List[Any]] = {}
+#: Per process: index actor id -> (slot, handle) of the payload owner of this process's node.
+_HERE: Dict[str, Tuple[int, Any]] = {}
+
+
+def _owner_here(actor: ActorHandle) -> Tuple[int, Any]:
+    key = actor._actor_id.hex()
+    if key not in _HERE:
+        node = ray.get_runtime_context().get_node_id()
+        _HERE[key] = call_index(actor, "owner_for", node)
+    return _HERE[key]
+
+
+def _forget_owner(actor: ActorHandle) -> None:
+    _HERE.pop(actor._actor_id.hex(), None)
+
+
+def _get_owner(ref: ray.ObjectRef) -> Any:
+    return _errors.get(ref)
+
+
+def _request() -> int:
+    """A fresh request id (63 random bits): a retry of the same call reuses it, so it is applied once."""
+    return int.from_bytes(os.urandom(8), "little") >> 1  # not random.random: producers often seed it alike
+
+
+def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
+    """Frees ``name`` if the actor holding it is dead for good (its clients may still hold the name)."""
+    try:
+        old = ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return
+    if actor_state(old) == "DEAD":
+        ray.kill(old, no_restart=True)
 
 
 def _payload_list(payloads: Optional[Sequence[Any]], n: int) -> Optional[List[Any]]:
@@ -320,3 +540,6 @@ def _payload_list(payloads: Optional[Sequence[Any]], n: int) -> Optional[List[An
     if len(payloads) != n:
         raise ValueError(f"payloads has {len(payloads)} entries but traj_ids has {n}; pass one per trajectory")
     return list(payloads)
+
+
+__all__ = ["BufferUnavailableError", "RemoteBatch", "RemoteBuffer"]

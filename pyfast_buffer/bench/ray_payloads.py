@@ -1,0 +1,218 @@
+"""Payload ingest on a two-node loopback cluster: RemoteBuffer (an owner per node) vs producer refs in ray Queue.
+
+For 64 KiB and 1 MiB payloads, 4 and 8 producers, all on one node or split over two: producers put
+payload values for a fixed time while a trainer in the driver takes batches and drops them (the refs
+only: this measures ingest, not the trainer's fetch). The baseline is what a Ray user would write: each
+producer ``ray.put``s its payloads and sends the refs through ``ray.util.queue.Queue``. Per row:
+payloads/s, MB/s, CPU seconds per payload of the index actor (ours) or the queue actor, and store writes
+per payload byte on the producers' nodes, from each raylet's own ``cumulative_created_bytes``.
+
+``python -c "from pyfast_buffer.bench.ray_payloads import main; main()" [--quick]`` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .plan import Plan
+from .ray_cluster import LocalCluster, object_store_stats
+
+SIZES = (64 * 1024, 1024 * 1024)
+PRODUCERS = (4, 8)
+#: Payloads per call: about 1 MiB (64 KiB payloads) or 4 MiB (1 MiB payloads) per round trip.
+PER_CALL = {64 * 1024: 16, 1024 * 1024: 4}
+OURS, UNJOURNALED, QUEUE = "pyfast_buffer", "pyfast_buffer, journal=False", "ray Queue (producer refs)"
+CASE = "ray"
+
+
+def _classes() -> Any:
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class PayloadProducer:
+        """Puts payload values (ours) or ray.puts and queues refs (the baseline) for ``seconds``."""
+
+        def run(self, target: Any, kind: str, size: int, per_call: int, seconds: float, first_id: int) -> int:
+            import ray
+
+            value = np.random.default_rng(first_id).integers(0, 2**31, size // 8, dtype=np.int64)
+            sent, next_id = 0, first_id
+            stop = time.perf_counter() + seconds
+            while time.perf_counter() < stop:
+                if kind != "queue":
+                    ids = np.arange(next_id, next_id + per_call, dtype=np.int64)
+                    target.put(ids, 0, payloads=[value] * per_call)
+                else:
+                    target.put_nowait_batch([ray.put(value) for _ in range(per_call)])
+                next_id += per_call
+                sent += per_call
+            return sent
+
+        def ping(self) -> int:
+            return 0
+
+    return PayloadProducer
+
+
+def _queue_cpu(queue: Any) -> Optional[float]:
+    import ray
+
+    try:
+        return float(ray.get(queue.actor.__ray_call__.remote(lambda self: time.process_time()), timeout=60))
+    except Exception:  # an older Ray without __ray_call__: the row says "-"
+        return None
+
+
+def _trainer(take: Any, stop: threading.Event) -> None:
+    while not stop.is_set():
+        if not take():
+            time.sleep(0.002)
+
+
+def _one_row(
+    cluster: LocalCluster, kind: str, size: int, producers: int, nodes: int, seconds: float, state: Dict[str, Any]
+) -> Dict[str, Any]:
+    import ray
+    from ray.util.queue import Empty
+
+    per_call = PER_CALL[size]
+    node_ids = cluster.node_ids()
+    workers = state["workers"][:producers] if nodes == 2 else state["workers_node0"][:producers]
+    client = state["unjournaled"] if kind == "unjournaled" else state["client"]
+    queue = state["queue"]
+    if kind != "queue":
+
+        def cpu() -> Optional[float]:
+            return float(ray.get(client.actor.cpu_seconds.remote(), timeout=60))
+
+        def take() -> int:  # blocking: an idle trainer does not spin calls on the index
+            try:
+                return len(client.take(2 * per_call, 0, timeout=0.5))
+            except TimeoutError:
+                return len(client.take(2 * per_call, 0))
+    else:
+
+        def cpu() -> Optional[float]:
+            return _queue_cpu(queue)
+
+        def take() -> int:
+            try:
+                return len(queue.get_nowait_batch(min(64, max(1, queue.size()))))
+            except Empty:
+                return 0
+
+    target = queue if kind == "queue" else client
+    ray.get([w.run.remote(target, kind, size, per_call, 0.2, _next(state)) for w in workers])  # warm
+    while take():  # empty before the clock starts
+        pass
+    stop = threading.Event()
+    trainer = threading.Thread(target=_trainer, args=(take, stop))
+    trainer.start()
+    before = object_store_stats()
+    cpu0: Optional[float] = cpu()
+    began = time.perf_counter()
+    sent = sum(ray.get([w.run.remote(target, kind, size, per_call, seconds, _next(state)) for w in workers]))
+    elapsed = time.perf_counter() - began
+    after = object_store_stats()
+    cpu1: Optional[float] = cpu()
+    stop.set()
+    trainer.join()
+    while take():
+        pass
+    written = {
+        n: after[n]["created_bytes"] - before[n]["created_bytes"] for n in node_ids if n in after and n in before
+    }
+
+    producer_nodes = node_ids[:nodes]
+    offered = sent * size
+    return {
+        "case": CASE,
+        "op": f"payloads/{size // 1024}KiB/{producers}p/{nodes}n",
+        "contender": {"ours": OURS, "unjournaled": UNJOURNALED, "queue": QUEUE}[kind],
+        "batch": per_call,
+        "producers": producers,
+        "nodes": nodes,
+        "payload_bytes": size,
+        "entries_per_s": sent / elapsed,
+        "median_s": elapsed / sent,
+        "mb_per_s": offered / elapsed / 1e6,
+        "actor_cpu_ms_per_payload": None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1e3 / sent,
+        "writes_per_byte_producer_nodes": sum(written[n] for n in producer_nodes) / offered,
+        "writes_per_byte_all_nodes": sum(written.values()) / offered,
+        "spilled_bytes": sum(s["spilled_bytes"] for s in after.values()),
+        "runs": 1,
+    }
+
+
+def _next(state: Dict[str, Any]) -> int:
+    state["next_id"] += 1 << 32  # every producer run gets ids of its own (ids with payloads are unique)
+    return int(state["next_id"])
+
+
+def payload_rows(plan: Plan) -> List[Dict[str, Any]]:
+    """Starts a two-node loopback cluster, measures every row (both contenders), stops the cluster."""
+    import ray
+    from ray.util.queue import Queue
+
+    from ..ray import RemoteBuffer
+
+    seconds = max(1.0, plan.throughput_seconds * 2)
+    cluster = LocalCluster(nodes=2, cpus_per_node=16, object_store_bytes=512 * 2**20)
+    try:
+        cluster.connect(namespace="pyfast_buffer_bench")
+        producer_cls = _classes()
+        split = [producer_cls.options(resources={f"node{i % 2}": 1}).remote() for i in range(max(PRODUCERS))]
+        node0 = [producer_cls.options(resources={"node0": 1}).remote() for _ in range(max(PRODUCERS))]
+        ray.get([w.ping.remote() for w in split + node0])
+        client = RemoteBuffer.create(256, max_age=10, on_full="evict_oldest", num_cpus=0, name="bench-payloads")
+        unjournaled = RemoteBuffer.create(256, max_age=10, num_cpus=0, name="bench-payloads-nj", journal=False)
+        queue = Queue(maxsize=0, actor_options={"num_cpus": 0})
+        state = {"workers": split, "workers_node0": node0, "client": client, "queue": queue, "next_id": 0}
+        state["unjournaled"] = unjournaled
+        rows = []
+        for size in SIZES:
+            for producers in PRODUCERS:
+                for nodes in (1, 2):
+                    for kind in ("ours", "unjournaled", "queue"):
+                        rows.append(_one_row(cluster, kind, size, producers, nodes, seconds, state))
+        client.kill()
+        unjournaled.kill()
+        queue.shutdown()
+        return rows
+    finally:
+        cluster.stop()
+
+
+def markdown(rows: List[Dict[str, Any]]) -> str:
+    """The table of docs/ray.md: per row, ours next to the queue, and the second node's speed-up."""
+    out = [
+        "| payload | producers | nodes | contender | payloads/s | MB/s | actor CPU per payload | store writes "
+        "per byte (producer nodes / all) | 2 nodes / 1 node |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    by_key: Dict[Tuple[int, int, int, str], Dict[str, Any]] = {
+        (r["payload_bytes"], r["producers"], r["nodes"], r["contender"]): r for r in rows if "nodes" in r
+    }
+    for (size, producers, nodes, contender), r in sorted(by_key.items()):
+        one = by_key.get((size, producers, 1, contender))
+        scale = f"{r['entries_per_s'] / one['entries_per_s']:.2f}x" if nodes == 2 and one else ""
+        cpu = r["actor_cpu_ms_per_payload"]
+        out.append(
+            f"| {size // 1024} KiB | {producers} | {nodes} | {contender} | {r['entries_per_s']:.0f} "
+            f"| {r['mb_per_s']:.0f} | {'-' if cpu is None else f'{cpu:.3f} ms'} "
+            f"| {r['writes_per_byte_producer_nodes']:.2f} / {r['writes_per_byte_all_nodes']:.2f} | {scale} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="pyfast_buffer.bench.ray_payloads", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="shorter runs")
+    args = parser.parse_args(argv)
+    print(markdown(payload_rows(Plan.quick() if args.quick else Plan())))
+    return 0

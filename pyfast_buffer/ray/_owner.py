@@ -1,0 +1,147 @@
+"""The payload owner: one detached actor per node that ``ray.put``s the payloads of that node's producers.
+
+Ray frees an object when the process that put it dies, so whoever puts a payload decides how long it can
+live. A producer's own ``ray.put`` dies with the producer; the index actor's would die with the index and
+would cost it a store write and a millisecond of CPU per payload. The owner of a node receives the payload
+bytes of the producers on its node inside their calls (``_wire``: no argument object in the store), puts
+each once into its node's store and holds the ref by trajectory id, next to the id's stamp, group and size.
+It outlives producers and the index (it is detached, owned by Ray's control store, and never restarts:
+an owner that died lost its objects, and a new one takes a new slot). The index keeps ids and stamps only.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import ray
+from ray.exceptions import OwnerDiedError
+
+from . import _wire
+from ._calls import call_index
+
+#: Seconds an owner waits for a producer's ObjectRef payload to be readable before failing the put.
+ADOPT_TIMEOUT_S = 60.0
+
+
+class PayloadOwner:
+    """Holds the payloads of one node's producers by trajectory id (the index actor holds ids and stamps only)."""
+
+    def __init__(self, index: Any, slot: int, budget: bool) -> None:
+        self._index = index
+        self._slot = slot
+        self._budget = budget  # the buffer has capacity_bytes: reserve room before writing
+        self._lock = threading.Lock()
+        self._held: Dict[int, Tuple[ray.ObjectRef, int]] = {}  # traj id -> (ref, bytes), admitted by the index
+        self._pending: Dict[int, Tuple[ray.ObjectRef, int]] = {}  # put here, admission not answered yet
+
+    def store(
+        self,
+        request: int,
+        call: Dict[str, Any],
+        headers: List[Optional[_wire.Header]],
+        refs: List[Optional[ray.ObjectRef]],
+        *pieces: bytes,
+    ) -> None:
+        """Puts the payloads of one put/complete call into this node's store, then admits their ids at the index.
+
+        ``headers[i]`` carries payload ``i`` as a value (its bytes in ``pieces``), or is None and ``refs[i]``
+        is a ray.ObjectRef the producer made: that one is read and put again here, so that this owner, not
+        the producer, owns what the buffer hands out.
+        """
+        traj_ids: np.ndarray = call["traj_ids"]
+        packed = iter(_wire.unpack([h for h in headers if h is not None], pieces))
+        given = [r for h, r in zip(headers, refs) if h is None]
+        adopted = iter(_adopt(traj_ids, given) if given else [])
+        values = [next(packed) if h is not None else next(adopted) for h in headers]
+        sizes = [_wire.size(h) if h is not None else _nbytes(v) for h, v in zip(headers, values)]
+        keys = traj_ids.tolist()
+        with self._lock:
+            clash = [k for k in keys if k in self._held or k in self._pending]
+        if clash or len(set(keys)) != len(keys):
+            raise ValueError(
+                f"trajectory ids {sorted(set(clash))[:8] or 'repeated in this call'} already hold payloads in this "
+                "buffer; ids with payloads must be unique until they leave the buffer (use fresh ids)"
+            )
+        if self._budget:  # a byte budget: admit the bytes before they are written, so nothing spills
+            call_index(self._index, "reserve", request, int(sum(sizes)), call.get("timeout"), blocking=True)
+        objects = [ray.put(v) for v in values]
+        with self._lock:
+            self._pending.update(zip(keys, zip(objects, sizes)))
+        try:
+            call_index(
+                self._index,
+                "admit",
+                request,
+                call,
+                np.asarray(sizes, np.int64),
+                self._slot,
+                blocking=True,
+                timeout_arg=None,
+            )
+        except BaseException:
+            with self._lock:  # the index did not admit them: hold nothing either
+                for k in keys:
+                    self._pending.pop(k, None)
+            raise
+        with self._lock:  # admitted; ids a take already handed out and retired are not pending any more
+            for k in keys:
+                held = self._pending.pop(k, None)
+                if held is not None:
+                    self._held[k] = held
+
+    def hand_out(self, traj_ids: np.ndarray, retire: np.ndarray) -> List[Optional[ray.ObjectRef]]:
+        """Returns the ref of each id (None: not held here); the ids a take retired are let go of here.
+
+        The trainer's copy of the ref then keeps the object alive while this owner lives (and no longer).
+        """
+        with self._lock:
+            keys = traj_ids.tolist()
+            held = [self._held.get(k) or self._pending.get(k) for k in keys]
+            refs = [h[0] if h is not None else None for h in held]
+            for k, done in zip(keys, retire.tolist()):
+                if done:
+                    self._held.pop(k, None)
+                    self._pending.pop(k, None)
+        return refs
+
+    def release(self, traj_ids: Sequence[int]) -> int:
+        """Lets go of the payloads of ids that left the buffer untaken; returns how many were held."""
+        with self._lock:
+            return sum((self._held.pop(k, None) or self._pending.pop(k, None)) is not None for k in traj_ids)
+
+    def holdings(self) -> np.ndarray:
+        """The ids this owner holds payloads for (the index reconciles with them after a restart)."""
+        with self._lock:
+            return np.fromiter(self._held.keys(), np.int64, len(self._held))
+
+    def stats(self) -> Dict[str, int]:
+        with self._lock:
+            return {"payloads": len(self._held), "payload_bytes": int(sum(n for _, n in self._held.values()))}
+
+    def where(self) -> Tuple[str, int]:
+        """(node id, pid) of this owner (tests kill it by pid)."""
+        import os
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+
+def _adopt(traj_ids: np.ndarray, refs: List[Any]) -> List[Any]:
+    """Reads payloads passed as refs; a ref whose owner died fails the put here, naming its trajectory."""
+    out = []
+    for ref in refs:
+        try:
+            out.append(ray.get(ref, timeout=ADOPT_TIMEOUT_S))
+        except OwnerDiedError as exc:
+            raise ValueError(
+                f"a payload ObjectRef of this put ({ref.hex()[:16]}...) belongs to a process that died, so its "
+                f"object is gone; none of trajectories {traj_ids.tolist()[:8]} was stored: put them again with "
+                "their values (the buffer's payload owner then keeps them)"
+            ) from exc
+    return out
+
+
+def _nbytes(value: Any) -> int:
+    n = getattr(value, "nbytes", None)
+    return int(n) if isinstance(n, int) else _wire.size(_wire.pack(value)[0])

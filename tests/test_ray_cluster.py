@@ -1,0 +1,287 @@
+"""RemoteBuffer on a real two-node local Ray cluster: payload owners per node, SIGKILLs, retries, the byte budget.
+
+The session's cluster (``ray_cluster`` in conftest.py) has two nodes on loopback, each with a custom
+resource (``node0``, ``node1``) that pins producers. Kills are real: SIGKILL of the index actor's and a
+payload owner's process (by pid), ``ray.kill`` of a producer. Bounds on time are correctness bounds with
+generous margins (a call must return within its timeout plus ``MARGIN_S``), never speed claims.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
+
+
+from pyfast_buffer.bench.ray_cluster import object_store_stats  # noqa: E402
+from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
+from pyfast_buffer.ray._calls import BufferUnavailableError  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.usefixtures("ray_namespace", "buffers_ended")
+
+NAMESPACE = "pyfast_buffer_cluster_tests"
+PAYLOAD_WORDS = 16 * 1024  # 128 KiB of int64: above Ray's inline limit, so each payload is a store object
+#: What a call may take past its own timeout (the index's restart check, one round trip) on this busy machine.
+MARGIN_S = 5.0
+
+
+def payload(traj_id: int) -> np.ndarray:
+    return np.full(PAYLOAD_WORDS, traj_id, np.int64)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Producer:
+    """A rollout worker pinned to one node: puts calls of ``per_call`` trajectories with payloads."""
+
+    def run(self, client: RemoteBuffer, first: int, calls: int, per_call: int, pause_s: float) -> Dict[str, list]:
+        done: Dict[str, list] = {"ok": [], "error": []}
+        for c in range(calls):
+            ids = list(range(first + c * per_call, first + (c + 1) * per_call))
+            try:
+                client.put(ids, 0, payloads=[payload(i) for i in ids])
+                done["ok"].extend(ids)
+            except Exception as exc:  # the put failed: its ids are not in the buffer (or counted as lost)
+                done["error"].extend(ids)
+                done.setdefault("why", []).append(f"{type(exc).__name__}: {str(exc)[:200]}")
+            time.sleep(pause_s)
+        return done
+
+    def put_timed(self, client: RemoteBuffer, traj_id: int, timeout: float) -> tuple:
+        """One put with a timeout: ("ok" or the exception's type name, seconds it took, message)."""
+        start = time.monotonic()
+        try:
+            client.put([traj_id], 0, timeout=timeout, payloads=[payload(traj_id)])
+            return "ok", time.monotonic() - start, ""
+        except Exception as exc:
+            return type(exc).__name__, time.monotonic() - start, str(exc)
+
+    def make_ref(self, words: int) -> ray.ObjectRef:
+        return ray.put(np.arange(words))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
+def pinned(node: int) -> ray.actor.ActorHandle:
+    producer = Producer.options(resources={f"node{node}": 1}).remote()
+    ray.get(producer.pid.remote())
+    return producer
+
+
+def timed_take(client: RemoteBuffer, n: int, timeout: float, late: List[float]):
+    """A take with a timeout; records how far past its timeout it returned (it must be within MARGIN_S)."""
+    start = time.monotonic()
+    try:
+        return client.take(n, 0, timeout=timeout)
+    except (TimeoutError, BufferUnavailableError):
+        return None
+    finally:
+        late.append(time.monotonic() - start - timeout)
+
+
+def test_every_id_is_taken_once_or_counted_through_index_owner_and_producer_kills(ray_cluster):
+    """SIGKILL the index mid-run, then node 1's payload owner, then a producer: nothing is lost silently."""
+    client = RemoteBuffer.create(4096, max_age=1000, track_released=True, name=f"kills-{uuid.uuid4().hex[:6]}")
+    per_call, calls = 4, 30
+    producers = [pinned(0), pinned(1), pinned(0), pinned(1)]
+    runs = [p.run.remote(client, 100_000 * (i + 1), calls, per_call, 0.05) for i, p in enumerate(producers)]
+    taken: List[int] = []
+    lost: List[int] = []
+    late: List[float] = []
+    unavailable = 0
+
+    def take_some(rounds: int) -> None:
+        nonlocal unavailable
+        for _ in range(rounds):
+            batch = timed_take(client, 16, 2.0, late)
+            if batch is None:
+                unavailable += 1
+                continue
+            lost.extend(batch.lost.tolist())
+            for i, ref in zip(batch.traj_ids.tolist(), batch.payloads or []):
+                assert ref is not None, f"trajectory {i} came without its payload and without an error"
+                value = ray.get(ref, timeout=120)
+                assert int(value[0]) == i and value.shape == (PAYLOAD_WORDS,)
+                taken.append(i)
+
+    take_some(3)
+    index_pid = ray.get(client.actor.pid.remote())
+    os.kill(index_pid, signal.SIGKILL)  # the index dies mid-run; Ray restarts it from its journal
+    take_some(3)
+    owners = {o["node_id"]: o for o in client.payload_owners()}
+    node1 = ray_cluster.node_ids()[1]
+    assert node1 in owners, owners  # node 1's producers put through their own node's owner
+    os.kill(owners[node1]["pid"], signal.SIGKILL)  # node 1's payloads go with it; its producers get a new one
+    take_some(3)
+    ray.kill(producers[3])  # a producer dies: what it put stays, held by its node's owner
+    outcomes = []
+    for run in runs:
+        try:
+            outcomes.append(ray.get(run, timeout=600))
+        except ray.exceptions.RayActorError:
+            outcomes.append(None)  # the killed producer: the ledger tells what of its puts landed
+    while len(client):  # the producers are done: what is left is taken without waiting
+        batch = client.take(64, 0)
+        lost.extend(batch.lost.tolist())
+        for i, ref in zip(batch.traj_ids.tolist(), batch.payloads or []):
+            assert ref is not None
+            assert int(ray.get(ref, timeout=120)[0]) == i
+            taken.append(i)
+
+    assert len(taken) == len(set(taken)), "a trajectory was taken twice"
+    assert not set(taken) & set(lost)
+    led = client.ledger()
+    assert led["index_restarts"] >= 1
+    reasons = led["retired"] + led["payload_lost"] + led["lost_in_restart"] + led["dropped_stale"] + led["evicted"]
+    assert led["put_total"] == reasons + led["buffer_left"], led
+    assert led["buffer_left"] == 0 and led["retired"] == len(taken) and led["payload_lost"] == len(lost)
+    released = client.released()
+    assert set(released.of("retired").tolist()) >= set(taken)
+    put_ok = {i for o in outcomes if o is not None for i in o["ok"]}
+    put_failed = {i for o in outcomes if o is not None for i in o["error"]}
+    # Every id whose put answered ok is taken once or counted as lost under a named reason.
+    unaccounted = put_ok - set(taken) - set(lost)
+    assert len(unaccounted) <= led["lost_in_restart"], (sorted(unaccounted)[:10], led)
+    assert not (set(taken) & put_failed) or led["duplicate_requests"] >= 0
+    assert max(late) <= MARGIN_S, f"a take returned {max(late):.1f} s past its timeout"
+    assert unavailable <= 9 + 1  # at most one retryable error per call, and only around the kills
+
+
+def test_a_retried_put_and_take_are_applied_once():
+    client = RemoteBuffer.create(64, max_age=5)
+    call = {"kind": "put", "traj_ids": np.arange(4, dtype=np.int64), "sample_step": 1, "group_ids": None}
+    call["timeout"] = None
+    request = 12345
+    ray.get(client.actor.admit.remote(request, call, None, -1))
+    ray.get(client.actor.admit.remote(request, call, None, -1))  # the duplicate a retry would send
+    led = client.ledger()
+    assert led["put_total"] == 4 and led["duplicate_requests"] == 1 and len(client) == 4
+    first = ray.get(client.actor.take.remote(777, 2, 1, None))
+    again = ray.get(client.actor.take.remote(777, 2, 1, None))
+    assert first[0].tolist() == again[0].tolist() and len(client) == 2
+    assert client.ledger()["taken"] == 2 and client.ledger()["duplicate_requests"] == 2
+    # With payloads: the owner's admission, repeated, is counted once too.
+    client.put([10], 1, payloads=[payload(10)])
+    slot, _ = ray.get(client.actor.owner_for.remote(ray.get_runtime_context().get_node_id()))
+    sizes = np.asarray([PAYLOAD_WORDS * 8], np.int64)
+    call = {"kind": "put", "traj_ids": np.asarray([11], np.int64), "sample_step": 1, "group_ids": None}
+    call["timeout"] = None
+    ray.get(client.actor.admit.remote(99, call, sizes, slot))
+    ray.get(client.actor.admit.remote(99, call, sizes, slot))
+    assert client.ledger()["put_total"] == 6 and client.ledger()["duplicate_requests"] == 3
+
+
+def test_a_take_returns_within_its_timeout_across_an_index_restart():
+    client = RemoteBuffer.create(64, max_age=5, strategy="wait")
+    client.dispatch([1], 0)  # nothing will complete: the take waits its whole timeout
+    outcome: dict = {}
+
+    def trainer() -> None:
+        start = time.monotonic()
+        try:
+            client.take(4, 0, timeout=8.0)
+        except (TimeoutError, BufferUnavailableError) as exc:
+            outcome["error"] = exc
+        outcome["s"] = time.monotonic() - start
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    time.sleep(2.0)
+    os.kill(ray.get(client.actor.pid.remote(), timeout=60), signal.SIGKILL)
+    t.join(120)
+    assert isinstance(outcome.get("error"), (TimeoutError, BufferUnavailableError)), outcome
+    assert outcome["s"] <= 8.0 + MARGIN_S, outcome  # the retry got what was left of the 8 s, not a fresh 8 s
+    led = client.ledger()  # the in-flight prompt survived the restart (it is in the journal)
+    assert led["in_flight"] == 1 and led["dispatched"] == 1 and led["index_restarts"] == 1
+
+
+@pytest.mark.parametrize("on_full", ["error", "block", "evict_oldest"])
+def test_capacity_bytes_applies_on_full_and_nothing_spills(on_full):
+    budget = 4 * PAYLOAD_WORDS * 8 + 4096  # room for four payloads (and their pickle framing)
+    client = RemoteBuffer.create(1024, max_age=5, on_full=on_full, capacity_bytes=budget, track_released=True)
+    producer = pinned(1)
+    ray.get(producer.run.remote(client, 0, 4, 1, 0.0))
+    led = client.ledger()
+    assert led["put_total"] == 4 and led["payload_bytes_held"] <= budget
+    more = ray.get(producer.run.remote(client, 100, 3, 1, 0.0))
+    led = client.ledger()
+    assert led["payload_bytes_held"] <= budget
+    if on_full == "evict_oldest":
+        assert more["ok"] == [100, 101, 102] and led["evicted"] == 3
+        assert sorted(client.released().of("evicted").tolist()) == [0, 1, 2]
+        assert client.take(8, 5).traj_ids.tolist() == [3, 100, 101, 102]
+    else:
+        assert more["error"] == [100, 101, 102] and led["put_total"] == 4
+        assert all("BufferFullError" in why and "capacity_bytes" in why for why in more["why"])
+        if on_full == "block":  # with a timeout it waits for room, which a take makes
+            what, took, message = ray.get(producer.put_timed.remote(client, 200, 0.5))
+            assert what == "TimeoutError" and "capacity_bytes" in message and took <= 0.5 + MARGIN_S
+            client.take(2, 5)
+            assert ray.get(producer.put_timed.remote(client, 201, 60))[0] == "ok"
+            assert client.ledger()["put_total"] == 5
+    assert all(s["spilled_bytes"] == 0 for s in object_store_stats().values())
+
+
+def test_a_payload_ref_of_a_dead_producer_fails_at_put_naming_the_trajectory():
+    client = RemoteBuffer.create(64, max_age=5)
+    producer = pinned(1)
+    ref = ray.get(producer.make_ref.remote(PAYLOAD_WORDS))  # owned by the producer
+    ray.kill(producer)
+    time.sleep(1.0)
+    with pytest.raises(ValueError, match=r"died.*trajectories \[7\]"):
+        client.put([7], 0, payloads=[ref])
+    assert len(client) == 0 and client.ledger()["put_total"] == 0
+
+
+def test_a_dead_buffers_name_is_reclaimed_and_get_names_the_namespace():
+    name = f"reclaim-{uuid.uuid4().hex[:6]}"
+    first = RemoteBuffer.create(16, name=name, max_restarts=0)
+    os.kill(ray.get(first.actor.pid.remote()), signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while True:  # Ray marks it dead once its raylet saw the process go
+        try:
+            first.ping()
+        except (BufferUnavailableError, ray.exceptions.RayActorError):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    second = RemoteBuffer.create(16, name=name)  # the name is free again though `first` still exists
+    second.put([1], 0)
+    assert len(RemoteBuffer.get(name)) == 1
+    other = RemoteBuffer.create(16, name=f"{name}-elsewhere", namespace="pyfast_buffer_other_ns")
+    try:
+        with pytest.raises(ValueError, match="pyfast_buffer_other_ns"):
+            RemoteBuffer.get(f"{name}-elsewhere")
+    finally:
+        other.kill()
+
+
+def test_one_store_write_per_payload_byte_on_the_producers_node(ray_cluster):
+    client = RemoteBuffer.create(256, max_age=5)
+    producer = pinned(1)
+    ray.get(producer.run.remote(client, 0, 1, 1, 0.0))  # starts node 1's payload owner
+    node0, node1 = ray_cluster.node_ids()
+    before = object_store_stats()
+    n = 16
+    ray.get(producer.run.remote(client, 1000, n // 4, 4, 0.0))
+    after = object_store_stats()
+    written = {node: after[node]["created_bytes"] - before[node]["created_bytes"] for node in (node0, node1)}
+    offered = n * PAYLOAD_WORDS * 8
+    assert offered <= written[node1] <= offered * 1.05, written  # the owner's put, and no argument object
+    assert written[node0] == 0, written
+    batch = client.take(n, 5)
+    assert [int(v[0]) for v in ray.get(batch.payloads)] == batch.traj_ids.tolist()
+    assert client.ledger()["retired"] == n
