@@ -27,10 +27,11 @@ def impl(request):
 def ray_cluster():
     """A private two-node Ray cluster on loopback, started once per session for every Ray test module.
 
-    Run the Ray test files in a pytest process of their own: once this process has run an in-process local
-    Ray (``ray.init()`` without an address, as the verl tests do), Ray 2.60 fails every actor it creates in
-    another cluster ("all references to the actor were removed"). Each node has 16 logical CPUs (scheduling tokens, not cores: every buffer's index actor takes one) and
-    its own custom resource (``node0``, ``node1``) to pin producers with.
+    Once a process has run an in-process local Ray (``ray.init()`` without an address, as the verl tests
+    do), Ray 2.60 fails every actor it creates in
+    another cluster ("all references to the actor were removed"); pytest_collection_modifyitems below runs
+    them first. Each node has 16 logical CPUs (scheduling tokens, not cores: every buffer's index actor takes
+    one) and its own custom resource (``node0``, ``node1``) to pin producers with.
     """
     pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
     from pyfast_buffer.bench.ray_cluster import LocalCluster
@@ -64,3 +65,12 @@ def buffers_ended(ray_namespace):
 
     yield
     kill_named_actors(ray_namespace)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Runs the Ray cluster test files first: Ray 2.60 cannot create actors in the session's two-node cluster
+    once this process has run an in-process local Ray (the verl tests start one), but the other order works."""
+    cluster_first = [item for item in items if "ray_namespace" in getattr(item, "fixturenames", ())]
+    if cluster_first:
+        rest = [item for item in items if "ray_namespace" not in getattr(item, "fixturenames", ())]
+        items[:] = cluster_first + rest

@@ -16,9 +16,12 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 psutil = pytest.importorskip("psutil")
 
 import test_pace_scenario as scenario  # noqa: E402
-from test_ray_buffer import local_ray  # noqa: E402, F401 - the module's local cluster, started once
 
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("ray_namespace", "buffers_ended")  # the session's two-node cluster
+
+NAMESPACE = "pyfast_buffer_pace_tests"
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ray.cloudpickle.register_pickle_by_value(scenario)
