@@ -19,6 +19,11 @@ namespace {
 using I64Array = py::array_t<int64_t, py::array::c_style>;
 using I32Array = py::array_t<int32_t, py::array::c_style>;
 
+// An owned copy of an optional int32 array (source slots), empty when absent.
+std::vector<int32_t> owned32(const std::optional<I32Array>& a) {
+  return a ? std::vector<int32_t>(a->data(), a->data() + a->size()) : std::vector<int32_t>();
+}
+
 pfb::Strategy parse_strategy(const std::string& s) {
   if (s == "drop") return pfb::Strategy::kDrop;
   if (s == "wait") return pfb::Strategy::kWait;
@@ -74,13 +79,58 @@ py::int_ to_pyint(pfb::Int128 v) {
   return py::int_(negative ? out.attr("__neg__")() : out);
 }
 
+py::tuple attempts_tuple(const std::array<int64_t, 6>& a) { return py::make_tuple(a[0], a[1], a[2], a[3], a[4], a[5]); }
+
 py::tuple stats_tuple(const pfb::TakeStats& s) {
   py::tuple hist(pfb::kAgeBuckets);
   for (int i = 0; i < pfb::kAgeBuckets; ++i) hist[i] = py::int_(s.age_hist[i]);
+  py::tuple sources(s.sources.size());
+  for (size_t i = 0; i < s.sources.size(); ++i)
+    sources[i] = py::make_tuple(s.sources[i][0] - 1, s.sources[i][1], s.sources[i][2]);  // (source, taken, dropped)
   return py::make_tuple(s.taken, s.dropped_stale, s.retired, s.evicted, blocked_by_name(s.blocked_by),
                         to_pyint(s.age_sum), s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total, s.max_age,
                         s.expired, s.trained_over_age, to_pyint(s.span_sum), s.span_max, s.admitted,
-                        s.admission_refused, s.admission_waits);
+                        s.admission_refused, s.admission_waits, attempts_tuple(s.attempts), sources);
+}
+
+// The starved gauge of every tagged source that has any starved prompt: {source: count}.
+py::dict starved_by_source(const pfb::AttemptCounters& a) {
+  py::dict d;
+  for (int slot = 1; slot < pfb::kSourceSlots; ++slot)
+    if (a.starved_by_slot[slot]) d[py::int_(slot - 1)] = a.starved_by_slot[slot];
+  return d;
+}
+
+// Cumulative counts per source slot as an int64 array of shape (kSourceSlots, 6), slot 0 (untagged) first.
+py::array_t<int64_t> source_counts_array(const std::array<pfb::SourceCounts, pfb::kSourceSlots>& counts) {
+  py::array_t<int64_t> out({static_cast<py::ssize_t>(pfb::kSourceSlots), py::ssize_t{6}});
+  auto v = out.mutable_unchecked<2>();
+  for (int slot = 0; slot < pfb::kSourceSlots; ++slot) {
+    const pfb::SourceCounts& c = counts[slot];
+    const int64_t row[6] = {c.dispatched, c.generated, c.taken, c.trained, c.dropped, c.evicted};
+    for (int k = 0; k < 6; ++k) v(slot, k) = row[k];
+  }
+  return out;
+}
+
+// The bias monitor as numpy arrays: counts (1 + kWindowParts, kBiasSketches, kSketchBuckets) with the
+// cumulative sketches first, n and sum (1 + kWindowParts, kBiasSketches), and the window position.
+py::object bias_arrays(const pfb::BiasMonitor* b) {
+  if (!b) return py::none();
+  constexpr int parts = 1 + pfb::kWindowParts;
+  py::array_t<int64_t> counts({py::ssize_t{parts}, py::ssize_t{pfb::kBiasSketches}, py::ssize_t{pfb::kSketchBuckets}});
+  py::array_t<int64_t> n({py::ssize_t{parts}, py::ssize_t{pfb::kBiasSketches}});
+  py::array_t<double> sum({py::ssize_t{parts}, py::ssize_t{pfb::kBiasSketches}});
+  auto c = counts.mutable_unchecked<3>();
+  auto nv = n.mutable_unchecked<2>();
+  auto sv = sum.mutable_unchecked<2>();
+  for (int part = 0; part < parts; ++part)
+    for (int k = 0; k < pfb::kBiasSketches; ++k) {
+      const pfb::Sketch& sk = part == 0 ? b->total[k] : b->window[part - 1][k];
+      for (int i = 0; i < pfb::kSketchBuckets; ++i) c(part, k, i) = sk.counts[i];
+      nv(part, k) = sk.n, sv(part, k) = sk.sum;
+    }
+  return py::make_tuple(counts, n, sum, b->current, b->takes_in_current, b->rotations);
 }
 
 py::dict ledger_dict(const pfb::Ledger& l) {
@@ -121,20 +171,21 @@ std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::
                                   const std::string& on_full, int64_t parameter_sync_step,
                                   std::optional<py::tuple> columns, bool track_released, int64_t release_bound,
                                   bool unique_ids, int64_t prompts_per_step, int64_t lookahead,
-                                  const std::string& age_from) {
+                                  const std::string& age_from, int64_t max_attempts, int64_t attempts_bound) {
   pfb::RingConfig cfg{capacity,       max_age,       parse_strategy(strategy), max_uses,
                       parse_on_full(on_full), parameter_sync_step, track_released, release_bound,
-                      unique_ids,     prompts_per_step, lookahead, parse_age_from(age_from)};
+                      unique_ids,     prompts_per_step, lookahead, parse_age_from(age_from), max_attempts,
+                      attempts_bound};
   auto out = std::make_unique<PyRing>();
   if (!columns) {
     out->ring = std::make_unique<pfb::StalenessRing>(cfg, nullptr);
     out->ring->set_interrupt_check(check_signals);
     return out;
   }
-  if (columns->size() != 8) throw pfb::InvalidArgument("columns: pass 6 int64 and 2 int32 arrays");
+  if (columns->size() != 9) throw pfb::InvalidArgument("columns: pass 7 int64 and 2 int32 arrays");
   pfb::ColumnPointers ptrs;
-  int64_t* wide[6];
-  for (int i = 0; i < 6; ++i) {
+  int64_t* wide[7];
+  for (int i = 0; i < 7; ++i) {
     auto a = py::cast<I64Array>((*columns)[i]);
     // The core writes through these pointers: a converted copy would silently leave the caller's memory unused.
     if (!a.is((*columns)[i]) || a.size() < capacity)
@@ -144,14 +195,14 @@ std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::
   }
   int32_t* narrow[2];
   for (int i = 0; i < 2; ++i) {
-    auto a = py::cast<I32Array>((*columns)[6 + i]);
-    if (!a.is((*columns)[6 + i]) || a.size() < capacity)
+    auto a = py::cast<I32Array>((*columns)[7 + i]);
+    if (!a.is((*columns)[7 + i]) || a.size() < capacity)
       throw pfb::InvalidArgument("columns: pass contiguous int32 arrays of capacity entries");
     narrow[i] = a.mutable_data();
     out->borrowed_arrays.push_back(a);
   }
   ptrs.traj_id = wide[0], ptrs.group_id = wide[1], ptrs.sample_step = wide[2];
-  ptrs.finish_step = wide[3], ptrs.dispatch_ns = wide[4], ptrs.complete_ns = wide[5];
+  ptrs.finish_step = wide[3], ptrs.dispatch_ns = wide[4], ptrs.complete_ns = wide[5], ptrs.meta = wide[6];
   ptrs.uses = narrow[0], ptrs.group_len = narrow[1];
   out->ring = std::make_unique<pfb::StalenessRing>(cfg, &ptrs);
   out->ring->set_interrupt_check(check_signals);
@@ -183,7 +234,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init(&make_ring), py::arg("capacity"), py::arg("max_age"), py::arg("strategy"), py::arg("max_uses"),
            py::arg("on_full"), py::arg("parameter_sync_step"), py::arg("columns") = py::none(),
            py::arg("track_released") = false, py::arg("release_bound") = 0, py::arg("unique_ids") = false,
-           py::arg("prompts_per_step") = 0, py::arg("lookahead") = 0, py::arg("age_from") = "start")
+           py::arg("prompts_per_step") = 0, py::arg("lookahead") = 0, py::arg("age_from") = "start",
+           py::arg("max_attempts") = 0, py::arg("attempts_bound") = 0)
       .def("released",
            [](PyRing& self) {
              pfb::Released r = self.ring->take_released();
@@ -192,12 +244,15 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "dispatch",
           [](PyRing& self, const I64Array& prompt_ids, int64_t step, std::optional<double> lease,
-             std::optional<double> timeout) {
+             std::optional<double> timeout, std::optional<I32Array> slots) {
             const std::vector<int64_t> ids = owned(prompt_ids);
+            const std::vector<int32_t> sl = owned32(slots);
             py::gil_scoped_release release;  // a paced dispatch may block: never while holding the GIL
-            self.ring->dispatch(ids.data(), static_cast<int64_t>(ids.size()), step, lease, timeout);
+            self.ring->dispatch(ids.data(), static_cast<int64_t>(ids.size()), step, lease, timeout,
+                                slots ? sl.data() : nullptr, static_cast<int64_t>(sl.size()));
           },
-          py::arg("prompt_ids"), py::arg("step"), py::arg("lease") = py::none(), py::arg("timeout") = py::none())
+          py::arg("prompt_ids"), py::arg("step"), py::arg("lease") = py::none(), py::arg("timeout") = py::none(),
+          py::arg("slots") = py::none())
       .def("admissible",
            [](PyRing& self, int64_t step) {
              py::gil_scoped_release release;
@@ -217,17 +272,18 @@ PYBIND11_MODULE(_core, m) {
       .def("_set_lease_clock", [](PyRing& self, std::optional<int64_t> now_ns) { self.ring->set_lease_clock(now_ns); })
       .def("complete",
            [](PyRing& self, const I64Array& traj_ids, const I64Array& prompt_ids, std::optional<double> timeout,
-              std::optional<I64Array> finish_steps) {
-             if (traj_ids.size() != prompt_ids.size())
-               throw pfb::InvalidArgument("traj_ids and prompt_ids differ in length");
+              std::optional<I64Array> finish_steps, std::optional<I64Array> lengths) {
+             if (traj_ids.size() != prompt_ids.size() || (lengths && lengths->size() != traj_ids.size()))
+               throw pfb::InvalidArgument("traj_ids, prompt_ids and lengths differ in length");
              const std::vector<int64_t> t = owned(traj_ids), p = owned(prompt_ids);
              const std::vector<int64_t> f = finish_steps ? owned(*finish_steps) : std::vector<int64_t>();
+             const std::vector<int64_t> l = lengths ? owned(*lengths) : std::vector<int64_t>();
              py::gil_scoped_release release;
              self.ring->complete(t.data(), p.data(), static_cast<int64_t>(t.size()), timeout, f.data(),
-                                 static_cast<int64_t>(f.size()));
+                                 static_cast<int64_t>(f.size()), lengths ? l.data() : nullptr);
            },
            py::arg("traj_ids"), py::arg("prompt_ids"), py::arg("timeout") = py::none(),
-           py::arg("finish_steps") = py::none())
+           py::arg("finish_steps") = py::none(), py::arg("lengths") = py::none())
       .def("fail",
            [](PyRing& self, const I64Array& prompt_ids) {
              const std::vector<int64_t> ids = owned(prompt_ids);
@@ -236,19 +292,21 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("put",
            [](PyRing& self, const I64Array& traj_ids, std::optional<I64Array> group_ids, const I64Array& sample_steps,
-              std::optional<double> timeout, std::optional<I64Array> finish_steps) {
+              std::optional<double> timeout, std::optional<I64Array> finish_steps,
+              std::optional<I32Array> slots) {
              if (group_ids && group_ids->size() != traj_ids.size())
                throw pfb::InvalidArgument("traj_ids and group_ids differ in length");
              const std::vector<int64_t> t = owned(traj_ids), s = owned(sample_steps);
              const std::vector<int64_t> g = group_ids ? owned(*group_ids) : std::vector<int64_t>();
              const std::vector<int64_t> f = finish_steps ? owned(*finish_steps) : std::vector<int64_t>();
+             const std::vector<int32_t> sl = owned32(slots);
              const int64_t n = static_cast<int64_t>(t.size()), n_steps = static_cast<int64_t>(s.size());
              py::gil_scoped_release release;
              self.ring->put(t.data(), group_ids ? g.data() : nullptr, s.data(), n_steps, n, timeout, f.data(),
-                            static_cast<int64_t>(f.size()));
+                            static_cast<int64_t>(f.size()), slots ? sl.data() : nullptr, static_cast<int64_t>(sl.size()));
            },
            py::arg("traj_ids"), py::arg("group_ids"), py::arg("sample_steps"), py::arg("timeout") = py::none(),
-           py::arg("finish_steps") = py::none())
+           py::arg("finish_steps") = py::none(), py::arg("slots") = py::none())
       .def("take",
            [](PyRing& self, I64Array& out, int64_t batch_size, int64_t current_step, std::optional<double> timeout) {
              // A batch never exceeds the capacity, so out needs room for min(batch_size, capacity) rows.
@@ -273,6 +331,40 @@ PYBIND11_MODULE(_core, m) {
              return stats_tuple(stats);
            })
       .def("ledger", [](PyRing& self) { return ledger_dict(self.ring->ledger()); })
+      .def("set_source_max_age",
+           [](PyRing& self, int64_t source, int64_t max_age) {
+             if (source < 0 || source > pfb::kMaxSource)
+               throw pfb::InvalidArgument("source_max_age: source " + std::to_string(source) +
+                                          " is out of range; use sources in [0, 63]");
+             self.ring->set_source_max_age(static_cast<int32_t>(source + 1), max_age);
+           })
+      .def("source_max_ages",
+           [](const PyRing& self) {
+             py::dict d;
+             const auto ages = self.ring->source_max_ages();
+             for (int slot = 1; slot < pfb::kSourceSlots; ++slot)
+               if (ages[slot] >= 0) d[py::int_(slot - 1)] = ages[slot];
+             return d;
+           })
+      .def("starved",
+           [](const PyRing& self, int64_t min_attempts) {
+             py::dict d;
+             for (const auto& [id, attempts] : self.ring->starved(min_attempts)) d[py::int_(id)] = attempts;
+             return d;
+           })
+      .def("attempts",
+           [](const PyRing& self) {
+             const pfb::AttemptCounters a = self.ring->attempt_counters();
+             const std::array<int64_t, 6> totals = {a.retries,          a.prompts_retried, a.regenerations,
+                                                    a.protected_groups, a.starved,         a.forgotten};
+             return py::make_tuple(attempts_tuple(totals), starved_by_source(a));
+           })
+      .def("source_counts", [](const PyRing& self) { return source_counts_array(self.ring->source_counts()); })
+      .def("bias",
+           [](const PyRing& self) {
+             std::unique_ptr<pfb::BiasMonitor> b = self.ring->bias();
+             return bias_arrays(b.get());
+           })
       .def("__len__", [](const PyRing& self) { return self.ring->size(); })
       .def_property(
           "max_age", [](const PyRing& self) { return self.ring->max_age(); },
@@ -294,6 +386,27 @@ PYBIND11_MODULE(_core, m) {
              d["uses"] = to_numpy(std::move(s.uses)), d["group_len"] = to_numpy(std::move(s.group_len));
              d["finish_step"] = to_numpy(std::move(s.finish_step));
              d["next_take"] = s.next_take;
+             d["meta"] = to_numpy(std::move(s.meta));
+             d["in_flight_meta"] = to_numpy(std::move(s.in_flight_meta));
+             std::vector<int64_t> ids, attempts, trained, pending, slot, lost, flags, since;
+             for (const pfb::AttemptRecord& r : s.attempts) {
+               ids.push_back(r.prompt_id), attempts.push_back(r.attempts), trained.push_back(r.trained);
+               pending.push_back(r.pending), slot.push_back(r.slot), lost.push_back(r.lost_trajs);
+               flags.push_back(int64_t{r.last_lost} | int64_t{r.retried} << 1), since.push_back(r.since_trained);
+             }
+             py::dict att;
+             att["prompt_id"] = to_numpy(std::move(ids)), att["attempts"] = to_numpy(std::move(attempts));
+             att["trained"] = to_numpy(std::move(trained)), att["pending"] = to_numpy(std::move(pending));
+             att["slot"] = to_numpy(std::move(slot)), att["lost_trajs"] = to_numpy(std::move(lost));
+             att["flags"] = to_numpy(std::move(flags)), att["since_trained"] = to_numpy(std::move(since));
+             d["attempts"] = att;
+             const pfb::AttemptCounters& a = s.attempt_counters;
+             py::dict counters;
+             counters["retries"] = a.retries, counters["prompts_retried"] = a.prompts_retried;
+             counters["regenerations"] = a.regenerations, counters["protected"] = a.protected_groups;
+             counters["forgotten"] = a.forgotten;
+             d["attempt_counters"] = counters;
+             d["source_counts"] = source_counts_array(s.source_counts);
              d["in_flight_prompt"] = to_numpy(std::move(s.in_flight_prompt));
              d["in_flight_step"] = to_numpy(std::move(s.in_flight_step));
              d["in_flight_dispatch_ns"] = to_numpy(std::move(s.in_flight_dispatch_ns));
@@ -313,12 +426,45 @@ PYBIND11_MODULE(_core, m) {
         s.uses = from_numpy<int32_t>(d, "uses"), s.group_len = from_numpy<int32_t>(d, "group_len");
         if (d.contains("finish_step")) s.finish_step = from_numpy<int64_t>(d, "finish_step");  // else: sample_step
         s.next_take = optional_int(d, "next_take", 0);
+        s.meta = from_numpy<int64_t>(d, "meta", std::make_pair(s.traj_id.size(), pfb::kPutMeta));
         s.in_flight_prompt = from_numpy<int64_t>(d, "in_flight_prompt");
         s.in_flight_step = from_numpy<int64_t>(d, "in_flight_step");
         s.in_flight_dispatch_ns = from_numpy<int64_t>(d, "in_flight_dispatch_ns");
         const size_t m = s.in_flight_prompt.size();  // state_dicts from before leases lack the lease columns
         s.in_flight_lease_left_ns = from_numpy<int64_t>(d, "in_flight_lease_left_ns", std::make_pair(m, int64_t{-1}));
         s.in_flight_held_ns = from_numpy<int64_t>(d, "in_flight_held_ns", std::make_pair(m, int64_t{0}));
+        // An in-flight prompt saved before sources and attempts: untagged, observed, not protected.
+        s.in_flight_meta = from_numpy<int64_t>(d, "in_flight_meta", std::make_pair(m, pfb::make_meta(-1, 0, false, true)));
+        if (d.contains("attempts")) {
+          py::dict att = d["attempts"];
+          const auto ids = from_numpy<int64_t>(att, "prompt_id"), attempts = from_numpy<int64_t>(att, "attempts");
+          const auto trained = from_numpy<int64_t>(att, "trained"), pending = from_numpy<int64_t>(att, "pending");
+          const auto slot = from_numpy<int64_t>(att, "slot"), lost = from_numpy<int64_t>(att, "lost_trajs");
+          const auto flags = from_numpy<int64_t>(att, "flags"), since = from_numpy<int64_t>(att, "since_trained");
+          const size_t k = ids.size();
+          if (attempts.size() != k || trained.size() != k || pending.size() != k || slot.size() != k ||
+              lost.size() != k || flags.size() != k || since.size() != k)
+            throw pfb::InvalidArgument("state_dict: the attempts columns have different lengths");
+          for (size_t i = 0; i < k; ++i) {
+            auto narrow = [](int64_t v) { return static_cast<int32_t>(std::clamp<int64_t>(v, -1, INT32_MAX)); };
+            s.attempts.push_back({ids[i], narrow(attempts[i]), narrow(trained[i]), narrow(pending[i]), narrow(slot[i]),
+                                  narrow(since[i]), lost[i], (flags[i] & 1) != 0, (flags[i] & 2) != 0});
+          }
+          py::dict counters = d["attempt_counters"];
+          s.attempt_counters.retries = counters["retries"].cast<int64_t>();
+          s.attempt_counters.prompts_retried = counters["prompts_retried"].cast<int64_t>();
+          s.attempt_counters.regenerations = counters["regenerations"].cast<int64_t>();
+          s.attempt_counters.protected_groups = counters["protected"].cast<int64_t>();
+          s.attempt_counters.forgotten = counters["forgotten"].cast<int64_t>();
+        }
+        if (d.contains("source_counts")) {
+          auto a = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(d["source_counts"]);
+          if (!a || a.ndim() != 2 || a.shape(0) != pfb::kSourceSlots || a.shape(1) != 6)
+            throw pfb::InvalidArgument("state_dict: 'source_counts' must be an int array of shape (65, 6)");
+          auto v = a.unchecked<2>();
+          for (int slot = 0; slot < pfb::kSourceSlots; ++slot)
+            s.source_counts[slot] = {v(slot, 0), v(slot, 1), v(slot, 2), v(slot, 3), v(slot, 4), v(slot, 5)};
+        }
         py::dict l = d["ledger"];
         s.ledger.dispatched = l["dispatched"].cast<int64_t>(), s.ledger.completed = l["completed"].cast<int64_t>();
         s.ledger.failed = l["failed"].cast<int64_t>(), s.ledger.put_total = l["put_total"].cast<int64_t>();

@@ -22,6 +22,7 @@ struct InFlightPrompt {
   int64_t dispatch_ns;             // wall clock at dispatch (ns since the epoch), for the record
   int64_t since_ns = 0;            // lease clock at dispatch: expire_in_flight measures from it
   int64_t deadline_ns = kNoLease;  // lease clock at which the lease passes
+  int64_t meta = 0xFFFFFFFFll;     // source slot and protected flag for its entries (entry_meta.hpp), no length
 };
 
 /// Hash table of in-flight prompts plus an ordered count of their steps, so the oldest is O(1), and the
@@ -90,6 +91,14 @@ class InFlightTable {
   /// Returns the smallest sample_step in flight, or INT64_MAX when nothing is in flight.
   int64_t oldest_step() const {
     return step_counts_.empty() ? std::numeric_limits<int64_t>::max() : step_counts_.begin()->first;
+  }
+
+  /// Returns true iff `pred(sample_step, meta)` holds for some in-flight prompt (one pass over them all).
+  template <class Pred>
+  bool any_of(Pred pred) const {
+    for (const auto& [id, rec] : prompts_)
+      if (pred(rec.sample_step, rec.meta)) return true;
+    return false;
   }
 
   /// Returns how many prompts are in flight per sample_step, oldest step first.

@@ -102,7 +102,8 @@ void StalenessRing::pace_restore_order() {
   for (int64_t i = 0; i < size_; ++i) rows[i] = phys(i);
   std::stable_sort(rows.begin(), rows.end(), [ages](int64_t a, int64_t b) { return ages[a] < ages[b]; });
   std::vector<int64_t> wide(static_cast<size_t>(size_));
-  for (int64_t* col : {c.traj_id, c.group_id, c.sample_step, c.finish_step, c.dispatch_ns, c.complete_ns}) {
+  for (int64_t* col :
+       {c.traj_id, c.group_id, c.sample_step, c.finish_step, c.dispatch_ns, c.complete_ns, c.meta}) {
     for (int64_t i = 0; i < size_; ++i) wide[i] = col[rows[i]];
     for (int64_t i = 0; i < size_; ++i) col[phys(i)] = wide[i];
   }

@@ -11,7 +11,7 @@
 
 namespace pyfast_buffer {
 
-/// Raw pointers to the eight columns of `capacity` entries each.
+/// Raw pointers to the nine columns of `capacity` entries each.
 struct ColumnPointers {
   int64_t* traj_id = nullptr;
   int64_t* group_id = nullptr;
@@ -20,18 +20,19 @@ struct ColumnPointers {
                                    // is derived at take from sample_step, so it needs no column)
   int64_t* dispatch_ns = nullptr;
   int64_t* complete_ns = nullptr;
+  int64_t* meta = nullptr;       // length, source slot and flags (entry_meta.hpp)
   int32_t* uses = nullptr;
   int32_t* group_len = nullptr;  // size of the entry's group; groups are contiguous in the ring
 
   /// Returns true iff every column pointer is set.
   bool complete() const {
-    return traj_id && group_id && sample_step && finish_step && dispatch_ns && complete_ns &&
+    return traj_id && group_id && sample_step && finish_step && dispatch_ns && complete_ns && meta &&
            uses && group_len;
   }
 };
 
 /// Bytes one entry occupies across all columns.
-constexpr int64_t kBytesPerEntry = 6 * sizeof(int64_t) + 2 * sizeof(int32_t);
+constexpr int64_t kBytesPerEntry = 7 * sizeof(int64_t) + 2 * sizeof(int32_t);
 
 /// Owns or borrows the column memory for a ring of fixed capacity; allocated once, never resized.
 class RingColumns {
@@ -40,7 +41,7 @@ class RingColumns {
   /// first lap through the ring costs what later laps cost; throws std::bad_alloc on failure.
   explicit RingColumns(int64_t capacity) {
     const int64_t wide = round_up(capacity * 8), narrow = round_up(capacity * 4);
-    const int64_t bytes = 6 * wide + 2 * narrow;
+    const int64_t bytes = 7 * wide + 2 * narrow;
     // Rings of 2 MiB or more sit on 2 MiB boundaries and ask for transparent huge pages: pre-touching
     // them then takes a few hundred page faults instead of one per 4 KiB (a hint; ignored if refused).
     const size_t align = bytes >= kHugePage ? kHugePage : kAlign;
@@ -56,7 +57,8 @@ class RingColumns {
     for (int64_t at = 0; at < bytes; at += kPage) page[at] = 0;
     char* at = owned_.get();
     int64_t** wide_cols[] = {&cols_.traj_id,        &cols_.group_id,    &cols_.sample_step,
-                             &cols_.finish_step, &cols_.dispatch_ns, &cols_.complete_ns};
+                             &cols_.finish_step, &cols_.dispatch_ns, &cols_.complete_ns,
+                             &cols_.meta};
     for (int64_t** col : wide_cols) *col = reinterpret_cast<int64_t*>(at), at += wide;
     cols_.uses = reinterpret_cast<int32_t*>(at), at += narrow;
     cols_.group_len = reinterpret_cast<int32_t*>(at);

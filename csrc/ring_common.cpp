@@ -78,6 +78,10 @@ const RingConfig& validated(const RingConfig& config, const ColumnPointers* borr
   } else if (config.prompts_per_step != 0 || config.lookahead != 0) {
     throw InvalidArgument("prompts_per_step and lookahead are used only by strategy='pace'; leave them unset");
   }
+  if (config.max_attempts < 0 || config.max_attempts > std::numeric_limits<int32_t>::max())
+    throw InvalidArgument(concat("max_attempts=", config.max_attempts, " must be >= 1 (or 0 for no cap)"));
+  if (config.attempts_bound < 0)
+    throw InvalidArgument(concat("attempts_bound=", config.attempts_bound, " must be > 0 (or 0 for the default)"));
   return config;
 }
 
@@ -96,7 +100,9 @@ RingColumns make_columns(int64_t capacity, const ColumnPointers* borrowed) {
 StalenessRing::StalenessRing(const RingConfig& config, const ColumnPointers* borrowed)
     : config_(validated(config, borrowed)),
       columns_(make_columns(config.capacity, borrowed)),
-      max_age_(config.max_age) {
+      max_age_(config.max_age),
+      attempts_(config.attempts_bound > 0 ? config.attempts_bound : default_attempts_bound(config.capacity)) {
+  source_max_age_.fill(-1);
   if (config_.track_released)
     release_log_ = std::make_unique<ReleaseLog>(config_.release_bound > 0 ? config_.release_bound
                                                                           : default_release_bound(config_.capacity));
@@ -113,9 +119,10 @@ void StalenessRing::note_walked(int64_t walked, int64_t current_step) {
                                                               : std::numeric_limits<int64_t>::min();
   const ColumnPointers& c = columns_.get();
   const int64_t* ages = age_steps();
+  const bool per_entry = per_entry_cutoffs();
   for (int64_t i = 0; i < walked; ++i) {
     const int64_t p = phys(i);
-    if (ages[p] < cutoff)
+    if (per_entry ? stale_at(p) : ages[p] < cutoff)
       note_left(c.traj_id[p], ReleaseReason::kDroppedStale);
     else if (c.uses[p] >= config_.max_uses)
       note_left(c.traj_id[p], ReleaseReason::kRetired);
@@ -143,9 +150,28 @@ Released StalenessRing::take_released() {
 void StalenessRing::check_clock(int64_t current_step) const {
   if (current_step < 0)
     throw InvalidArgument(concat("current_step=", current_step, " is negative; steps are ints >= 0"));
+  if (current_step < clock_ && clock_from_stamp_)
+    throw InvalidArgument(concat(
+        "current_step=", current_step, " is lower than step ", clock_,
+        ", which a dispatch or put stamped as its sample_step, ahead of the trainer: a stamp is the step of the "
+        "weights that generated the data, never above the trainer's current step; stamp producers with the "
+        "trainer's step (or its last weight push), or pass the trainer's real global step here"));
   if (current_step < clock_)
     throw InvalidArgument(concat("current_step=", current_step, " is lower than step ", clock_,
-                                 " already seen; the trainer's step never goes back, pass the current global step"));
+                                 " of an earlier take or evict_stale; the trainer's step never goes back, pass "
+                                 "the current global step"));
+}
+
+void StalenessRing::advance_clock_by_stamp(int64_t sample_step) {
+  if (sample_step <= clock_) return;
+  clock_ = sample_step;
+  clock_from_stamp_ = true;
+}
+
+void StalenessRing::advance_clock_by_trainer(int64_t current_step) {
+  if (current_step < clock_) return;
+  clock_ = current_step;
+  clock_from_stamp_ = false;
 }
 
 void StalenessRing::check_interrupt(SteadyTime& last_check) {

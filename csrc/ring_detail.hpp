@@ -93,7 +93,7 @@ inline void StalenessRing::note_prefix_left(int64_t count, ReleaseReason reason)
 inline void StalenessRing::remove_prefix(int64_t n) {
   head_ = phys(n);
   size_ -= n;
-  if (size_ == 0) head_ = 0, sorted_ = true, spans_ = false;
+  if (size_ == 0) head_ = 0, sorted_ = true, spans_ = false, plain_meta_ = !tagged_;
 }
 
 inline void StalenessRing::fill_state(TakeStats& stats) {
@@ -107,6 +107,7 @@ inline void StalenessRing::fill_state(TakeStats& stats) {
   stats.admitted = ledger_.admitted;
   stats.admission_refused = ledger_.admission_refused;
   stats.admission_waits = ledger_.admission_waits;
+  stats.attempts = attempts_.totals();
 }
 
 }  // namespace pyfast_buffer

@@ -3,6 +3,8 @@
 
 #include "compact_rows.hpp"
 
+#include <type_traits>
+
 namespace pyfast_buffer {
 
 TakeStats StalenessRing::evict_stale(int64_t current_step) {
@@ -10,11 +12,52 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   check_open();
   expire_due();
   check_clock(current_step);
-  clock_ = current_step;
+  advance_clock_by_trainer(current_step);
   const int64_t cutoff = current_step - max_age_;
   int64_t removed = 0;
   const int64_t* const ages = age_steps();
-  if (sorted_) {
+  const bool observe = bias_ || tagged_;
+  if (per_entry_cutoffs()) {
+    // Per-source bounds or protected entries: stale entries are not a prefix; one scalar compaction pass,
+    // each group against its own cutoff (evict_stale applies the bounds under either strategy).
+    fill_cutoffs(current_step);
+    if (config_.strategy == Strategy::kWait)  // under wait fill_cutoffs drops nothing: use the bounds here
+      for (int slot = 0; slot < kSourceSlots; ++slot) {
+        const int64_t own = source_max_age_[static_cast<size_t>(slot)];
+        cutoffs_[static_cast<size_t>(slot)] = current_step - (own >= 0 ? own : max_age_);
+      }
+    const ColumnPointers c = columns_.get();
+    const int64_t cap = config_.capacity, total = size_;
+    int64_t write = head_, kept = 0;
+    for (int64_t i = 0; i < total;) {
+      const int64_t p0 = phys(i), len = c.group_len[p0];
+      const bool stale = stale_at(p0);
+      if (stale) {
+        if (observe) observe_lost_group(p0, false);
+        if (leave_hooks())
+          for (int64_t j = 0; j < len; ++j) note_left(c.traj_id[phys(i + j)], ReleaseReason::kDroppedStale);
+      }
+      for (int64_t j = 0; j < len && !stale; ++j) {
+        const int64_t r = phys(i + j);
+        if (r != write) {
+          c.traj_id[write] = c.traj_id[r], c.group_id[write] = c.group_id[r], c.sample_step[write] = c.sample_step[r];
+          c.finish_step[write] = c.finish_step[r], c.dispatch_ns[write] = c.dispatch_ns[r];
+          c.complete_ns[write] = c.complete_ns[r], c.meta[write] = c.meta[r];
+          c.uses[write] = c.uses[r], c.group_len[write] = c.group_len[r];
+        }
+        write = write + 1 == cap ? 0 : write + 1;
+        ++kept;
+      }
+      i += len;
+    }
+    bool sorted = true;
+    for (int64_t i = 1; i < kept && sorted; ++i) sorted = ages[phys(i)] >= ages[phys(i - 1)];
+    removed = size_ - kept;
+    size_ = kept;
+    sorted_ = sorted;
+    if (size_ == 0) head_ = 0, spans_ = false, plain_meta_ = !tagged_;
+    if (paced()) pace_count_ready();
+  } else if (sorted_) {
     // Stamps are non-decreasing in ring order: the stale entries are a prefix. The geometry is in locals, so
     // the search reloads nothing per probe.
     const int64_t* const steps = ages;
@@ -26,6 +69,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
       if (steps[p] < cutoff) lo = mid + 1; else hi = mid;
     }
     removed = lo;
+    if (observe) observe_lost(removed, false);
     if (leave_hooks()) note_prefix_left(removed, ReleaseReason::kDroppedStale);
     if (paced()) pace_forget_prefix(removed);
     remove_prefix(removed);
@@ -37,6 +81,9 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     if (leave_hooks())  // report the stale ids before the compaction (scalar or SIMD) overwrites them
       for (int64_t i = 0; i < total; ++i)
         if (ages[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);
+    if (observe)  // likewise the data accounting, group by group
+      for (int64_t i = 0; i < total; i += c.group_len[phys(i)])
+        if (ages[phys(i)] < cutoff) observe_lost_group(phys(i), false);
     const bool simd = simd_compaction_available();
     int64_t read = head_, write = head_, kept = 0;
     for (int64_t done = 0; done < total;) {
@@ -50,22 +97,31 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
           if (span >= 64) continue;  // near the wrap point: fall through to a few scalar rows
         }
       }
-      for (const int64_t stop = std::min(total, done + 64); done < stop; ++done) {
-        const int64_t keep = ages[read] >= cutoff;
-        c.traj_id[write] = c.traj_id[read];
-        c.group_id[write] = c.group_id[read];
-        c.sample_step[write] = c.sample_step[read];
-        c.finish_step[write] = c.finish_step[read];
-        c.dispatch_ns[write] = c.dispatch_ns[read];
-        c.complete_ns[write] = c.complete_ns[read];
-        c.uses[write] = c.uses[read];
-        c.group_len[write] = c.group_len[read];
-        kept += keep;
-        write += keep;
-        write -= (write == cap) ? cap : 0;
-        read += 1;
-        read -= (read == cap) ? cap : 0;
-      }
+      // Two copies of the branch-free row loop: with the meta column, and without it while every entry's
+      // meta is the same (put-only rings), where moving it would change nothing.
+      auto rows = [&](auto with_meta) {
+        for (const int64_t stop = std::min(total, done + 64); done < stop; ++done) {
+          const int64_t keep = ages[read] >= cutoff;
+          c.traj_id[write] = c.traj_id[read];
+          c.group_id[write] = c.group_id[read];
+          c.sample_step[write] = c.sample_step[read];
+          c.finish_step[write] = c.finish_step[read];
+          c.dispatch_ns[write] = c.dispatch_ns[read];
+          c.complete_ns[write] = c.complete_ns[read];
+          if constexpr (decltype(with_meta)::value) c.meta[write] = c.meta[read];
+          c.uses[write] = c.uses[read];
+          c.group_len[write] = c.group_len[read];
+          kept += keep;
+          write += keep;
+          write -= (write == cap) ? cap : 0;
+          read += 1;
+          read -= (read == cap) ? cap : 0;
+        }
+      };
+      if (plain_meta_)
+        rows(std::false_type{});
+      else
+        rows(std::true_type{});
     }
     // The survivors are sorted iff no kept stamp is below its predecessor; stop at the first descent.
     bool sorted = true;
@@ -77,7 +133,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     removed = size_ - kept;
     size_ = kept;
     sorted_ = sorted;
-    if (size_ == 0) head_ = 0, spans_ = false;
+    if (size_ == 0) head_ = 0, spans_ = false, plain_meta_ = !tagged_;
     if (paced()) pace_count_ready();
   }
   ledger_.dropped_stale += removed;

@@ -19,6 +19,7 @@ int64_t StalenessRing::expire_due() {
 void StalenessRing::expire_prompts(const std::vector<int64_t>& prompts) {
   for (const int64_t prompt : prompts) {
     in_flight_.erase(prompt);
+    attempts_.on_failed(prompt);
     if (release_log_) note_left(prompt, ReleaseReason::kExpired);
   }
   const auto n = static_cast<int64_t>(prompts.size());
@@ -29,13 +30,14 @@ void StalenessRing::expire_prompts(const std::vector<int64_t>& prompts) {
 }
 
 void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step, std::optional<double> lease,
-                             std::optional<double> timeout) {
+                             std::optional<double> timeout, const int32_t* slots, int64_t n_slots) {
   const int64_t lease_ns = lease ? checked_seconds_ns(*lease, "lease", false) : 0;
   check_timeout(timeout);
   MutexLock lock(mutex_);
   check_open();
   expire_due();
   if (sample_step < 0) throw InvalidArgument(concat("step=", sample_step, " is negative; steps are ints >= 0"));
+  check_slots(slots, n_slots, n, "prompts");
   if (auto dup = first_duplicate(prompt_ids, n))
     throw InvalidArgument(concat("prompt_ids: prompt ", *dup, " appears twice; dispatch each prompt once"));
   check_not_in_flight(prompt_ids, n);
@@ -51,9 +53,20 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
   }
   const int64_t stamp = now_ns(), since = lease_now();
   const int64_t deadline = lease ? add_saturating(since, lease_ns) : kNoLease;
-  for (int64_t i = 0; i < n; ++i) in_flight_.insert(prompt_ids[i], {sample_step, stamp, since, deadline});
+  if (!bias_ && n > 0) {  // the first dispatch: prompt accounting starts (put-only rings never pay for it)
+    bias_ = std::make_unique<BiasMonitor>();
+    attempts_.reserve(int64_t{1} << 16);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t slot = slots ? slots[n_slots == 1 ? 0 : i] : 0;
+    const int32_t untrained_run = attempts_.on_dispatch(prompt_ids[i], slot);
+    const bool protect = config_.max_attempts > 0 && untrained_run >= config_.max_attempts;
+    in_flight_.insert(prompt_ids[i], {sample_step, stamp, since, deadline, make_meta(-1, slot, protect, true)});
+    ++source_counts_[static_cast<size_t>(slot)].dispatched;
+    tagged_ |= slot != 0;
+  }
   ledger_.dispatched += n;
-  clock_ = std::max(clock_, sample_step);
+  advance_clock_by_stamp(sample_step);
 }
 
 void StalenessRing::check_not_in_flight(const int64_t* prompt_ids, int64_t n) const {
@@ -75,7 +88,7 @@ void StalenessRing::fail(const int64_t* prompt_ids, int64_t n) {
       throw InvalidArgument(concat("prompt_ids: prompt ", prompt_ids[i],
                                    " is not in flight; dispatch it first (it may already be "
                                    "completed, failed or expired)"));
-  for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]);
+  for (int64_t i = 0; i < n; ++i) in_flight_.erase(prompt_ids[i]), attempts_.on_failed(prompt_ids[i]);
   if (release_log_)
     for (int64_t i = 0; i < n; ++i) note_left(prompt_ids[i], ReleaseReason::kFailed);
   ledger_.failed += n;

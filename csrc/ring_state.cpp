@@ -81,6 +81,7 @@ RingState StalenessRing::export_state() {
   copy(s.traj_id, c.traj_id), copy(s.group_id, c.group_id), copy(s.sample_step, c.sample_step);
   copy(s.finish_step, c.finish_step), copy(s.dispatch_ns, c.dispatch_ns);
   copy(s.complete_ns, c.complete_ns), copy(s.uses, c.uses), copy(s.group_len, c.group_len);
+  copy(s.meta, c.meta);
   s.policy_version.resize(s.sample_step.size());  // derived from sample_step: no column holds it
   for (size_t i = 0; i < s.sample_step.size(); ++i)
     s.policy_version[i] = config_.parameter_sync_step > 0 ? s.sample_step[i] / config_.parameter_sync_step : -1;
@@ -89,6 +90,7 @@ RingState StalenessRing::export_state() {
     s.in_flight_prompt.push_back(prompt);
     s.in_flight_step.push_back(rec.sample_step);
     s.in_flight_dispatch_ns.push_back(rec.dispatch_ns);
+    s.in_flight_meta.push_back(rec.meta);
     s.in_flight_lease_left_ns.push_back(rec.deadline_ns == kNoLease ? -1 : std::max<int64_t>(rec.deadline_ns - now, 0));
     s.in_flight_held_ns.push_back(std::max<int64_t>(now - rec.since_ns, 0));
   }
@@ -98,6 +100,9 @@ RingState StalenessRing::export_state() {
   s.clock = clock_;
   s.evicted_unreported = evicted_unreported_;
   s.next_take = next_take_;
+  s.attempts = attempts_.export_records();
+  s.attempt_counters = attempts_.counters();
+  s.source_counts = source_counts_;
   return s;
 }
 
@@ -105,7 +110,8 @@ void StalenessRing::import_state(const RingState& s) {
   const int64_t n = static_cast<int64_t>(s.traj_id.size());
   const size_t un = s.traj_id.size();
   if (s.group_id.size() != un || s.sample_step.size() != un || s.policy_version.size() != un ||
-      s.dispatch_ns.size() != un || s.complete_ns.size() != un || s.uses.size() != un || s.group_len.size() != un)
+      s.dispatch_ns.size() != un || s.complete_ns.size() != un || s.uses.size() != un || s.group_len.size() != un ||
+      s.meta.size() != un)
     throw InvalidArgument("state_dict: the ready columns have different lengths; pass a state_dict made by state_dict()");
   if (n > config_.capacity)
     throw InvalidArgument(concat("state_dict: ", n, " ready entries exceed capacity=", config_.capacity,
@@ -125,7 +131,7 @@ void StalenessRing::import_state(const RingState& s) {
       throw InvalidArgument(concat("state_dict: entry ", i, " has group_len=", len, " that does not fit the ring"));
     for (int64_t j = i; j < i + len; ++j) {
       if (s.group_len[j] != len || s.sample_step[j] != s.sample_step[i] || s.group_id[j] != s.group_id[i] ||
-          s.uses[j] != s.uses[i])
+          s.uses[j] != s.uses[i] || meta_cut_index(s.meta[j]) != meta_cut_index(s.meta[i]))
         throw InvalidArgument(concat("state_dict: group at entry ", i, " is not contiguous and uniform"));
       if (config_.age_from == AgeFrom::kFinish && finish[j] != finish[i])
         throw InvalidArgument(concat("state_dict: group at entry ", i, " has finish steps ", finish[i], " and ",
@@ -141,7 +147,7 @@ void StalenessRing::import_state(const RingState& s) {
   }
   const size_t m = s.in_flight_prompt.size();
   if (s.in_flight_step.size() != m || s.in_flight_dispatch_ns.size() != m || s.in_flight_lease_left_ns.size() != m ||
-      s.in_flight_held_ns.size() != m)
+      s.in_flight_held_ns.size() != m || s.in_flight_meta.size() != m)
     throw InvalidArgument("state_dict: the in-flight columns have different lengths");
   for (size_t i = 0; i < m; ++i)
     if (s.in_flight_lease_left_ns[i] < -1 || s.in_flight_held_ns[i] < 0)
@@ -154,6 +160,21 @@ void StalenessRing::import_state(const RingState& s) {
     if (s.in_flight_step[i] < 0 || s.in_flight_step[i] > s.clock)
       throw InvalidArgument(concat("state_dict: in-flight prompt ", s.in_flight_prompt[i], " has step ",
                                    s.in_flight_step[i], " outside [0, clock=", s.clock, "]"));
+  auto meta_ok = [](int64_t meta) {
+    return meta >= 0 && (meta >> kMetaSlotShift) < (int64_t{1} << 10) && meta_slot(meta) < kSourceSlots;
+  };
+  for (int64_t i = 0; i < n; ++i)
+    if (!meta_ok(s.meta[i]))
+      throw InvalidArgument(concat("state_dict: entry ", i, " has meta=", s.meta[i], "; it was edited or is corrupt"));
+  for (size_t i = 0; i < m; ++i)
+    if (!meta_ok(s.in_flight_meta[i]))
+      throw InvalidArgument(concat("state_dict: in-flight prompt ", s.in_flight_prompt[i], " has meta=",
+                                   s.in_flight_meta[i], "; it was edited or is corrupt"));
+  for (const AttemptRecord& r : s.attempts)
+    if (r.attempts < 0 || r.trained < 0 || r.pending < 0 || r.lost_trajs < 0 || r.slot < 0 || r.slot >= kSourceSlots ||
+        r.since_trained < 0)
+      throw InvalidArgument(concat("state_dict: the attempts record of prompt ", r.prompt_id,
+                                   " is out of range; it was edited or is corrupt"));
   std::unordered_set<int64_t> live;
   if (config_.unique_ids) {
     live.reserve(un);
@@ -176,11 +197,14 @@ void StalenessRing::import_state(const RingState& s) {
   check_open();
   const ColumnPointers& c = columns_.get();
   const std::vector<int64_t>& ages = config_.age_from == AgeFrom::kFinish ? finish : s.sample_step;
-  bool sorted = true;
+  bool sorted = true, protect = false, tagged = false;
   for (int64_t i = 0; i < n; ++i) {
     c.traj_id[i] = s.traj_id[i], c.group_id[i] = s.group_id[i], c.sample_step[i] = s.sample_step[i];
     c.finish_step[i] = finish[i], c.dispatch_ns[i] = s.dispatch_ns[i];
     c.complete_ns[i] = s.complete_ns[i], c.uses[i] = s.uses[i], c.group_len[i] = s.group_len[i];
+    c.meta[i] = s.meta[i];
+    protect |= (s.meta[i] & kMetaProtected) != 0;
+    tagged |= meta_slot(s.meta[i]) != 0;
     if (i > 0 && ages[i] < ages[i - 1]) sorted = false;
   }
   head_ = 0;
@@ -200,12 +224,22 @@ void StalenessRing::import_state(const RingState& s) {
     const int64_t left = s.in_flight_lease_left_ns[i];
     const int64_t held = std::min(s.in_flight_held_ns[i], now);
     in_flight_.insert(s.in_flight_prompt[i], {s.in_flight_step[i], s.in_flight_dispatch_ns[i], now - held,
-                                              left < 0 ? kNoLease : add_saturating(now, left)});
+                                              left < 0 ? kNoLease : add_saturating(now, left), s.in_flight_meta[i]});
+    tagged |= meta_slot(s.in_flight_meta[i]) != 0;
   }
+  attempts_.import_records(s.attempts, s.attempt_counters);
+  source_counts_ = s.source_counts;
+  protected_seen_ = protect;
+  tagged_ = tagged;
+  plain_meta_ = std::all_of(s.meta.begin(), s.meta.end(), [](int64_t m) { return m == kPutMeta; }) && !tagged;
+  bool observed = m > 0 || !s.attempts.empty();
+  for (int64_t i = 0; i < n && !observed; ++i) observed = meta_observed(s.meta[i]);
+  if (!bias_ && observed) bias_ = std::make_unique<BiasMonitor>();
   ledger.released_overflow = ledger_.released_overflow;  // about this object's release log, not the state
   ledger_ = ledger;
   live_ids_.swap(live);
   clock_ = s.clock;
+  clock_from_stamp_ = false;  // a state_dict does not say who set its clock
   evicted_unreported_ = s.evicted_unreported;
   ready_cv_.notify_all();
   room_cv_.notify_all();

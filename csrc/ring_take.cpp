@@ -5,8 +5,32 @@
 
 namespace pyfast_buffer {
 
+namespace {
+// The refusal of a take whose walk reached a fresh group larger than the batch.
+InvalidArgument group_too_big(int64_t batch_size, int64_t group_id, int64_t len) {
+  return InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", group_id, " of ", len,
+                                " trajectories; raise batch_size to at least ", len, " (a batch never splits a group)"));
+}
+}  // namespace
+
+void StalenessRing::finish_plan(TakePlan& plan, int64_t span_start, int64_t walked, int64_t taken) {
+  if (span_start >= 0 && walked > span_start) plan.spans.push_back({span_start, walked - span_start});
+  plan.taken = taken;
+  plan.walked = walked;
+  plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
+}
+
 bool StalenessRing::wait_blocked(int64_t current_step) const {
-  return in_flight_.size() > 0 && current_step - in_flight_.oldest_step() >= max_age_;
+  if (in_flight_.size() == 0) return false;
+  if (overrides_ == 0) return current_step - in_flight_.oldest_step() >= max_age_;
+  // Per-source bounds: one pass over the in-flight prompts, each against its own source's max_age.
+  // The bounds are copied into locals: a lambda's body is analysed without the caller's lock.
+  const std::array<int64_t, kSourceSlots> own_ages = source_max_age_;
+  const int64_t global = max_age_;
+  return in_flight_.any_of([&own_ages, global, current_step](int64_t step, int64_t meta) {
+    const int64_t own = own_ages[static_cast<size_t>(meta_slot(meta))];
+    return current_step - step >= (own >= 0 ? own : global);
+  });
 }
 
 std::string StalenessRing::wait_blocked_message(int64_t current_step) const {
@@ -35,6 +59,55 @@ int64_t StalenessRing::skip_stale(int64_t i, int64_t cutoff) const {
   return i;
 }
 
+void StalenessRing::fill_cutoffs(int64_t current_step) const {
+  // Per cut index (slot | protected << 8): the step below which an entry is stale; protected entries and
+  // every entry under wait never are. Only the slots that exist are written.
+  constexpr int64_t never = std::numeric_limits<int64_t>::min();
+  const bool drop = config_.strategy == Strategy::kDrop;
+  for (int slot = 0; slot < kSourceSlots; ++slot) {
+    const int64_t own = source_max_age_[static_cast<size_t>(slot)];
+    cutoffs_[static_cast<size_t>(slot)] = drop ? current_step - (own >= 0 ? own : max_age_) : never;
+    cutoffs_[static_cast<size_t>(slot | 256)] = never;
+  }
+}
+
+bool StalenessRing::stale_at(int64_t p) const {
+  const ColumnPointers& c = columns_.get();
+  return age_steps()[p] < cutoffs_[static_cast<size_t>(meta_cut_index(c.meta[p]))];
+}
+
+void StalenessRing::plan_take_per_entry(int64_t batch_size, TakePlan& plan) const {
+  // Each group against its own source's cutoff (or none, when protected): one pass over whole groups, every
+  // comparison a load from the small cutoff table indexed by the group's meta bits.
+  const ColumnPointers& c = columns_.get();
+  const int64_t* __restrict steps = age_steps();
+  const int64_t* __restrict meta = c.meta;
+  const int32_t* __restrict group_len = c.group_len;
+  const int64_t* __restrict cut = cutoffs_.data();
+  const int64_t size = size_, cap = config_.capacity;
+  int64_t i = 0, taken = 0, p = head_, span_start = -1;
+  while (i < size) {
+    const int64_t len = group_len[p];
+    if (steps[p] < cut[meta_cut_index(meta[p])]) {
+      if (span_start >= 0) plan.spans.push_back({span_start, i - span_start}), span_start = -1;
+      plan.dropped += len;
+    } else {
+      if (len > batch_size) throw group_too_big(batch_size, c.group_id[p], len);
+      if (taken + len > batch_size) {
+        plan.full = true;
+        break;
+      }
+      if (span_start < 0) span_start = i;
+      taken += len;
+    }
+    i += len;
+    p = p + len >= cap ? p + len - cap : p + len;
+    plan.full = taken == batch_size;  // a stale group leaves taken as it was, below batch_size
+    if (plan.full) break;
+  }
+  finish_plan(plan, span_start, i, taken);
+}
+
 void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const {
   plan.walked = plan.taken = plan.dropped = 0;
   plan.pace_blocker = -1;
@@ -42,6 +115,12 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
   plan.spans.clear();
   if (config_.strategy == Strategy::kWait && wait_blocked(current_step)) {
     plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
+    return;
+  }
+  if (per_entry_cutoffs()) {
+    fill_cutoffs(current_step);
+    plan_take_per_entry(batch_size, plan);
+    apply_pace_gate(plan, current_step);
     return;
   }
   // Under drop, stale entries are skipped one by one: a group shares one stamp, so a stale group
@@ -95,10 +174,7 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
     }
     if (steps[p] < cutoff) continue;
     const int64_t len = group_len[p];
-    if (len > batch_size)
-      throw InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", group_id[p], " of ", len,
-                                   " trajectories; raise batch_size to at least ", len,
-                                   " (a batch never splits a group)"));
+    if (len > batch_size) throw group_too_big(batch_size, group_id[p], len);
     if (taken + len > batch_size) {
       plan.full = true;
       break;
@@ -112,18 +188,19 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
       break;
     }
   }
-  if (span_start >= 0 && i > span_start) plan.spans.push_back({span_start, i - span_start});
-  plan.taken = taken;
-  plan.walked = i;
-  plan.blocked_by = plan.full ? BlockedBy::kNone : BlockedBy::kTooFewReady;
-  if (paced()) {  // the oldest groups are the batch; take it only if no in-flight prompt then passes max_age
-    if (const auto stamp = pace_blocker_for(plan, current_step)) {
-      plan.walked = plan.taken = 0;
-      plan.full = false;
-      plan.spans.clear();
-      plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
-      plan.pace_blocker = *stamp;
-    }
+  finish_plan(plan, span_start, i, taken);
+  apply_pace_gate(plan, current_step);
+}
+
+void StalenessRing::apply_pace_gate(TakePlan& plan, int64_t current_step) const {
+  if (!paced()) return;
+  // The oldest groups are the batch; take it only if no in-flight prompt then passes max_age.
+  if (const auto stamp = pace_blocker_for(plan, current_step)) {
+    plan.walked = plan.taken = 0;
+    plan.full = false;
+    plan.spans.clear();
+    plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
+    plan.pace_blocker = *stamp;
   }
 }
 
@@ -138,6 +215,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   int64_t* const o_dispatch = base + 6 * k_all;
   int64_t* const o_complete = base + 7 * k_all;
   int64_t* const o_finish = base + 8 * k_all;
+  int64_t* const o_source = base + 9 * k_all;
   const int32_t max_uses = static_cast<int32_t>(config_.max_uses);
   const ColumnPointers c = columns_.get();  // a local copy: the output writes cannot alias it
   const int64_t* const ages = age_steps();
@@ -169,6 +247,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
           o_traj[k] = c.traj_id[p], o_group[k] = c.group_id[p], o_step[k] = c.sample_step[p];
           o_age[k] = age, o_uses[k] = uses, o_version[k] = sync > 0 ? c.sample_step[p] / sync : -1;
           o_dispatch[k] = c.dispatch_ns[p], o_complete[k] = c.complete_ns[p], o_finish[k] = c.finish_step[p];
+          o_source[k] = meta_slot(c.meta[p]) - 1;
           if (age != run_age) flush(), run_age = age, run_count = 0;
           ++run_count;
           survivors += uses < max_uses;
@@ -190,6 +269,13 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
         const int64_t* __restrict from = c.sample_step + p0;
         int64_t* __restrict version = o_version + k;
         for (int64_t j = 0; j < run; ++j) version[j] = from[j] / sync;
+      }
+      if (plain_meta_) {
+        std::fill_n(o_source + k, run, int64_t{-1});  // every entry untagged
+      } else {
+        const int64_t* __restrict meta = c.meta + p0;
+        int64_t* __restrict source_out = o_source + k;
+        for (int64_t j = 0; j < run; ++j) source_out[j] = ((meta[j] >> kMetaSlotShift) & 0xFF) - 1;  // vectorisable
       }
       const int64_t* __restrict step = ages + p0;
       int64_t* __restrict age_out = o_age + k;
@@ -237,7 +323,9 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     stats.span_sum = span_sum;
     stats.span_max = span_max;
   }
-  if (leave_hooks()) note_walked(plan.walked, current_step);  // before survivors move: ring order intact
+  // Before survivors move, while ring order is intact: the data accounting, then the released-id hooks.
+  if (bias_ || tagged_) observe_walked(plan.walked, current_step, uses_unread, stats);
+  if (leave_hooks()) note_walked(plan.walked, current_step);
   if (paced()) pace_forget_retired(plan.walked);
   stats.age_sum = age_sum;
   stats.age_max = age_max;
@@ -247,15 +335,17 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     // Reused entries keep their place: move them, in order, to the end of the walked prefix.
     const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
                                                                 : std::numeric_limits<int64_t>::min();
+    const bool per_entry = per_entry_cutoffs();
     int64_t write = plan.walked - 1;
     for (int64_t i = plan.walked - 1; i >= 0; --i) {
       const int64_t p = phys(i);
-      if (ages[p] < cutoff || c.uses[p] >= max_uses) continue;
+      if ((per_entry ? stale_at(p) : ages[p] < cutoff) || c.uses[p] >= max_uses) continue;
       const int64_t q = phys(write--);
       if (p == q) continue;
       c.traj_id[q] = c.traj_id[p], c.group_id[q] = c.group_id[p], c.sample_step[q] = c.sample_step[p];
       c.finish_step[q] = c.finish_step[p], c.dispatch_ns[q] = c.dispatch_ns[p];
       c.complete_ns[q] = c.complete_ns[p], c.uses[q] = c.uses[p], c.group_len[q] = c.group_len[p];
+      if (!plain_meta_) c.meta[q] = c.meta[p];
     }
   }
   remove_prefix(plan.walked - survivors);
@@ -306,8 +396,9 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
       plan_take(batch_size, current_step, plan);
     }
   }
-  clock_ = std::max(clock_, current_step);
+  advance_clock_by_trainer(current_step);
   commit_take(plan, current_step, out, stats);
+  if (bias_) bias_->on_take();
   if (paced()) {
     // The trainer took at current_step: its next take is a step later (a retry at this step only finds
     // admission tighter by one step's slots, never looser).

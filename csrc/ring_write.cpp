@@ -91,19 +91,21 @@ namespace {
 // tell the compiler the column stores cannot change the inputs, so nothing is reloaded per entry.
 inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int64_t* __restrict traj_ids,
                         const int64_t* __restrict group_ids, const int64_t* __restrict order, int64_t group_id,
-                        int64_t step, int64_t finish, int64_t dispatch_ns, int64_t complete_ns, int32_t group_len) {
+                        int64_t step, int64_t finish, int64_t dispatch_ns, int64_t complete_ns, int32_t group_len,
+                        int64_t meta) {
   int64_t* __restrict traj = c.traj_id + p;
   int64_t* __restrict group = c.group_id + p;
   if (n < 16) {  // a GRPO-sized group: one fused pass beats eight short column loops
     int64_t *__restrict step_col = c.sample_step + p, *__restrict finish_col = c.finish_step + p;
     int64_t *__restrict dispatch_col = c.dispatch_ns + p, *__restrict complete_col = c.complete_ns + p;
+    int64_t* __restrict meta_col = c.meta + p;
     int32_t *__restrict uses_col = c.uses + p, *__restrict len_col = c.group_len + p;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t src = order ? order[j] : j;
       traj[j] = traj_ids[src];
       group[j] = group_ids ? group_ids[src] : group_id;
       step_col[j] = step, finish_col[j] = finish, dispatch_col[j] = dispatch_ns, complete_col[j] = complete_ns;
-      uses_col[j] = 0, len_col[j] = group_len;
+      meta_col[j] = meta, uses_col[j] = 0, len_col[j] = group_len;
     }
     return;
   }
@@ -124,6 +126,7 @@ inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int
   std::fill_n(c.finish_step + p, n, finish);
   std::fill_n(c.dispatch_ns + p, n, dispatch_ns);
   std::fill_n(c.complete_ns + p, n, complete_ns);
+  std::fill_n(c.meta + p, n, meta);
   std::fill_n(c.uses + p, n, 0);
   std::fill_n(c.group_len + p, n, group_len);
 }
@@ -131,7 +134,7 @@ inline void write_group(const ColumnPointers& c, int64_t p, int64_t n, const int
 
 void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order,
                                  int64_t len, int64_t group_id, int64_t sample_step, int64_t dispatch_ns,
-                                 int64_t complete_ns, const int64_t* finish_steps, int64_t n_finish) {
+                                 int64_t complete_ns, const int64_t* finish_steps, int64_t n_finish, int64_t meta) {
   const ColumnPointers c = columns_.get();  // local copies: the column stores cannot alias them
   const int64_t cap = config_.capacity;
   int64_t p = head_ + size_;
@@ -152,12 +155,12 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
   // At most two contiguous runs: up to the end of the columns, then from row 0.
   const int64_t first = std::min(len, cap - p);
   write_group(c, p, first, traj_ids, group_ids, order, group_id, sample_step, finish, dispatch_ns, complete_ns,
-              static_cast<int32_t>(len));
+              static_cast<int32_t>(len), meta);
   if (first < len) {
     const int64_t rest = len - first;
     write_group(c, 0, rest, order ? traj_ids : traj_ids + first, group_ids && !order ? group_ids + first : group_ids,
                 order ? order + first : nullptr, group_id, sample_step, finish, dispatch_ns, complete_ns,
-                static_cast<int32_t>(len));
+                static_cast<int32_t>(len), meta);
   }
   if (n_finish > 1) {
     for (int64_t j = 0; j < len; ++j) c.finish_step[phys(size_ + j)] = finish_steps[members ? members[j] : j];
@@ -170,7 +173,8 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
 
 void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds,
                                 int64_t n_groups, const int64_t* sample_steps, int64_t n_steps, int64_t n,
-                                int64_t stamp, const int64_t* finish_steps, int64_t n_finish) {
+                                int64_t stamp, const int64_t* finish_steps, int64_t n_finish, const int32_t* slots,
+                                int64_t n_slots) {
   const ColumnPointers c = columns_.get();  // local copies: the column stores cannot alias them
   const int64_t cap = config_.capacity;
   const int64_t start = head_ + size_ >= cap ? head_ + size_ - cap : head_ + size_;
@@ -203,6 +207,11 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
     }
     std::fill_n(c.dispatch_ns + p, run, stamp);
     std::fill_n(c.complete_ns + p, run, stamp);
+    if (!slots || n_slots == 1) {
+      std::fill_n(c.meta + p, run, make_meta(-1, slots ? slots[0] : 0, false, false));
+    } else {
+      for (int64_t j = 0; j < run; ++j) c.meta[p + j] = make_meta(-1, slots[done + j], false, false);
+    }
     std::fill_n(c.uses + p, run, 0);
     if (!bounds) std::fill_n(c.group_len + p, run, 1);
     done += run;
@@ -252,6 +261,7 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
     head += len;
     head -= head >= cap ? cap : 0;
   }
+  if (bias_ || tagged_) observe_lost(evicted, true);
   if (leave_hooks()) note_prefix_left(evicted, ReleaseReason::kEvicted);
   if (paced()) pace_forget_prefix(evicted);
   remove_prefix(evicted);
@@ -260,7 +270,8 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
 }
 
 void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,
-                             std::optional<double> timeout, const int64_t* finish_steps, int64_t n_finish) {
+                             std::optional<double> timeout, const int64_t* finish_steps, int64_t n_finish,
+                             const int64_t* lengths) {
   check_timeout(timeout);
   MutexLock lock(mutex_);
   check_open();
@@ -274,6 +285,11 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
   if (n_finish != 0 && n_finish != 1 && n_finish != n)
     throw InvalidArgument(concat("finish_step: ", n_finish, " steps for ", n,
                                  " trajectories; pass one step or one per trajectory"));
+  if (lengths)
+    for (int64_t i = 0; i < n; ++i)
+      if (lengths[i] < 0 || lengths[i] >= kNoLength)
+        throw InvalidArgument(concat("lengths: ", lengths[i], " for trajectory ", traj_ids[i],
+                                     " is not a token count; pass ints in [0, 2**32 - 1)"));
   Groups groups;
   group_stably(prompt_ids, n, groups.order, groups.bounds);
   const size_t n_groups = groups.bounds.size() - 1;
@@ -308,12 +324,27 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
     const int64_t prompt = prompt_ids[members[0]];
     const InFlightPrompt rec = in_flight_.at(prompt);
     append_group(traj_ids, nullptr, members, len, prompt, rec.sample_step, rec.dispatch_ns, stamp, finish_steps,
-                 n_finish);
+                 n_finish, rec.meta);
     if (paced()) ready_groups_.add(age_steps()[phys(size_ - 1)]);
     in_flight_.erase(prompt);
+    // What the bound does to the data: the group's lengths, its rollout latency, its prompt's record.
+    const int64_t latency_us = std::max<int64_t>(stamp - rec.dispatch_ns, 0) / 1000;
+    bias_->add(Fate::kGenerated, Quantity::kLatency, latency_us, len);
+    if (lengths) {
+      int64_t* meta = columns_.get().meta;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t length = lengths[members[j]];
+        meta[phys(size_ - len + j)] = (rec.meta & ~kNoLength) | length;
+        bias_->add(Fate::kGenerated, Quantity::kLength, length);
+      }
+    }
+    attempts_.on_complete(prompt);
+    plain_meta_ = false;
+    if (rec.meta & kMetaProtected) attempts_.count_protected(), protected_seen_ = true;
+    source_counts_[static_cast<size_t>(meta_slot(rec.meta))].generated += len;
   }
   if (paced()) pace_restore_order();
-  for (int64_t i = 0; i < n_finish; ++i) clock_ = std::max(clock_, finish_steps[i]);  // weights that existed
+  for (int64_t i = 0; i < n_finish; ++i) advance_clock_by_stamp(finish_steps[i]);  // weights that existed
   ledger_.completed += static_cast<int64_t>(n_groups);
   ledger_.put_total += n;
   lock.unlock();  // wake consumers after the lock is free, so they do not wake only to block on it
@@ -323,7 +354,7 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
 
 void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
                         int64_t n_steps, int64_t n, std::optional<double> timeout, const int64_t* finish_steps,
-                        int64_t n_finish) {
+                        int64_t n_finish, const int32_t* slots, int64_t n_slots) {
   check_timeout(timeout);
   MutexLock lock(mutex_);
   check_open();
@@ -336,6 +367,7 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
                                  "; raise capacity or put fewer per call"));
   if (auto dup = first_duplicate(traj_ids, n))
     throw InvalidArgument(concat("traj_ids: trajectory ", *dup, " appears twice; put each trajectory once"));
+  check_slots(slots, n_slots, n, "trajectories");
   int64_t max_step = -1;
   for (int64_t i = 0; i < n_steps; ++i) {
     if (sample_steps[i] < 0)
@@ -365,6 +397,13 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
                                        "; a group shares one sample_step"));
     }
     if (n_finish > 1 && config_.age_from == AgeFrom::kFinish) check_one_finish_per_group(groups, finish_steps, group_ids);
+    for (size_t g = 0; g + 1 < groups.bounds.size() && slots && n_slots > 1; ++g) {
+      const int64_t first = groups.order[groups.bounds[g]];
+      for (int64_t k = groups.bounds[g] + 1; k < groups.bounds[g + 1]; ++k)
+        if (slots[groups.order[k]] != slots[first])
+          throw InvalidArgument(concat("source: group ", group_ids[first], " has entries tagged ", slots[first] - 1,
+                                       " and ", slots[groups.order[k]] - 1, "; a group shares one source"));
+    }
   }
   // Under pace the groups are admitted like dispatched prompts, each at its age stamp.
   StepCounts asked;
@@ -402,15 +441,29 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   if (group_ids) n_groups = static_cast<int64_t>(groups.bounds.size()) - 1;
   if (contiguous) {  // ungrouped, or GRPO groups as they usually arrive: whole columns at once
     append_runs(traj_ids, group_ids, group_ids ? groups.bounds.data() : nullptr, n_groups, sample_steps, n_steps, n,
-                stamp, finish_steps, n_finish);
+                stamp, finish_steps, n_finish, slots, n_slots);
   } else {
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t* members = groups.order.data() + groups.bounds[g];
       const int64_t step = sample_steps[n_steps > 1 ? members[0] : 0];
+      const int32_t slot = slots ? slots[n_slots > 1 ? members[0] : 0] : 0;
       append_group(traj_ids, group_ids, members, groups.bounds[g + 1] - groups.bounds[g], 0, step, stamp, stamp,
-                   finish_steps, n_finish);
+                   finish_steps, n_finish, make_meta(-1, slot, false, false));
     }
   }
+  if (!slots || n_slots == 1) {  // the usual call: one source for all, O(1)
+    SourceCounts& counts = source_counts_[static_cast<size_t>(slots ? slots[0] : 0)];
+    counts.dispatched += n_groups, counts.generated += n;
+  } else {
+    for (int64_t i = 0; i < n; ++i) ++source_counts_[static_cast<size_t>(slots[i])].generated;
+    if (group_ids)
+      for (int64_t g = 0; g < n_groups; ++g) ++source_counts_[static_cast<size_t>(slots[groups.order[groups.bounds[g]]])].dispatched;
+    else
+      for (int64_t i = 0; i < n; ++i) ++source_counts_[static_cast<size_t>(slots[i])].dispatched;
+  }
+  if (slots)
+    for (int64_t i = 0; i < n_slots; ++i) tagged_ |= slots[i] != 0;
+  plain_meta_ &= !tagged_;
   if (paced()) {
     for (const auto& [age_stamp, count] : asked) ready_groups_.add(age_stamp, count);
     pace_restore_order();
@@ -418,8 +471,8 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   ledger_.dispatched += n_groups;
   ledger_.completed += n_groups;
   ledger_.put_total += n;
-  clock_ = std::max(clock_, max_step);
-  for (int64_t i = 0; i < n_finish; ++i) clock_ = std::max(clock_, finish_steps[i]);  // weights that existed
+  advance_clock_by_stamp(max_step);
+  for (int64_t i = 0; i < n_finish; ++i) advance_clock_by_stamp(finish_steps[i]);  // weights that existed
   lock.unlock();
   ready_cv_.notify_all();
 }

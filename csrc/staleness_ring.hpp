@@ -12,14 +12,17 @@
 #include <vector>
 
 #include "admission.hpp"
+#include "entry_meta.hpp"
 #include "errors.hpp"
 #include "in_flight.hpp"
 #include "ledger.hpp"
 #include "monotonic_condition.hpp"
 #include "mutex.hpp"
+#include "prompt_attempts.hpp"
 #include "release_log.hpp"
 #include "ring_columns.hpp"
 #include "thread_annotations.hpp"
+#include "value_sketch.hpp"
 
 namespace pyfast_buffer {
 
@@ -52,6 +55,8 @@ struct RingConfig {
   int64_t prompts_per_step = 0;     // pace: prompt groups one training step takes (>= 1); 0 otherwise
   int64_t lookahead = 0;            // pace: steps generation may run ahead of training, in [0, max_age]; 0 otherwise
   AgeFrom age_from = AgeFrom::kStart;
+  int64_t max_attempts = 0;         // > 0: a prompt's max_attempts-th untrained attempt is protected; 0: none
+  int64_t attempts_bound = 0;       // prompt records kept (> 0), or 0 for default_attempts_bound(capacity)
 };
 
 /// Largest prompts_per_step accepted (the admission arithmetic runs in 128 bits, so any lookahead fits).
@@ -77,8 +82,8 @@ inline int age_bucket(int64_t age) {
 }
 
 /// Number of int64 columns a take writes: traj_id, group_id, sample_step, age, uses,
-/// policy_version, dispatch_ns, complete_ns, finish_step, in that order.
-constexpr int kBatchColumns = 9;
+/// policy_version, dispatch_ns, complete_ns, finish_step, source (-1: untagged), in that order.
+constexpr int kBatchColumns = 10;
 
 /// Pointers to the output columns of one batch (see kBatchColumns for the order).
 struct BatchColumns {
@@ -91,6 +96,7 @@ struct BatchColumns {
   int64_t* dispatch_ns;
   int64_t* complete_ns;
   int64_t* finish_step;
+  int64_t* source;
 };
 
 /// What one take or evict_stale did, and the ring's state right after it.
@@ -112,6 +118,19 @@ struct TakeStats {
   Int128 span_sum = 0;           // sum of finish_step - sample_step over the batch (exact, as age_sum)
   int64_t span_max = 0;
   int64_t admitted = 0, admission_refused = 0, admission_waits = 0;  // the Ledger's, after this call
+  std::array<int64_t, 6> attempts{};  // PromptAttempts::totals() after this call
+  // (slot, taken, dropped) of every source slot this call took or dropped from, when any entry is tagged
+  std::vector<std::array<int64_t, 3>> sources;
+};
+
+/// Cumulative counts of one source slot.
+struct SourceCounts {
+  int64_t dispatched = 0;  // prompts dispatched (put counts each group as one)
+  int64_t generated = 0;   // trajectories that entered the ring
+  int64_t taken = 0;       // uses handed out in batches
+  int64_t trained = 0;     // trajectories taken for the first time
+  int64_t dropped = 0;     // trajectories dropped stale
+  int64_t evicted = 0;     // trajectories evicted by on_full
 };
 
 /// The whole logical state in ring order (oldest first), as checkpoints store it.
@@ -119,13 +138,17 @@ struct RingState {
   std::vector<int64_t> traj_id, group_id, sample_step, policy_version, dispatch_ns, complete_ns;
   std::vector<int64_t> finish_step;  // import: empty means "as sample_step" (state from before spans)
   std::vector<int32_t> uses, group_len;
-  std::vector<int64_t> in_flight_prompt, in_flight_step, in_flight_dispatch_ns;
+  std::vector<int64_t> meta;  // per entry (entry_meta.hpp)
+  std::vector<int64_t> in_flight_prompt, in_flight_step, in_flight_dispatch_ns, in_flight_meta;
   std::vector<int64_t> in_flight_lease_left_ns;  // lease time left when exported (>= 0), or -1 for no lease
   std::vector<int64_t> in_flight_held_ns;        // time in flight when exported (>= 0)
   Ledger ledger;
   int64_t clock = -1;               // largest step seen, -1 before any
   int64_t evicted_unreported = 0;   // evictions not yet reported by a take
   int64_t next_take = 0;            // pace: the step the trainer's next take is expected at (docs/design.md)
+  std::vector<AttemptRecord> attempts;  // least recently touched first
+  AttemptCounters attempt_counters;
+  std::array<SourceCounts, kSourceSlots> source_counts{};
 };
 
 /// Thread-safe staleness-aware ring buffer; every public method takes the one internal lock.
@@ -139,10 +162,12 @@ class StalenessRing {
 
   /// Marks `n` prompts in flight since `sample_step`, each with a lease of `lease` seconds if given (> 0,
   /// finite, <= kMaxSeconds); throws InvalidArgument, changing nothing, if an id repeats or is in flight.
-  /// Under pace, admits all `n` or none: without a timeout a call that does not fit throws AdmissionFull, with
+  /// `slots` (null: all untagged) holds one source slot (0 untagged, s + 1 for source s) for all (`n_slots` == 1)
+  /// or one per prompt. Under pace, admits all `n` or none: without a timeout a call that does not fit throws AdmissionFull, with
   /// one it waits (interruptible) until admissible() allows it, or throws Timeout; both change only the counters.
   void dispatch(const int64_t* prompt_ids, int64_t n, int64_t sample_step,
-                std::optional<double> lease = std::nullopt, std::optional<double> timeout = std::nullopt)
+                std::optional<double> lease = std::nullopt, std::optional<double> timeout = std::nullopt,
+                const int32_t* slots = nullptr, int64_t n_slots = 0)
       PFB_EXCLUDES(mutex_);
 
   /// Returns how many prompts stamped `step` a dispatch may start now under pace (docs/design.md, "pace");
@@ -167,10 +192,12 @@ class StalenessRing {
   /// Moves each listed prompt's trajectories into the ring as one group stamped with its dispatch step; throws
   /// InvalidArgument, changing nothing, if a trajectory id repeats, a prompt is not in flight, or (unique_ids) an
   /// id is already ready; with on_full=block and a timeout, waits for room (interruptible, see set_interrupt_check).
+  /// `lengths` (null: none) holds one response length (>= 0, < 2**32 - 1) per trajectory.
   /// `finish_steps` holds none (`n_finish` == 0: each prompt's dispatch step), one or `n` finish steps, each
   /// >= the prompt's dispatch step; under age_from=finish a group shares one.
   void complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n, std::optional<double> timeout,
-                const int64_t* finish_steps = nullptr, int64_t n_finish = 0) PFB_EXCLUDES(mutex_);
+                const int64_t* finish_steps = nullptr, int64_t n_finish = 0, const int64_t* lengths = nullptr)
+      PFB_EXCLUDES(mutex_);
 
   /// Marks `n` prompts failed; throws InvalidArgument if one repeats or is not in flight.
   void fail(const int64_t* prompt_ids, int64_t n) PFB_EXCLUDES(mutex_);
@@ -178,11 +205,12 @@ class StalenessRing {
   /// Dispatch + complete in one call; null `group_ids` makes each trajectory its own group, and
   /// `sample_steps` holds one stamp for all (`n_steps` == 1) or one per trajectory; refuses repeated ids (and,
   /// with unique_ids, ready ones) with InvalidArgument, changing nothing; waits for room as complete does.
-  /// `finish_steps` as complete's (each >= its entry's sample step); under pace the groups are admitted as a
+  /// `slots` (null: untagged) holds one source slot for all (`n_slots` == 1) or one per trajectory; a group
+  /// shares one. `finish_steps` as complete's (each >= its entry's sample step); under pace the groups are admitted as a
   /// dispatch's prompts are, the same timeout bounding both waits.
   void put(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* sample_steps,
            int64_t n_steps, int64_t n, std::optional<double> timeout, const int64_t* finish_steps = nullptr,
-           int64_t n_finish = 0) PFB_EXCLUDES(mutex_);
+           int64_t n_finish = 0, const int32_t* slots = nullptr, int64_t n_slots = 0) PFB_EXCLUDES(mutex_);
 
   /// Takes up to `batch_size` entries under the strategy into `out` (room for kBatchColumns *
   /// batch_size int64), column f of a k-entry batch at out[f*k, f*k+k) so it is contiguous; without
@@ -208,6 +236,27 @@ class StalenessRing {
   /// Sets max_age (>= 0, else InvalidArgument); the next take or evict_stale applies it to every ready
   /// entry, entries already dropped stay dropped; counts a change in Ledger::max_age_changes.
   void set_max_age(int64_t max_age) PFB_EXCLUDES(mutex_);
+
+  /// Sets the max_age of source slot `slot` (1 .. kSourceSlots - 1) to `max_age` (>= 0), or back to the
+  /// ring's max_age with -1; throws InvalidArgument otherwise. Applies from the next take or evict_stale
+  /// (not counted in Ledger::max_age_changes, which counts set_max_age).
+  void set_source_max_age(int32_t slot, int64_t max_age) PFB_EXCLUDES(mutex_);
+
+  /// Returns the max_age override of every source slot (-1: none), slot 0 first.
+  std::array<int64_t, kSourceSlots> source_max_ages() const PFB_EXCLUDES(mutex_);
+
+  /// Returns (prompt_id, attempts) of every remembered prompt with >= `min_attempts` attempts and nothing
+  /// trained, by prompt id.
+  std::vector<std::pair<int64_t, int64_t>> starved(int64_t min_attempts) const PFB_EXCLUDES(mutex_);
+
+  /// Returns the attempt counters.
+  AttemptCounters attempt_counters() const PFB_EXCLUDES(mutex_);
+
+  /// Returns the cumulative counts of every source slot, slot 0 first.
+  std::array<SourceCounts, kSourceSlots> source_counts() const PFB_EXCLUDES(mutex_);
+
+  /// Returns a copy of the bias monitor, or null before the first dispatch (nothing monitored yet).
+  std::unique_ptr<BiasMonitor> bias() const PFB_EXCLUDES(mutex_);
 
   /// Returns the number of ready entries.
   int64_t size() const PFB_EXCLUDES(mutex_);
@@ -264,6 +313,10 @@ class StalenessRing {
   }
   void check_open() const PFB_REQUIRES(mutex_);  // throws Closed after close()
   void check_clock(int64_t current_step) const PFB_REQUIRES(mutex_);  // throws unless 0 <= clock_ <= step
+  // Moves clock_ up to a producer's sample_step (dispatch, put); remembers that a stamp set it.
+  void advance_clock_by_stamp(int64_t sample_step) PFB_REQUIRES(mutex_);
+  // Moves clock_ up to the trainer's step (take, evict_stale); the trainer has then reached every stamp.
+  void advance_clock_by_trainer(int64_t current_step) PFB_REQUIRES(mutex_);
   void check_not_live(const int64_t* traj_ids, int64_t n) const PFB_REQUIRES(mutex_);  // unique_ids refusal
   // Runs interrupt_check_ with mutex_ released, at most every kInterruptCheckMs; mutex_ is held again on return.
   void check_interrupt(SteadyTime& last_check) PFB_REQUIRES(mutex_);
@@ -287,10 +340,11 @@ class StalenessRing {
       PFB_REQUIRES(mutex_);
   void append_group(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* order, int64_t len,
                     int64_t group_id, int64_t sample_step, int64_t dispatch_ns, int64_t complete_ns,
-                    const int64_t* finish_steps, int64_t n_finish) PFB_REQUIRES(mutex_);
+                    const int64_t* finish_steps, int64_t n_finish, int64_t meta) PFB_REQUIRES(mutex_);
   void append_runs(const int64_t* traj_ids, const int64_t* group_ids, const int64_t* bounds, int64_t n_groups,
                    const int64_t* sample_steps, int64_t n_steps, int64_t n, int64_t stamp,
-                   const int64_t* finish_steps, int64_t n_finish) PFB_REQUIRES(mutex_);
+                   const int64_t* finish_steps, int64_t n_finish, const int32_t* slots, int64_t n_slots)
+      PFB_REQUIRES(mutex_);
   void note_spans(int64_t first, int64_t count) PFB_REQUIRES(mutex_);  // sets spans_ if an appended entry spans
   void remove_prefix(int64_t n) PFB_REQUIRES(mutex_);  // drops the oldest n entries
   void evict_oldest_groups(int64_t need) PFB_REQUIRES(mutex_);  // whole groups until `need` entries fit
@@ -300,6 +354,9 @@ class StalenessRing {
   std::string wait_blocked_message(int64_t current_step) const PFB_REQUIRES(mutex_);
   int64_t skip_stale(int64_t i, int64_t cutoff) const PFB_REQUIRES(mutex_);
   void plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const PFB_REQUIRES(mutex_);
+  // Closes a walk's open span at `walked` and records its totals (touches only `plan`).
+  static void finish_plan(TakePlan& plan, int64_t span_start, int64_t walked, int64_t taken);
+  void apply_pace_gate(TakePlan& plan, int64_t current_step) const PFB_REQUIRES(mutex_);  // pace: blocks the take
   void commit_take(const TakePlan& plan, int64_t current_step, int64_t* out, TakeStats& stats) PFB_REQUIRES(mutex_);
   void fill_state(TakeStats& stats) PFB_REQUIRES(mutex_);  // the ring's state after a take or evict_stale
 
@@ -327,6 +384,19 @@ class StalenessRing {
   std::optional<int64_t> pace_blocker_for(const TakePlan& plan, int64_t current_step) const PFB_REQUIRES(mutex_);
   std::string pace_blocked_message(int64_t stamp, int64_t current_step) const PFB_REQUIRES(mutex_);
 
+  // ring_accounting.cpp: what the bound does to the data (docs/data-bias.md).
+  bool per_entry_cutoffs() const PFB_REQUIRES(mutex_) { return overrides_ > 0 || protected_seen_; }
+  void check_slots(const int32_t* slots, int64_t n_slots, int64_t n, const char* what) const;
+  void fill_cutoffs(int64_t current_step) const PFB_REQUIRES(mutex_);  // cutoffs_ for this step and strategy
+  bool stale_at(int64_t p) const PFB_REQUIRES(mutex_);  // row p against its own cutoff (fill_cutoffs first)
+  void plan_take_per_entry(int64_t batch_size, TakePlan& plan) const PFB_REQUIRES(mutex_);
+  // Counts a take's walked prefix (uses already counted) per source, in the monitor and the attempt table.
+  void observe_walked(int64_t walked, int64_t current_step, bool first_use_always, TakeStats& stats)
+      PFB_REQUIRES(mutex_);
+  void observe_lost(int64_t count, bool evicted) PFB_REQUIRES(mutex_);  // the oldest `count` entries leave
+  void observe_lost_group(int64_t p, bool evicted) PFB_REQUIRES(mutex_);  // the group at row p leaves
+  void add_group(Fate fate, int64_t p, int64_t len) PFB_REQUIRES(mutex_);  // the group at row p into the monitor
+
   const RingConfig config_;  // as constructed (immutable); max_age_ below is the one in force
   RingColumns columns_ PFB_GUARDED_BY(mutex_);
   mutable Mutex mutex_;
@@ -338,6 +408,9 @@ class StalenessRing {
   bool spans_ PFB_GUARDED_BY(mutex_) = false;  // a ready entry has finish_step != sample_step (else no span sums)
   bool closed_ PFB_GUARDED_BY(mutex_) = false;
   int64_t clock_ PFB_GUARDED_BY(mutex_) = -1;
+  // True while clock_ is a producer's stamp (dispatch/put) above every trainer step seen: check_clock then
+  // blames the stamp, not the trainer.
+  bool clock_from_stamp_ PFB_GUARDED_BY(mutex_) = false;
   int64_t max_age_ PFB_GUARDED_BY(mutex_);  // config_.max_age until set_max_age changes it
   int64_t evicted_unreported_ PFB_GUARDED_BY(mutex_) = 0;
   InFlightTable in_flight_ PFB_GUARDED_BY(mutex_);
@@ -349,6 +422,16 @@ class StalenessRing {
   ReadyGroups ready_groups_ PFB_GUARDED_BY(mutex_);  // pace: ready groups by age stamp, in step with the entries
   int64_t next_take_ PFB_GUARDED_BY(mutex_) = 0;     // pace: one past the step of the latest take
   MonotonicCondition admit_cv_;  // pace producers: a slot freed (take, fail, expiry, load, max_age), or closed
+  // What the bound does to the data (docs/data-bias.md): attempts, per-source bounds and counts, the monitor.
+  PromptAttempts attempts_ PFB_GUARDED_BY(mutex_);
+  std::unique_ptr<BiasMonitor> bias_ PFB_GUARDED_BY(mutex_);                // allocated at the first dispatch
+  std::array<int64_t, kSourceSlots> source_max_age_ PFB_GUARDED_BY(mutex_);  // -1: the ring's max_age
+  int64_t overrides_ PFB_GUARDED_BY(mutex_) = 0;                             // slots with an override
+  bool protected_seen_ PFB_GUARDED_BY(mutex_) = false;  // a protected entry may be in the ring
+  bool tagged_ PFB_GUARDED_BY(mutex_) = false;          // a tagged entry or prompt may exist
+  bool plain_meta_ PFB_GUARDED_BY(mutex_) = true;  // every ready entry's meta is kPutMeta: moving it is skippable
+  std::array<SourceCounts, kSourceSlots> source_counts_ PFB_GUARDED_BY(mutex_){};
+  mutable std::array<int64_t, kCutoffEntries> cutoffs_ PFB_GUARDED_BY(mutex_){};  // a cache fill_cutoffs writes
 };
 
 }  // namespace pyfast_buffer

@@ -2,6 +2,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from . import _built  # noqa: F401  (first: without the compiled core, say how to build it)
 from .batch import AGE_BUCKETS, BLOCKED_BY, FIELDS, LOG_FORMAT, Batch, set_metrics_prefix
 from .buffer import StalenessBuffer
 from .checkpoint import CheckpointError

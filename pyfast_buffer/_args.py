@@ -19,6 +19,10 @@ _INT64_MAX = int(np.iinfo(np.int64).max)
 MAX_TIMEOUT = 1e9
 #: Largest ring capacity (the core's kMaxCapacity).
 MAX_CAPACITY = 1 << 40
+#: Largest source tag (the core's kMaxSource).
+MAX_SOURCE = 63
+#: Response lengths lie below this (the core's kNoLength marks "none").
+MAX_LENGTH = 2**32 - 1
 #: The staleness strategies: the buffer's ``strategy`` and verl's ``max_off_policy_strategy`` (same names).
 STRATEGIES = ("drop", "wait", "pace")
 
@@ -150,3 +154,37 @@ def same_length(a: np.ndarray, a_name: str, b: np.ndarray, b_name: str) -> None:
         raise ValueError(
             f"{a_name} has {len(a)} entries but {b_name} has {len(b)}; pass one {b_name[:-1]} per trajectory"
         )
+
+
+def as_slots(source: Any, n: int, per: str) -> Optional[np.ndarray]:
+    """Returns None for ``source=None``, else the core's source slots (source + 1) as an int32 array of one
+    entry (one int for all) or ``n`` (one per id); raises TypeError/ValueError naming ``source``."""
+    if source is None:
+        return None
+    if _is_int(source) or (isinstance(source, (torch.Tensor, np.ndarray)) and source.ndim == 0):
+        value = as_count(int(source), "source", -(2**63))
+        if not 0 <= value <= MAX_SOURCE:
+            raise ValueError(
+                f"source={value} is out of range; pass a source in [0, {MAX_SOURCE}] (or None for untagged)"
+            )
+        return np.array((value + 1,), dtype=np.int32)
+    tags = as_ids(source, "source")
+    if len(tags) != n:
+        raise ValueError(f"source has {len(tags)} tags for {n} {per}; pass one int or one per {per[:-1]}")
+    if tags.size and (tags.min() < 0 or tags.max() > MAX_SOURCE):
+        bad = int(tags[(tags < 0) | (tags > MAX_SOURCE)][0])
+        raise ValueError(f"source={bad} is out of range; pass a source in [0, {MAX_SOURCE}] (or None for untagged)")
+    return (tags + 1).astype(np.int32)
+
+
+def as_lengths(lengths: Any, n: int) -> Optional[np.ndarray]:
+    """Returns None, or one response length per trajectory as int64 in [0, 2**32 - 1); raises naming ``lengths``."""
+    if lengths is None:
+        return None
+    values = as_ids(lengths, "lengths")
+    if len(values) != n:
+        raise ValueError(f"lengths has {len(values)} entries for {n} trajectories; pass one length per trajectory")
+    if values.size and (values.min() < 0 or values.max() >= MAX_LENGTH):
+        bad = int(values[(values < 0) | (values >= MAX_LENGTH)][0])
+        raise ValueError(f"lengths: {bad} is not a token count; pass ints in [0, 2**32 - 1)")
+    return values

@@ -1,6 +1,6 @@
 # Hand-written stub of the native extension (csrc/bindings.cpp). Parameters bound without py::arg are
 # positional-only ('/'); tests/test_core_stub.py checks that against the binding.
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -14,7 +14,27 @@ class BufferFullError(RuntimeError): ...
 class AdmissionError(BufferFullError): ...
 
 _Stats = Tuple[
-    int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int, int, int, int, int, int, int
+    int,
+    int,
+    int,
+    int,
+    str,
+    int,
+    int,
+    Tuple[int, ...],
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    Tuple[int, ...],
+    Tuple[tuple, ...],
 ]
 
 class Ring:
@@ -33,6 +53,8 @@ class Ring:
         prompts_per_step: int = 0,
         lookahead: int = 0,
         age_from: str = "start",
+        max_attempts: int = 0,
+        attempts_bound: int = 0,
     ) -> None: ...
     def released(self) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.int8]]: ...
     def dispatch(
@@ -41,6 +63,7 @@ class Ring:
         step: int,
         lease: Optional[float] = None,
         timeout: Optional[float] = None,
+        slots: Optional[npt.NDArray[np.int32]] = None,
     ) -> None: ...
     def admissible(self, step: int, /) -> int: ...
     def renew(self, prompt_ids: npt.NDArray[np.int64], lease: float, /) -> None: ...
@@ -52,6 +75,7 @@ class Ring:
         prompt_ids: npt.NDArray[np.int64],
         timeout: Optional[float] = None,
         finish_steps: Optional[npt.NDArray[np.int64]] = None,
+        lengths: Optional[npt.NDArray[np.int64]] = None,
     ) -> None: ...
     def fail(self, prompt_ids: npt.NDArray[np.int64], /) -> None: ...
     def put(
@@ -61,6 +85,7 @@ class Ring:
         sample_steps: npt.NDArray[np.int64],
         timeout: Optional[float] = None,
         finish_steps: Optional[npt.NDArray[np.int64]] = None,
+        slots: Optional[npt.NDArray[np.int32]] = None,
     ) -> None: ...
     def take(
         self, out: npt.NDArray[np.int64], batch_size: int, current_step: int, timeout: Optional[float], /
@@ -68,6 +93,12 @@ class Ring:
         """Writes BATCH_COLUMNS * k values to out (field by field) and returns the stats tuple."""
     def evict_stale(self, current_step: int, /) -> _Stats: ...
     def ledger(self) -> dict[str, int]: ...
+    def set_source_max_age(self, source: int, max_age: int, /) -> None: ...
+    def source_max_ages(self) -> Dict[int, int]: ...
+    def starved(self, min_attempts: int, /) -> Dict[int, int]: ...
+    def attempts(self) -> Tuple[Tuple[int, ...], Dict[int, int]]: ...
+    def source_counts(self) -> npt.NDArray[np.int64]: ...
+    def bias(self) -> Optional[tuple]: ...
     def __len__(self) -> int: ...
     @property
     def max_age(self) -> int: ...

@@ -9,6 +9,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from ._devices import check_usable
+
 logger = logging.getLogger("pyfast_buffer")
 
 #: Column order of ``Batch.columns``; the native core writes them in this order.
@@ -22,6 +24,7 @@ FIELDS = (
     "dispatch_ns",
     "complete_ns",
     "finish_step",
+    "source",
 )
 #: Labels of the fixed age-histogram buckets (ages in trainer steps).
 AGE_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
@@ -32,12 +35,18 @@ AGE_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
 LOG_FORMAT = (
     "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d "
     "trained_over_age=%d admitted=%d admission_refused=%d admission_waits=%d"
+    " retried=%d starved=%d regenerations=%d"
 )
 
 # (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight,
 #  sampled_total, max_age, expired, trained_over_age, span_sum, span_max, admitted, admission_refused,
-#  admission_waits)
-Stats = Tuple[int, int, int, int, str, int, int, Tuple[int, ...], int, int, int, int, int, int, int, int, int, int, int]
+#  admission_waits, attempts, sources): attempts is ATTEMPT_FIELDS in order; sources holds (source, taken,
+#  dropped) of each source this call took or dropped from (-1: untagged), once any is tagged.
+Stats = Tuple[Any, ...]  # the fields above, in that order (typed one by one in _core.pyi's _Stats)
+#: The prompt-attempt counters of every take (docs/data-bias.md): retries and prompts_retried, regenerations
+#: (trajectories of lost attempts whose prompt was dispatched again), protected groups (max_attempts), the
+#: prompts starved now (>= 2 attempts, nothing trained) and the records forgotten at the table's bound.
+ATTEMPT_FIELDS = ("retries", "prompts_retried", "regenerations", "protected", "prompts_starved", "attempts_forgotten")
 #: Names of the ``blocked_by`` codes: ``metrics[prefix + "blocked_by"]`` is an index into this tuple.
 BLOCKED_BY = ("none", "too_few_ready", "in_flight_at_max_age")
 _BLOCKED_CODE = {name: code for code, name in enumerate(BLOCKED_BY)}
@@ -61,6 +70,7 @@ _NAMES = (
     "admitted",
     "admission_refused",
     "admission_waits",
+    *ATTEMPT_FIELDS,
 )
 _prefix = DEFAULT_METRICS_PREFIX
 _keys = tuple(_prefix + n for n in _NAMES)
@@ -99,6 +109,7 @@ def log_record(stats: Stats) -> None:
     if logger.isEnabledFor(logging.INFO):
         taken, dropped, retired, evicted, _, _, _, _, left, _, sampled, max_age, expired = stats[:13]
         over, _, _, admitted, refused, waits = stats[13:19]
+        attempts = stats[19]
         logger.info(
             LOG_FORMAT,
             dropped,
@@ -113,6 +124,9 @@ def log_record(stats: Stats) -> None:
             admitted,
             refused,
             waits,
+            attempts[1],
+            attempts[4],
+            attempts[2],
         )
 
 
@@ -138,8 +152,14 @@ def metrics_from_stats(stats: Stats) -> Dict[str, float]:
         admitted,
         refused,
         waits,
+        *stats[19],
     )
-    return dict(zip(_keys, values))
+    metrics = dict(zip(_keys, values))
+    for source, source_taken, source_dropped in stats[20]:
+        name = "untagged" if source < 0 else source
+        metrics[f"{_prefix}source/{name}/taken"] = source_taken
+        metrics[f"{_prefix}source/{name}/dropped"] = source_dropped
+    return metrics
 
 
 def make_metrics(stats: Stats) -> Dict[str, float]:
@@ -259,6 +279,11 @@ class Batch:
         """finish_step - sample_step: the weight updates each trajectory's generation crossed (a new tensor)."""
         return self._row(8) - self._row(2)
 
+    @property
+    def source(self) -> torch.Tensor:
+        """Source tag of each trajectory (``dispatch``/``put`` ``source=``), -1 when untagged."""
+        return self._row(9)
+
     def __len__(self) -> int:
         if self._stats is not None:
             return self._stats[0]
@@ -270,7 +295,12 @@ class Batch:
         return (now - self.columns[6]).to(torch.float64) / 1e9
 
     def to(self, *args: Any, **kwargs: Any) -> Batch:
-        """Returns a Batch with the columns moved by ``Tensor.to`` (e.g. ``"cuda", non_blocking=True``)."""
+        """Returns a Batch with the columns moved by ``Tensor.to`` (e.g. ``"cuda", non_blocking=True``).
+
+        Raises RuntimeError when this torch cannot use the device (``"cuda"`` on a CPU-only build), naming
+        what to pass instead, and ValueError for a string that is not a device.
+        """
+        check_usable(args, kwargs)
         return Batch(self.columns.to(*args, **kwargs), self.metrics, stats=self._stats)  # one shared dict
 
     def __repr__(self) -> str:

@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from . import _core, state
-from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from . import _core, bias, state
+from ._args import (
+    as_count,
+    as_ids,
+    as_lease,
+    as_lengths,
+    as_seconds,
+    as_slots,
+    as_step,
+    as_steps,
+    as_timeout,
+    same_length,
+)
 from ._buffer_base import BufferBase
+from .accounting import AccountingMethods
 from .batch import Batch, log_record, make_metrics
-from .config import check_max_age_keeps_lookahead, pace_limits, resolve_pin_memory
+from .config import SourceMaxAge, check_max_age_keeps_lookahead, pace_limits, resolve_pin_memory
 from .errors import CLOSED_MESSAGE, BufferClosedError
 from .released import Released
 
@@ -24,12 +36,12 @@ _INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def _pinned_columns(capacity: int) -> tuple:
-    wide = [torch.empty(capacity, dtype=torch.int64, pin_memory=True) for _ in range(6)]
+    wide = [torch.empty(capacity, dtype=torch.int64, pin_memory=True) for _ in range(7)]
     narrow = [torch.empty(capacity, dtype=torch.int32, pin_memory=True) for _ in range(2)]
     return tuple(wide + narrow)
 
 
-class StalenessBuffer(BufferBase):
+class StalenessBuffer(BufferBase, AccountingMethods):
     """A ring of step-stamped trajectory ids that hands out only what is fresh enough to train on.
 
     Args:
@@ -56,6 +68,13 @@ class StalenessBuffer(BufferBase):
             flight or ready.
         age_from: ``"start"`` measures age from the dispatch step, ``"finish"`` from each group's finish_step
             (see complete).
+        max_attempts: with ``k``, a prompt's k-th (and any later) attempt is protected: under ``drop`` its
+            group is never dropped for staleness, so no prompt is regenerated more than k times
+            (docs/data-bias.md says which age a protected group can reach).
+        source_max_age: ``{source: max_age}`` overriding ``max_age`` for prompts and trajectories tagged with
+            that source (``dispatch``/``put`` ``source=``); settable between calls like ``max_age``.
+        starvation_share: warn on the ``pyfast_buffer`` logger, once per window, when a source's share of the
+            trajectories taken falls below this while it still had prompts dispatched.
     """
 
     def __init__(
@@ -73,6 +92,9 @@ class StalenessBuffer(BufferBase):
         prompts_per_step: Optional[int] = None,
         lookahead: Optional[int] = None,
         age_from: str = "start",
+        max_attempts: Optional[int] = None,
+        source_max_age: Optional[SourceMaxAge] = None,
+        starvation_share: Optional[float] = None,
     ) -> None:
         self._configure(locals())
         self._config_lock = threading.Lock()  # keeps config.max_age in step with the core's under concurrent setters
@@ -94,24 +116,38 @@ class StalenessBuffer(BufferBase):
             prompts_per_step=pace_limits(self.config)[0],
             lookahead=pace_limits(self.config)[1],
             age_from=age_from,
+            max_attempts=max_attempts or 0,
         )
+        for source, age in self.config.source_bounds():
+            self._ring.set_source_max_age(source, age)
+        self._watch = bias.StarvationWatch(starvation_share)
+        self._takes_seen = 0  # takes so far: every bias.WINDOW_TAKES-th logs the bias record
 
     def dispatch(
-        self, prompt_ids: Ids, step: int, lease: Optional[float] = None, timeout: Optional[float] = None
+        self,
+        prompt_ids: Ids,
+        step: int,
+        lease: Optional[float] = None,
+        timeout: Optional[float] = None,
+        *,
+        source: Union[int, Ids, None] = None,
     ) -> None:
         """Marks prompts as in flight, generated with the weights of ``step``.
 
         With ``lease`` (seconds, > 0), a prompt neither completed, failed nor renewed within it is failed by
         the buffer (counted in ``failed`` and ``expired``) at the next call that looks at the in-flight table,
-        or while a blocking take waits; see docs/reliability.md.
+        or while a blocking take waits; see docs/reliability.md. ``source`` tags the prompts (one int in
+        [0, 63] for all, or one per prompt): ``source_max_age`` and the per-source metrics key on it. A prompt
+        dispatched again after its previous attempt left untrained counts as a retry (``starved()``).
 
         Under ``strategy="pace"`` the call admits all its prompts or none: without ``timeout`` one that does
         not fit raises AdmissionError (a BufferFullError), with one it waits (the GIL released, interruptible)
         until a take, fail, expiry or load frees room, or raises TimeoutError. Other strategies never wait.
         """
-        self._ring.dispatch(
-            as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_lease(lease), as_timeout(timeout)
-        )
+        prompts = as_ids(prompt_ids, "prompt_ids")
+        slots = as_slots(source, len(prompts), "prompts")
+        self._ring.dispatch(prompts, as_step(step, "step"), as_lease(lease), as_timeout(timeout), slots)
+        self._watch.on_dispatch(None if slots is None else slots - 1, len(prompts))
 
     def admissible(self, step: int) -> int:
         """Returns how many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
@@ -138,17 +174,19 @@ class StalenessBuffer(BufferBase):
         timeout: Optional[float] = None,
         *,
         finish_step: Union[int, Ids, None] = None,
+        lengths: Optional[Ids] = None,
     ) -> None:
         """Moves finished trajectories into the ring; ``prompt_ids[i]`` is the prompt of ``traj_ids[i]``.
 
         ``finish_step`` (one int or one per trajectory, each >= its prompt's dispatch step; default the dispatch
         step) is the step of the weights in force when the trajectory finished: the batch reports it and
-        ``span = finish_step - sample_step``; under ``age_from="finish"`` age is measured from it.
+        ``span = finish_step - sample_step``; under ``age_from="finish"`` age is measured from it. ``lengths``
+        (optional, one token count per trajectory) feeds the bias monitor's length sketches (docs/data-bias.md).
         """
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
         finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
-        self._ring.complete(trajs, prompts, as_timeout(timeout), finish)
+        self._ring.complete(trajs, prompts, as_timeout(timeout), finish, as_lengths(lengths, len(trajs)))
 
     def fail(self, prompt_ids: Ids) -> None:
         """Marks in-flight prompts as failed; nothing of theirs enters the ring."""
@@ -162,9 +200,12 @@ class StalenessBuffer(BufferBase):
         timeout: Optional[float] = None,
         *,
         finish_step: Union[int, Ids, None] = None,
+        source: Union[int, Ids, None] = None,
     ) -> None:
         """Dispatch + complete in one call; ``sample_step`` and ``finish_step`` (see complete) are one int or one
-        per trajectory. Under pace each group is admitted as a dispatched prompt (``timeout`` bounds that wait too)."""
+        per trajectory, ``source`` one tag or one per trajectory (a group shares one). Under pace each group is
+        admitted as a dispatched prompt (``timeout`` bounds that wait too). Put entries are outside the bias
+        monitor and the prompt-attempt table: the buffer never saw their rollout."""
         # The common call (int64 numpy ids, one int stamp, no groups) skips the general conversions.
         if (
             type(traj_ids) is np.ndarray
@@ -184,7 +225,8 @@ class StalenessBuffer(BufferBase):
             groups = as_ids(group_ids, "group_ids")
             same_length(trajs, "traj_ids", groups, "group_ids")
         finish = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
-        self._ring.put(trajs, groups, steps, None if timeout is None else as_timeout(timeout), finish)
+        slots = None if source is None else as_slots(source, len(trajs), "trajectories")
+        self._ring.put(trajs, groups, steps, None if timeout is None else as_timeout(timeout), finish, slots)
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
         """Takes up to ``batch_size`` trajectories, oldest first, in whole groups.
@@ -221,8 +263,9 @@ class StalenessBuffer(BufferBase):
             else:  # much smaller than requested: copy, so the batch owns only the rows it returned
                 kept = flat[: _N_COLUMNS * taken].copy() if 2 * taken < rows else flat[: _N_COLUMNS * taken]
             columns = kept.reshape(_N_COLUMNS, taken)  # Batch wraps it in a tensor on first access
-        # The core wrote the batch field by field at stride `taken`: rows of an (8, taken) contiguous block.
+        # The core wrote the batch field by field at stride `taken`: rows of a (BATCH_COLUMNS, taken) contiguous block.
         log_record(stats)  # the log record is written per take; the metrics dict is built on first access
+        self._watch_take(stats)
         return Batch(columns, stats=stats)
 
     def evict_stale(self, current_step: int) -> int:
@@ -278,6 +321,21 @@ class StalenessBuffer(BufferBase):
     def __repr__(self) -> str:
         return repr(self._ring)
 
+    def _attempts_now(self) -> Tuple[Tuple[int, ...], Dict[int, int]]:
+        return self._ring.attempts()
+
+    def _starved_now(self, min_attempts: int) -> Dict[int, int]:
+        return self._ring.starved(min_attempts)
+
+    def _source_counts_now(self) -> np.ndarray:
+        return self._ring.source_counts()
+
+    def _bias_now(self) -> Optional[tuple]:
+        return self._ring.bias()
+
+    def _apply_source_max_age(self, source: int, max_age: int) -> None:
+        self._ring.set_source_max_age(source, max_age)
+
     def state_dict(self) -> Dict[str, Any]:
         """Returns the whole state (entries, in-flight prompts, ledger, clock) as torch tensors."""
         s = self._ring.export_state()
@@ -288,9 +346,20 @@ class StalenessBuffer(BufferBase):
             "dispatch_ns": s["in_flight_dispatch_ns"],
             "lease_left_ns": s["in_flight_lease_left_ns"],
             "held_ns": s["in_flight_held_ns"],
+            "meta": s["in_flight_meta"],
         }
+        entries["meta"] = s["meta"]
         return state.pack(
-            self.config, entries, in_flight, s["ledger"], s["clock"], s["evicted_unreported"], s["next_take"]
+            self.config,
+            entries,
+            in_flight,
+            s["ledger"],
+            s["clock"],
+            s["evicted_unreported"],
+            s["next_take"],
+            attempts=s["attempts"],
+            attempt_counters=s["attempt_counters"],
+            source_counts=s["source_counts"],
         )
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -307,6 +376,10 @@ class StalenessBuffer(BufferBase):
             in_flight_dispatch_ns=s["in_flight"]["dispatch_ns"],
             in_flight_lease_left_ns=s["in_flight"]["lease_left_ns"],
             in_flight_held_ns=s["in_flight"]["held_ns"],
+            in_flight_meta=s["in_flight"]["meta"],
+            attempts=s["attempts"],
+            attempt_counters=s["attempt_counters"],
+            source_counts=s["source_counts"],
             ledger=s["ledger"],
             clock=s["clock"],
             evicted_unreported=s["evicted_unreported"],

@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, Tuple, Union
+from typing import Mapping as MappingType
 
 import torch
 
 from . import _core
-from ._args import MAX_CAPACITY, STRATEGIES, as_count
+from ._args import MAX_CAPACITY, MAX_SOURCE, STRATEGIES, as_count
 from .integrations.verl_mapping import (
     DEFAULT_VERL_CAPACITY as DEFAULT_VERL_CAPACITY,
 )
@@ -35,6 +36,10 @@ ON_FULL = ("evict_oldest", "block", "error")
 AGE_FROM = ("start", "finish")
 
 
+#: ``source_max_age`` as passed: ``{source: max_age}``, or the (source, max_age) pairs a config stores.
+SourceMaxAge = Union[MappingType[int, int], Tuple[Tuple[int, int], ...]]
+
+
 @dataclasses.dataclass(frozen=True)
 class BufferConfig:
     """A validated buffer configuration; see ``StalenessBuffer`` for the meaning of each field."""
@@ -51,6 +56,13 @@ class BufferConfig:
     prompts_per_step: Optional[int] = None
     lookahead: Optional[int] = None
     age_from: str = "start"
+    max_attempts: Optional[int] = None
+    source_max_age: Optional[SourceMaxAge] = None
+    starvation_share: Optional[float] = None
+
+    def source_bounds(self) -> Tuple[Tuple[int, int], ...]:
+        """Returns ``source_max_age`` as the sorted (source, max_age) pairs it is stored as (empty for none)."""
+        return source_max_age_pairs(self.source_max_age) or ()
 
     def __post_init__(self) -> None:
         as_count(self.capacity, "capacity", 1, MAX_CAPACITY)
@@ -72,6 +84,16 @@ class BufferConfig:
         if self.age_from not in AGE_FROM:
             raise ValueError(f"age_from={self.age_from!r} is unknown; use 'start' (dispatch step) or 'finish'")
         self._check_pace()
+        if self.max_attempts is not None:
+            as_count(self.max_attempts, "max_attempts", 1, 2**31 - 1)
+        # Stored as sorted (source, max_age) pairs: hashable, and a checkpoint keeps it (dict keys must be str there).
+        object.__setattr__(self, "source_max_age", source_max_age_pairs(self.source_max_age))
+        share = self.starvation_share
+        if share is not None:
+            if isinstance(share, bool) or not isinstance(share, (int, float)):
+                raise TypeError(f"starvation_share={share!r} is not a number; pass a share in (0, 1) or None")
+            if not 0 < share < 1:
+                raise ValueError(f"starvation_share={share} must lie in (0, 1), e.g. 0.05 for 5% of trained data")
 
     def _check_pace(self) -> None:
         if self.strategy != "pace":
@@ -118,6 +140,28 @@ def check_max_age_keeps_lookahead(config: BufferConfig, max_age: int) -> None:
 PACE_MAX_PROMPTS_PER_STEP = 2**40
 
 
+def as_source(value: Any, name: str = "source") -> int:
+    """Returns ``value`` as a source tag in [0, MAX_SOURCE], or raises TypeError/ValueError naming ``name``."""
+    return as_count(value, name, 0, MAX_SOURCE)
+
+
+def source_max_age_pairs(value: Any) -> Optional[Tuple[Tuple[int, int], ...]]:
+    """Returns ``{source: max_age}`` (or (source, max_age) pairs) as sorted pairs, None for None or empty;
+    raises TypeError/ValueError naming the bad source or age."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in value):
+        items = [tuple(p) for p in value]
+    else:
+        raise TypeError(f"source_max_age={value!r} is not a dict; pass {{source: max_age}}, e.g. {{1: 16}}")
+    pairs = {}
+    for source, age in items:
+        pairs[as_source(source, "source_max_age source")] = as_count(age, f"source_max_age[{source}]", 0)
+    return tuple(sorted(pairs.items())) or None
+
+
 def config_from_arguments(arguments: Mapping[str, Any]) -> BufferConfig:
     """Returns the BufferConfig of a constructor's arguments (its ``locals()``), every field passed by keyword.
 
@@ -127,7 +171,7 @@ def config_from_arguments(arguments: Mapping[str, Any]) -> BufferConfig:
     return BufferConfig(**{f.name: arguments[f.name] for f in dataclasses.fields(BufferConfig)})
 
 
-#: Bytes one ready entry takes in the native ring (six int64 and two int32 columns): the core's kBytesPerEntry.
+#: Bytes one ready entry takes in the native ring (seven int64 and two int32 columns): the core's kBytesPerEntry.
 BYTES_PER_ENTRY = _core.BYTES_PER_ENTRY
 
 

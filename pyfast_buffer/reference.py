@@ -14,16 +14,29 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
 
-from . import _reference_pace, state
-from ._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from . import _reference_pace, bias, state
+from ._args import (
+    as_count,
+    as_ids,
+    as_lease,
+    as_lengths,
+    as_seconds,
+    as_slots,
+    as_step,
+    as_steps,
+    as_timeout,
+    same_length,
+)
 from ._buffer_base import BufferBase
+from .accounting import AccountingMethods
+from .attempts import PromptAttempts, default_attempts_bound
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
-from .config import check_max_age_keeps_lookahead, pace_limits, resolve_pin_memory
+from .config import SourceMaxAge, check_max_age_keeps_lookahead, pace_limits, resolve_pin_memory
 from .errors import CLOSED_MESSAGE, AdmissionError, BufferClosedError, BufferFullError
 from .released import NOT_TRACKED, Released, default_release_bound
 
@@ -31,6 +44,33 @@ _RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of REL
 
 
 _NO_LEASE = 2**63 - 1  # the deadline of a prompt without a lease, as in the core
+# The per-entry meta word, as csrc/entry_meta.hpp packs it: length (low 32 bits), source slot, two flags.
+_NO_LENGTH = 0xFFFFFFFF
+_PROTECTED = 1 << 40
+_OBSERVED = 1 << 41
+
+
+def _meta(length: int, slot: int, protect: bool, observed: bool) -> int:
+    return (
+        (_NO_LENGTH if length < 0 else length)
+        | (slot << 32)
+        | (_PROTECTED if protect else 0)
+        | (_OBSERVED if observed else 0)
+    )
+
+
+def _slot(meta: int) -> int:
+    return (meta >> 32) & 0xFF
+
+
+def _length(meta: int) -> int:
+    return -1 if meta & _NO_LENGTH == _NO_LENGTH else meta & _NO_LENGTH
+
+
+def _latency_us(rec: dict) -> int:
+    return max(rec["complete_ns"] - rec["dispatch_ns"], 0) // 1000
+
+
 _WAKE_S = 0.1  # longest sleep of a blocking call between two looks at signals, leases and its deadline
 
 
@@ -42,7 +82,7 @@ class _Plan:
         self.pace_blocker: Optional[int] = None  # pace: the in-flight stamp that blocked the take
 
 
-class ReferenceBuffer(BufferBase):
+class ReferenceBuffer(BufferBase, AccountingMethods):
     """Pure-Python StalenessBuffer; see that class for the arguments (pin_memory is accepted and ignored)."""
 
     # -- construction, validation, the clock, interrupts, release notes (csrc/ring_common.cpp) -----------------------
@@ -61,6 +101,9 @@ class ReferenceBuffer(BufferBase):
         prompts_per_step: Optional[int] = None,
         lookahead: Optional[int] = None,
         age_from: str = "start",
+        max_attempts: Optional[int] = None,
+        source_max_age: Optional[SourceMaxAge] = None,
+        starvation_share: Optional[float] = None,
     ) -> None:
         self._configure(locals())
         self._per_step, self._lookahead = pace_limits(self.config)
@@ -80,20 +123,46 @@ class ReferenceBuffer(BufferBase):
         self._manual_clock: Optional[int] = None  # _set_lease_clock's frozen time, if any
         self._counts: Dict[str, int] = dict.fromkeys(state.ALL_LEDGER_KEYS, 0)
         self._clock = -1
+        self._clock_from_stamp = False  # the clock is a producer's stamp above every trainer step seen
         self._evicted_unreported = 0
         self._closed = False
         self._cond = threading.Condition()
+        self._config_lock = threading.Lock()
+        # What the bound does to the data (docs/data-bias.md), as the core keeps it.
+        self._attempts = PromptAttempts(default_attempts_bound(capacity))
+        self._bias: Optional[bias.Sketches] = None  # from the first dispatch on
+        self._source_max_age: Dict[int, int] = dict(self.config.source_bounds())
+        self._protected_seen = False
+        self._tagged = False
+        self._source_counts = np.zeros((state.SOURCE_SLOTS, len(state.SOURCE_COUNT_FIELDS)), dtype=np.int64)
+        self._watch = bias.StarvationWatch(starvation_share)
+        self._takes_seen = 0  # takes so far: every bias.WINDOW_TAKES-th logs the bias record
 
     def _check_open(self) -> None:
         if self._closed:
             raise BufferClosedError(CLOSED_MESSAGE)
 
     def _check_clock(self, current_step: int) -> None:
+        if current_step < self._clock and self._clock_from_stamp:
+            raise ValueError(
+                f"current_step={current_step} is lower than step {self._clock}, which a dispatch or put stamped "
+                "as its sample_step, ahead of the trainer: a stamp is the step of the weights that generated the "
+                "data, never above the trainer's current step; stamp producers with the trainer's step (or its "
+                "last weight push), or pass the trainer's real global step here"
+            )
         if current_step < self._clock:
             raise ValueError(
-                f"current_step={current_step} is lower than step {self._clock} already seen; "
+                f"current_step={current_step} is lower than step {self._clock} of an earlier take or evict_stale; "
                 "the trainer's step never goes back, pass the current global step"
             )
+
+    def _advance_clock_by_stamp(self, sample_step: int) -> None:
+        if sample_step > self._clock:
+            self._clock, self._clock_from_stamp = sample_step, True
+
+    def _advance_clock_by_trainer(self, current_step: int) -> None:
+        if current_step >= self._clock:
+            self._clock, self._clock_from_stamp = current_step, False
 
     def _check_fits(self, n: int, fix: str) -> None:
         if n > self.config.capacity:
@@ -142,9 +211,16 @@ class ReferenceBuffer(BufferBase):
 
     # -- in-flight prompts: dispatch, fail, renew, leases, expiry (csrc/ring_in_flight.cpp) --------------------------
     def dispatch(
-        self, prompt_ids: Any, step: int, lease: Optional[float] = None, timeout: Optional[float] = None
+        self,
+        prompt_ids: Any,
+        step: int,
+        lease: Optional[float] = None,
+        timeout: Optional[float] = None,
+        *,
+        source: Any = None,
     ) -> None:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
+        slots = as_slots(source, len(prompts), "prompts")
         step = as_step(step, "step")
         lease = as_lease(lease)
         timeout = as_timeout(timeout)
@@ -174,12 +250,20 @@ class ReferenceBuffer(BufferBase):
                 self._counts["admission_waits"] += waited
             now, since = time.time_ns(), self._lease_now()
             deadline = _NO_LEASE if lease is None else min(since + int(lease * 1e9), _NO_LEASE - 1)
-            for p in prompts:
-                self._in_flight[p] = (step, now, since, deadline)
+            if self._bias is None and prompts:
+                self._bias = bias.Sketches()
+            k = self.config.max_attempts or 0
+            for i, p in enumerate(prompts):
+                slot = 0 if slots is None else int(slots[0 if len(slots) == 1 else i])
+                untrained_run = self._attempts.on_dispatch(p, slot)
+                self._in_flight[p] = (step, now, since, deadline, _meta(-1, slot, 0 < k <= untrained_run, True))
                 if lease is not None:
                     self._leases[p] = deadline
+                self._source_counts[slot, 0] += 1
+                self._tagged |= slot != 0
             self._counts["dispatched"] += len(prompts)
-            self._clock = max(self._clock, step)
+            self._advance_clock_by_stamp(step)
+        self._watch.on_dispatch(None if slots is None else slots - 1, len(prompts))
 
     def fail(self, prompt_ids: Any) -> None:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
@@ -192,6 +276,7 @@ class ReferenceBuffer(BufferBase):
             self._check_in_flight(prompts)
             for p in prompts:
                 self._pop_in_flight(p)
+                self._attempts.on_failed(p)
                 self._note_left(p, _FAILED)
             self._counts["failed"] += len(prompts)
             self._cond.notify_all()
@@ -213,8 +298,8 @@ class ReferenceBuffer(BufferBase):
                     )
             deadline = min(self._lease_now() + int(lease * 1e9), _NO_LEASE - 1)
             for p in prompts:
-                step, dispatched_at, since, _ = self._in_flight[p]
-                self._in_flight[p] = (step, dispatched_at, since, deadline)
+                step, dispatched_at, since, _, meta = self._in_flight[p]
+                self._in_flight[p] = (step, dispatched_at, since, deadline, meta)
                 self._leases[p] = deadline
 
     def expire_in_flight(self, older_than_s: float) -> int:
@@ -252,6 +337,7 @@ class ReferenceBuffer(BufferBase):
     def _expire(self, prompts: List[int]) -> None:
         for p in prompts:
             self._pop_in_flight(p)
+            self._attempts.on_failed(p)
             self._note_left(p, _EXPIRED)
         self._counts["failed"] += len(prompts)
         self._counts["expired"] += len(prompts)
@@ -286,12 +372,19 @@ class ReferenceBuffer(BufferBase):
                     )
 
     def complete(
-        self, traj_ids: Any, prompt_ids: Any, timeout: Optional[float] = None, *, finish_step: Any = None
+        self,
+        traj_ids: Any,
+        prompt_ids: Any,
+        timeout: Optional[float] = None,
+        *,
+        finish_step: Any = None,
+        lengths: Any = None,
     ) -> None:
         trajs, prompts = as_ids(traj_ids, "traj_ids", copy=True), as_ids(prompt_ids, "prompt_ids", copy=True)
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
         finish = self._finish_list(finish_step, len(trajs))
         timeout = as_timeout(timeout)
+        length_of = as_lengths(lengths, len(trajs))
         n = len(trajs)
         with self._cond:
             self._check_open()
@@ -323,16 +416,30 @@ class ReferenceBuffer(BufferBase):
                 if self._wait_for_room(n, timeout, "complete", deadline):
                     break
             now = time.time_ns()
+            assert self._bias is not None  # every in-flight prompt was dispatched, which starts the monitor
             for p, members in groups.items():
-                step, dispatched_at, _, _ = self._pop_in_flight(p)
+                step, dispatched_at, _, _, meta = self._pop_in_flight(p)
+                base = meta & ~_NO_LENGTH
+                metas = [meta if length_of is None else base | int(length_of[i]) for i in members]
                 self._append(
                     [
-                        self._record(traj_list[i], p, step, dispatched_at, now, step if finish is None else finish[i])
-                        for i in members
+                        self._record(
+                            traj_list[i], p, step, dispatched_at, now, step if finish is None else finish[i], m
+                        )
+                        for i, m in zip(members, metas)
                     ]
                 )
+                self._bias.add(0, 0, [max(now - dispatched_at, 0) // 1000] * len(members))
+                if length_of is not None:
+                    self._bias.add(0, 1, (int(length_of[i]) for i in members))
+                self._attempts.on_complete(p)
+                if meta & _PROTECTED:
+                    self._attempts.counters["protected"] += 1
+                    self._protected_seen = True
+                self._source_counts[_slot(meta), 1] += len(members)
             self._restore_order()
-            self._clock = max(self._clock, *(finish or [-1]))
+            for f_step in finish or []:
+                self._advance_clock_by_stamp(f_step)
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
             self._cond.notify_all()
@@ -345,9 +452,12 @@ class ReferenceBuffer(BufferBase):
         timeout: Optional[float] = None,
         *,
         finish_step: Any = None,
+        source: Any = None,
     ) -> None:
         # Owned copies: each caller array is read once, as the native wrapper's copies are.
         trajs = as_ids(traj_ids, "traj_ids", copy=True)
+        slots = None if source is None else as_slots(source, len(trajs), "trajectories")
+        slot_of = (lambda i: 0) if slots is None else (lambda i: int(slots[0 if len(slots) == 1 else i]))
         steps = as_steps(sample_step, "sample_step", len(trajs), copy=True).tolist()
         finish = self._finish_list(finish_step, len(trajs))
         groups_arr = None
@@ -372,13 +482,8 @@ class ReferenceBuffer(BufferBase):
             else:
                 groups = self._group_stably(groups_arr)
                 key_of = groups_arr.tolist()
-                for g, members in groups.items():
-                    for i in members[1:]:
-                        if step_of(i) != step_of(members[0]):
-                            raise ValueError(
-                                f"sample_step: group {g} has entries stamped {step_of(members[0])} "
-                                f"and {step_of(i)}; a group shares one sample_step"
-                            )
+                self._check_uniform(groups, step_of, "sample_step", "stamped", "sample_step", 0)
+                self._check_uniform(groups, slot_of, "source", "tagged", "source", -1)
             for i, end in enumerate(finish or ()):
                 if end < step_of(i):
                     raise ValueError(
@@ -406,6 +511,7 @@ class ReferenceBuffer(BufferBase):
             now = time.time_ns()
             for members in groups.values():
                 gid = key_of[members[0]]
+                meta = _meta(-1, slot_of(members[0]), False, False)
                 self._append(
                     [
                         self._record(
@@ -415,16 +521,33 @@ class ReferenceBuffer(BufferBase):
                             now,
                             now,
                             step_of(i) if finish is None else finish[i],
+                            meta,
                         )
                         for i in members
                     ]
                 )
+                self._source_counts[_slot(meta), 0] += 1
+                self._source_counts[_slot(meta), 1] += len(members)
+                self._tagged |= _slot(meta) != 0
             self._restore_order()
             self._counts["dispatched"] += len(groups)
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
-            self._clock = max(self._clock, max(steps), *(finish or [-1]))
+            self._advance_clock_by_stamp(max(steps))
+            for f_step in finish or []:
+                self._advance_clock_by_stamp(f_step)
             self._cond.notify_all()
+
+    @staticmethod
+    def _check_uniform(groups: Dict[int, List[int]], value_of: Any, arg: str, verb: str, what: str, shown: int) -> None:
+        """Raises ValueError naming the first group whose members differ in ``value_of`` (shown plus ``shown``)."""
+        for g, members in groups.items():
+            for i in members[1:]:
+                if value_of(i) != value_of(members[0]):
+                    raise ValueError(
+                        f"{arg}: group {g} has entries {verb} {value_of(members[0]) + shown} "
+                        f"and {value_of(i) + shown}; a group shares one {what}"
+                    )
 
     @staticmethod
     def _group_stably(keys: np.ndarray) -> Dict[int, List[int]]:
@@ -434,9 +557,10 @@ class ReferenceBuffer(BufferBase):
         return groups  # dicts keep first-appearance order
 
     def _record(
-        self, traj_id: int, group_id: int, step: int, dispatch_ns: int, complete_ns: int, finish_step: int
+        self, traj_id: int, group_id: int, step: int, dispatch_ns: int, complete_ns: int, finish_step: int, meta: int
     ) -> dict:
         return {
+            "meta": meta,
             "traj_id": traj_id,
             "group_id": group_id,
             "sample_step": step,
@@ -479,6 +603,8 @@ class ReferenceBuffer(BufferBase):
         evicted = 0
         while self._size + need > self.config.capacity:  # on_full="evict_oldest": whole groups, oldest first
             oldest = self._groups.popleft()
+            if self._observing():
+                self._observe_lost(oldest, evicted=True)
             self._size -= len(oldest)
             evicted += len(oldest)
             for rec in oldest:
@@ -654,7 +780,7 @@ class ReferenceBuffer(BufferBase):
                         raise TimeoutError(f"take timed out after {timeout} s under {self.config.strategy}: {cause}")
                     self._check_clock(current_step)  # a producer may have stamped a later step
                     plan = self._plan(batch_size, current_step)
-            self._clock = max(self._clock, current_step)
+            self._advance_clock_by_trainer(current_step)
             batch = self._commit(plan, current_step)
             if self._paced():
                 self._next_take = max(self._next_take, min(current_step + 1, 2**63 - 1))
@@ -695,14 +821,19 @@ class ReferenceBuffer(BufferBase):
         return plan
 
     def _commit(self, plan: _Plan, current_step: int) -> Batch:
-        columns: List[List[int]] = [[] for _ in range(9)]
+        columns: List[List[int]] = [[] for _ in range(10)]
         hist = [0] * len(AGE_BUCKETS)
         age_sum = age_max = retired = over_age = span_sum = span_max = 0
         keep = []
+        observing = self._observing()
+        by_slot: Dict[int, List[int]] = {}  # slot -> [taken, dropped] by this call
         for _ in range(plan.walked):
             group = self._groups.popleft()
             self._size -= len(group)
             if self._is_stale(group, current_step):
+                if observing:
+                    by_slot.setdefault(_slot(group[0]["meta"]), [0, 0])[1] += len(group)
+                    self._observe_lost(group, evicted=False)
                 for rec in group:
                     self._note_left(rec["traj_id"], _DROPPED_STALE)
                 continue
@@ -721,6 +852,7 @@ class ReferenceBuffer(BufferBase):
                         rec["dispatch_ns"],
                         rec["complete_ns"],
                         rec["finish_step"],
+                        _slot(rec["meta"]) - 1,
                     ),
                 ):
                     col.append(value)
@@ -731,6 +863,9 @@ class ReferenceBuffer(BufferBase):
                 span = rec["finish_step"] - rec["sample_step"]
                 span_sum += span
                 span_max = max(span_max, span)
+            if observing:
+                by_slot.setdefault(_slot(group[0]["meta"]), [0, 0])[0] += len(group)
+                self._observe_taken(group)
             if group[0]["uses"] < self.config.max_uses:
                 keep.append(group)  # reused entries keep their place at the front
             else:
@@ -766,17 +901,54 @@ class ReferenceBuffer(BufferBase):
             self._counts["admitted"],
             self._counts["admission_refused"],
             self._counts["admission_waits"],
+            self._attempts.snapshot()[0],
+            tuple((slot - 1, *by_slot[slot]) for slot in sorted(by_slot)) if self._tagged else (),
         )
-        return Batch(torch.tensor(columns, dtype=torch.int64).reshape(9, plan.taken), make_metrics(stats))
+        if self._bias is not None:
+            self._bias.on_take()
+        self._watch_take(stats)
+        return Batch(torch.tensor(columns, dtype=torch.int64).reshape(len(columns), plan.taken), make_metrics(stats))
 
-    def _is_stale(self, group: List[dict], current_step: int) -> bool:
-        return self.config.strategy == "drop" and current_step - self._age_stamp(group) > self.config.max_age
+    def _own_max_age(self, slot: int) -> int:
+        return self._source_max_age.get(slot - 1, self.config.max_age) if slot else self.config.max_age
+
+    def _is_stale(self, group: List[dict], current_step: int, any_strategy: bool = False) -> bool:
+        """Whether the group is past its source's max_age (protected groups never are); only under drop,
+        unless ``any_strategy`` (evict_stale applies the bounds under either strategy)."""
+        meta = group[0]["meta"]
+        if (self.config.strategy != "drop" and not any_strategy) or meta & _PROTECTED:
+            return False
+        return current_step - self._age_stamp(group) > self._own_max_age(_slot(meta))
+
+    def _observing(self) -> bool:
+        return self._bias is not None or self._tagged
+
+    def _observe_lost(self, group: List[dict], evicted: bool) -> None:
+        """Counts a group that leaves untaken-now: dropped stale or evicted; lost if it was never taken."""
+        meta = group[0]["meta"]
+        self._source_counts[_slot(meta), 5 if evicted else 4] += len(group)
+        if group[0]["uses"] != 0 or not meta & _OBSERVED or self._bias is None:
+            return
+        self._bias.add(2, 0, (_latency_us(rec) for rec in group))
+        self._bias.add(2, 1, (_length(rec["meta"]) for rec in group if _length(rec["meta"]) >= 0))
+        self._attempts.on_lost(group[0]["group_id"], len(group))
+
+    def _observe_taken(self, group: List[dict]) -> None:
+        """Counts a group this take handed out (its uses already counted)."""
+        slot = _slot(group[0]["meta"])
+        self._source_counts[slot, 2] += len(group)
+        if group[0]["uses"] != 1:
+            return
+        self._source_counts[slot, 3] += len(group)
+        if group[0]["meta"] & _OBSERVED and self._bias is not None:
+            self._bias.add(1, 0, (_latency_us(rec) for rec in group))
+            self._bias.add(1, 1, (_length(rec["meta"]) for rec in group if _length(rec["meta"]) >= 0))
+            self._attempts.on_trained(group[0]["group_id"])
 
     def _wait_blocked(self, current_step: int) -> bool:
         if not self._in_flight:
             return False
-        oldest = min(rec[0] for rec in self._in_flight.values())
-        return current_step - oldest >= self.config.max_age
+        return any(current_step - rec[0] >= self._own_max_age(_slot(rec[4])) for rec in self._in_flight.values())
 
     def _wait_blocked_message(self, current_step: int) -> str:
         limit = current_step - self.config.max_age
@@ -795,13 +967,15 @@ class ReferenceBuffer(BufferBase):
             self._check_open()
             self._expire_due()
             self._check_clock(current_step)
-            self._clock = current_step
-            cutoff = current_step - self.config.max_age
-            for group in self._groups:
-                if self._age_stamp(group) < cutoff:
+            self._advance_clock_by_trainer(current_step)
+            stale = [self._is_stale(g, current_step, any_strategy=True) for g in self._groups]
+            for group, old in zip(self._groups, stale):
+                if old:
+                    if self._observing():
+                        self._observe_lost(group, evicted=False)
                     for rec in group:
                         self._note_left(rec["traj_id"], _DROPPED_STALE)
-            fresh = deque(g for g in self._groups if self._age_stamp(g) >= cutoff)
+            fresh = deque(g for g, old in zip(self._groups, stale) if not old)
             removed = self._size - sum(len(g) for g in fresh)
             self._groups, self._size = fresh, self._size - removed
             self._counts["dropped_stale"] += removed
@@ -827,6 +1001,8 @@ class ReferenceBuffer(BufferBase):
                 self._counts["admitted"],
                 self._counts["admission_refused"],
                 self._counts["admission_waits"],
+                self._attempts.snapshot()[0],
+                (),
             )
         make_metrics(stats)
         return removed
@@ -907,6 +1083,30 @@ class ReferenceBuffer(BufferBase):
             f"clock={self._clock}{', closed=True' if self._closed else ''})"
         )
 
+    def _attempts_now(self) -> Tuple[Tuple[int, ...], Dict[int, int]]:
+        with self._cond:
+            return self._attempts.snapshot()
+
+    def _starved_now(self, min_attempts: int) -> Dict[int, int]:
+        with self._cond:
+            return self._attempts.starved_prompts(min_attempts)
+
+    def _source_counts_now(self) -> np.ndarray:
+        with self._cond:
+            return self._source_counts.copy()
+
+    def _bias_now(self) -> Optional[tuple]:
+        with self._cond:
+            return None if self._bias is None else self._bias.arrays()
+
+    def _apply_source_max_age(self, source: int, max_age: int) -> None:
+        with self._cond:
+            if max_age < 0:
+                self._source_max_age.pop(source, None)
+            else:
+                self._source_max_age[source] = max_age
+            self._cond.notify_all()  # under wait, a raised bound may unblock a waiting take
+
     def state_dict(self) -> Dict[str, Any]:
         with self._cond:
             self._expire_due()
@@ -922,9 +1122,19 @@ class ReferenceBuffer(BufferBase):
                 "dispatch_ns": [r[1] for _, r in prompts],
                 "lease_left_ns": [-1 if r[3] == _NO_LEASE else max(r[3] - now, 0) for _, r in prompts],
                 "held_ns": [max(now - r[2], 0) for _, r in prompts],
+                "meta": [r[4] for _, r in prompts],
             }
             return state.pack(
-                self.config, entries, in_flight, self._counts, self._clock, self._evicted_unreported, self._next_take
+                self.config,
+                entries,
+                in_flight,
+                self._counts,
+                self._clock,
+                self._evicted_unreported,
+                self._next_take,
+                attempts=self._attempts.export(),
+                attempt_counters=self._attempts.counters,
+                source_counts=self._source_counts,
             )
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -964,16 +1174,26 @@ class ReferenceBuffer(BufferBase):
             f = {k: v.tolist() for k, v in s["in_flight"].items()}
             now = self._lease_now()
             self._in_flight, self._leases = {}, {}
-            for p, st, d, left, held in zip(
-                f["prompt_id"], f["sample_step"], f["dispatch_ns"], f["lease_left_ns"], f["held_ns"]
+            for p, st, d, left, held, meta in zip(
+                f["prompt_id"], f["sample_step"], f["dispatch_ns"], f["lease_left_ns"], f["held_ns"], f["meta"]
             ):
                 # A restored lease keeps the time it had left when saved; the time since dispatch likewise.
                 deadline = _NO_LEASE if left < 0 else min(now + left, _NO_LEASE - 1)
-                self._in_flight[p] = (st, d, now - min(held, now), deadline)
+                self._in_flight[p] = (st, d, now - min(held, now), deadline, meta)
                 if left >= 0:
                     self._leases[p] = deadline
+            self._attempts.load(s["attempts"], s["attempt_counters"])
+            self._source_counts = s["source_counts"].copy()
+            metas = cols["meta"] + f["meta"]
+            self._protected_seen = any(m & _PROTECTED for m in cols["meta"])
+            self._tagged = any(_slot(m) != 0 for m in metas)
+            observed = (
+                bool(f["meta"]) or len(s["attempts"]["prompt_id"]) > 0 or any(m & _OBSERVED for m in cols["meta"])
+            )
+            if self._bias is None and observed:
+                self._bias = bias.Sketches()
             self._counts = dict(s["ledger"])
-            self._clock = s["clock"]
+            self._clock, self._clock_from_stamp = s["clock"], False  # a state_dict does not say who set it
             self._evicted_unreported = s["evicted_unreported"]
             self._next_take = s["next_take"]
             self._restore_order()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Sequence, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -21,8 +21,20 @@ ENTRY_COLUMNS = (
 )
 #: Entry columns added later: written by pack, and a state_dict without one loads it as given here.
 #: ``finish_step``: a state_dict from before version spans loads each entry as finished at its sample_step.
-LATER_ENTRY_COLUMNS = ("finish_step",)
+#: ``meta``: the response length, source slot and protected/observed flags (csrc/entry_meta.hpp); a state_dict
+#: from before them loads each entry as an untagged put entry without a length (META_DEFAULT).
+LATER_ENTRY_COLUMNS = ("finish_step", "meta")
+META_DEFAULT = 0xFFFFFFFF
 IN_FLIGHT_COLUMNS = ("prompt_id", "sample_step", "dispatch_ns")
+#: An in-flight prompt saved before ``meta``: untagged, observed (it came through dispatch), not protected.
+_IN_FLIGHT_META_DEFAULT = 0xFFFFFFFF | (1 << 41)
+#: Columns of the prompt-attempts table, least recently touched first (csrc/prompt_attempts.hpp); ``flags``
+#: bit 0 is "latest attempt lost", bit 1 "counted as retried".
+ATTEMPT_COLUMNS = ("prompt_id", "attempts", "trained", "pending", "slot", "lost_trajs", "flags", "since_trained")
+ATTEMPT_COUNTERS = ("retries", "prompts_retried", "regenerations", "protected", "forgotten")
+#: Per source slot (untagged first, then sources 0..63): these cumulative counts.
+SOURCE_COUNT_FIELDS = ("dispatched", "generated", "taken", "trained", "dropped", "evicted")
+SOURCE_SLOTS = 65
 #: Lease columns of in-flight prompts: ns of lease left when saved (-1: no lease) and ns in flight when saved.
 #: A state_dict from before leases lacks them: its prompts load without a lease, as dispatched at load time.
 LEASE_COLUMNS = ("lease_left_ns", "held_ns")
@@ -53,22 +65,28 @@ def pack(
     clock: int,
     evicted_unreported: int,
     next_take: int = 0,
+    attempts: Optional[Mapping[str, Column]] = None,
+    attempt_counters: Optional[Mapping[str, int]] = None,
+    source_counts: Optional[np.ndarray] = None,
 ) -> Dict[str, Any]:
     """Returns a state_dict from numpy columns in ring order (oldest first); ``next_take`` is the pace state
-    (the step of the trainer's next take, docs/design.md), 0 for the other strategies."""
+    (the step of the trainer's next take, docs/design.md), 0 for the other strategies; ``attempts``,
+    ``attempt_counters`` and ``source_counts`` are the data accounting (docs/data-bias.md)."""
+    as_tensor = lambda v: torch.from_numpy(np.asarray(v, dtype=np.int64))  # noqa: E731
+    empty = {k: np.empty(0, np.int64) for k in ATTEMPT_COLUMNS}
+    counts = np.zeros((SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)), np.int64) if source_counts is None else source_counts
     return {
         "format": FORMAT,
         "config": dataclasses.asdict(config),
-        "entries": {
-            k: torch.from_numpy(np.asarray(entries[k], dtype=np.int64)) for k in ENTRY_COLUMNS + LATER_ENTRY_COLUMNS
-        },
-        "in_flight": {
-            k: torch.from_numpy(np.asarray(in_flight[k], dtype=np.int64)) for k in IN_FLIGHT_COLUMNS + LEASE_COLUMNS
-        },
+        "entries": {k: as_tensor(entries[k]) for k in ENTRY_COLUMNS + LATER_ENTRY_COLUMNS},
+        "in_flight": {k: as_tensor(in_flight[k]) for k in IN_FLIGHT_COLUMNS + LEASE_COLUMNS + ("meta",)},
         "ledger": {k: int(ledger[k]) for k in ALL_LEDGER_KEYS},
         "clock": int(clock),
         "evicted_unreported": int(evicted_unreported),
         "next_take": int(next_take),
+        "attempts": {k: as_tensor((attempts or empty)[k]) for k in ATTEMPT_COLUMNS},
+        "attempt_counters": {k: int((attempt_counters or {}).get(k, 0)) for k in ATTEMPT_COUNTERS},
+        "source_counts": as_tensor(counts).reshape(SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)),
     }
 
 
@@ -107,8 +125,8 @@ def _check_groups(entries: Dict[str, np.ndarray], n: int) -> None:
         )
     first = np.asarray(starts, dtype=np.int64)
     owner = np.repeat(first, lens[first])
-    for key in ("group_len", "sample_step", "group_id", "uses"):
-        column = entries[key]
+    cut_index = (entries["meta"] >> 32) & 0x1FF  # a group shares its source and protection (entry_meta.hpp)
+    for column in (entries["group_len"], entries["sample_step"], entries["group_id"], entries["uses"], cut_index):
         bad = column != column[owner]
         if bad.any():
             at = int(owner[int(np.argmax(bad))])
@@ -128,6 +146,18 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         else entries["sample_step"].copy()
     )
     in_flight = {k: _column(sd.get("in_flight", {}), k, "in_flight") for k in IN_FLIGHT_COLUMNS}
+    section = sd.get("entries", {})
+    n_entries = len(entries["traj_id"])
+    entries["meta"] = (
+        _column(section, "meta", "entries") if "meta" in section else np.full(n_entries, META_DEFAULT, dtype=np.int64)
+    )
+    section = sd.get("in_flight", {})
+    n_prompts = len(in_flight["prompt_id"])
+    in_flight["meta"] = (
+        _column(section, "meta", "in_flight")
+        if "meta" in section
+        else np.full(n_prompts, _IN_FLIGHT_META_DEFAULT, dtype=np.int64)
+    )
     for k in LEASE_COLUMNS:
         section = sd.get("in_flight", {})
         in_flight[k] = (
@@ -157,6 +187,9 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
             f"state_dict has entries used {int(uses.max())} times, not below max_uses={max_uses}; "
             "load it into a buffer with a larger max_uses"
         )
+    for where, meta in (("entries", entries["meta"]), ("in_flight", in_flight["meta"])):
+        if meta.size and (meta.min() < 0 or (meta >> 42).max() > 0 or ((meta >> 32) & 0xFF).max() >= SOURCE_SLOTS):
+            raise ValueError(f"state_dict['{where}']['meta'] is out of range; it was edited or is corrupt")
     _check_groups(entries, n)
     prompts = in_flight["prompt_id"]
     if len(np.unique(prompts)) != len(prompts):
@@ -194,4 +227,32 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         "clock": clock,
         "evicted_unreported": evicted_unreported,
         "next_take": next_take,
+        **_unpack_accounting(sd),
     }
+
+
+def _unpack_accounting(sd: Dict[str, Any]) -> Dict[str, Any]:
+    """Returns the attempts table, its counters and the per-source counts of a state_dict (empty when it
+    predates them), or raises ValueError/TypeError naming what is wrong."""
+    section = sd.get("attempts", {})
+    attempts = {k: _column(section, k, "attempts") if section else np.empty(0, np.int64) for k in ATTEMPT_COLUMNS}
+    if len(set(map(len, attempts.values()))) > 1:
+        raise ValueError("state_dict['attempts'] columns differ in length; pass a dict made by state_dict()")
+    if any(int(attempts[k].min()) < 0 for k in ATTEMPT_COLUMNS[1:] if len(attempts[k])) or (
+        len(attempts["slot"]) and int(attempts["slot"].max()) >= SOURCE_SLOTS
+    ):
+        raise ValueError("state_dict['attempts'] has a negative count or a source out of range; it was edited")
+    raw = sd.get("attempt_counters", {})
+    counters = {k: int(raw.get(k, 0)) for k in ATTEMPT_COUNTERS}
+    if any(not 0 <= v <= MAX_COUNTER for v in counters.values()):
+        raise ValueError("state_dict['attempt_counters'] lie outside [0, 2**60]; it was edited or is corrupt")
+    value = sd.get("source_counts")
+    if value is None:
+        counts = np.zeros((SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)), dtype=np.int64)
+    else:
+        counts = (value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)).astype(
+            np.int64
+        )
+        if counts.shape != (SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)) or (counts.size and counts.min() < 0):
+            raise ValueError(f"state_dict['source_counts'] must be ({SOURCE_SLOTS}, 6) counts >= 0; it was edited")
+    return {"attempts": attempts, "attempt_counters": counters, "source_counts": counts}

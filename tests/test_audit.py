@@ -1,5 +1,6 @@
 """audit: reconciling committed logs of real buffer runs, partial fields, restarts and bad input."""
 
+import contextlib
 import io
 import pathlib
 
@@ -153,7 +154,6 @@ def test_ledger_gap_is_the_one_identity():
 
 
 def test_a_paced_buffers_log_reconciles_its_pace_counters(tmp_path, caplog, capsys):
-    import contextlib
     import logging
 
     import pyfast_buffer as pfb

@@ -52,7 +52,7 @@ def test_experiment_cli_product_of_axes(capsys):
     [
         (["--reuse", "0"], "reuse=0 must be >= 1"),
         (["--reuse", "1,x"], "--reuse='1,x' is not a comma-separated list of ints"),
-        (["--strategy", "drop,later"], "pass drop, wait or drop,wait"),
+        (["--strategy", "drop,later"], "pass a comma list of drop, wait and pace"),
         (["--batch-size", "30"], "batch_size=30 is not a multiple of group_size=8"),
         (["--arm", "reuse=2,speed=3"], "'speed=3' is not KEY=VALUE"),
         (["--lr", "-1"], "--lr=-1.0 must be a finite number > 0"),

@@ -99,12 +99,12 @@ def test_no_nan_or_inf_reaches_the_clock_through_the_private_core(seconds):
 
 
 def test_a_capacity_too_large_for_memory_names_capacity_and_bytes(impl):
-    with pytest.raises(MemoryError, match=r"capacity=1000000000000 needs 56000000000000 bytes .*lower capacity"):
+    with pytest.raises(MemoryError, match=r"capacity=1000000000000 needs 64000000000000 bytes .*lower capacity"):
         impl(10**12)
 
 
 def test_the_core_reports_a_failed_allocation_as_memory_error():
-    with pytest.raises(MemoryError, match=r"capacity=1000000000000 needs 56000000000000 bytes"):
+    with pytest.raises(MemoryError, match=r"capacity=1000000000000 needs 64000000000000 bytes"):
         _core.Ring(10**12, 3, "drop", 1, "error", 0)
 
 

@@ -38,11 +38,26 @@ def test_verl_rhythm_plan_and_all_warnings_but_starvation():
         "capacity": 8192,
     }
     plan = report["plan"]
-    assert plan["turnover_steps"] == 8 and plan["age_max"] == 8 and plan["suggested_max_age"] == 8
-    assert plan["age_distribution"] == {7: 0.5, 8: 0.5}
-    assert plan["drop_share_at_max_age"] == 1.0
-    warnings = " ".join(plan["warnings"])
+    # production equals consumption: the 8192-slot buffer never fills, the trainer takes what was generated
+    assert plan["fills"] is False and plan["age_distribution"] == {0: 0.5, 1: 0.5}
+    assert plan["age_max"] == 1 and plan["suggested_max_age"] == 1 and plan["drop_share_at_max_age"] == 0.0
+    assert plan["age_max_if_full"] == 8  # what a trainer stall that fills it would lead to, printed second
+    assert plan["headline"].startswith("the oldest trajectory trained on is 1 step(s) old")
+    assert "max_age 1 drops nothing" in plan["headline"] and plan["warnings"] == []
+
+
+def test_a_buffer_that_fills_warns_of_reuse_and_of_wait_blocking():
+    plan = rhythm.plan(2048, 1024, 8192, 2, max_age=1, strategy="wait")
+    assert plan.fills and plan.age_max == 4 and plan.drop_share_at_max_age == 1.0
+    warnings = " ".join(plan.warnings)
     assert "picked up again" in warnings and "will block" in warnings and "starve" not in warnings
+    assert "under 'wait' the trainer blocks instead of dropping" in plan.headline
+
+
+def test_an_unbounded_buffer_fed_faster_than_drained_has_no_steady_state():
+    plan = rhythm.plan(2048, 1024, None, 1, max_age=3)
+    assert not plan.steady and plan.age_distribution == {} and plan.drop_share_at_max_age is None
+    assert plan.headline.startswith("no steady state: production outruns consumption by 1024")
 
 
 def test_areal_yaml_resolves_interpolation_and_matches_its_threshold():
@@ -124,13 +139,19 @@ def test_bad_set_item_is_a_usage_error(capsys):
     [
         (10, 20, 100, 1, {0: 1.0}),  # production below consumption: the queue never holds anything
         (10, 10, 10, 1, {0: 1.0}),  # capacity of one step: on-policy
-        (10, 10, 30, 1, {2: 1.0}),
+        (10, 10, 30, 1, {0: 1.0}),  # production equals consumption: the buffer never fills
+        (10, 10, None, 2, {0: 0.5, 1: 0.5}),  # no bound at all (verl's sampler): the weight lag only
         (30, 10, 30, 1, {0: 1.0}),  # overflow evicts the oldest, so what is taken is fresh
         (10, 10, 10, 2, {0: 0.5, 1: 0.5}),  # weights pushed every other step
     ],
 )
 def test_plan_fifo_ages(p, c, cap, sync, ages):
     assert rhythm.plan(p, c, cap, sync).age_distribution == ages
+
+
+def test_producers_that_run_ahead_keep_the_buffer_full():
+    plan = rhythm.plan(10, 10, 30, 1, runs_ahead=True)
+    assert plan.fills and plan.age_distribution == {2: 1.0} and plan.age_max_if_not_full == 0
 
 
 def test_plan_rejects_bad_rates_and_counts_latency():
@@ -203,7 +224,7 @@ def test_non_finite_known_keys_are_noted_and_json_output_stays_valid(capsys):
             "data:\n  train_batch_size: 8\nparameter_sync_step: 1000000000\nreplay:\n  capacity: 64\n",
             "too large to simulate",
         ),
-        ("data:\n  train_batch_size: 0.000001\nreplay:\n  capacity: 1000000\n", "too large to simulate"),
+        ("data:\n  train_batch_size: 0.000001\nreplay:\n  capacity: 1000000\n", "no trajectory reached the trainer"),
     ],
 )
 def test_numbers_that_cannot_be_planned_say_why(capsys, tmp_path, text, words):
@@ -283,14 +304,14 @@ def test_threshold_goes_through_the_config_helper():
     assert any("no max_age derived" in n for n in report["notes"])
 
 
-def test_the_full_buffer_assumption_is_printed(capsys):
+def test_the_figure_to_act_on_comes_first_and_a_stall_is_the_second(capsys):
     plan = rhythm.plan(10, 10, 30, 1)
-    assert (plan.suggested_max_age, plan.age_max_empty_start) == (2, 0)
+    assert (plan.suggested_max_age, plan.age_max_if_full) == (0, 2)
     _, out, _ = run_cli(capsys, "rhythm", fixture("rhythm", "verl_ppo_trainer.yaml"))
-    assert (
-        "assumed: the buffer has filled once (the worst case); from an empty start at these rates the oldest "
-        "trajectory trained on is 1 step(s) old" in out
-    )
+    lines = out.splitlines()
+    assert lines[1].startswith("=> the oldest trajectory trained on is 1 step(s) old")
+    assert "if the buffer ever fills (a trainer stall), the oldest trajectory trained on gets 8 step(s) old" in out
+    assert "in steady state" not in out and "assumed: the buffer has filled" not in out
 
 
 def test_yaml_without_pyyaml_is_skipped_with_a_fix(monkeypatch):

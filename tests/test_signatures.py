@@ -34,6 +34,9 @@ VALUES = {
     "prompts_per_step": 6,
     "lookahead": 1,
     "age_from": "finish",
+    "max_attempts": 2,
+    "source_max_age": ((1, 4),),
+    "starvation_share": 0.25,
 }
 
 
@@ -103,7 +106,7 @@ def test_config_from_arguments_passes_each_field_by_keyword():
 
 @pytest.mark.parametrize("cls", [StalenessBuffer, ReferenceBuffer])
 def test_each_argument_reaches_its_field(cls):
-    buf = cls(9, 3, "pace", 2, "error", False, 4, True, 5, True, 6, 1, "finish")
+    buf = cls(9, 3, "pace", 2, "error", False, 4, True, 5, True, 6, 1, "finish", 2, ((1, 4),), 0.25)
     assert dataclasses.asdict(buf.config) == VALUES
     assert buf.pin_memory is False
     buf.close()

@@ -69,11 +69,11 @@ def test_the_core_borrows_caller_columns_without_copying():
     """The pinned path: the wrapper hands torch-allocated columns to the core, which must write into them."""
     from pyfast_buffer import _core
 
-    cols = [torch.zeros(8, dtype=torch.int64) for _ in range(6)] + [torch.zeros(8, dtype=torch.int32) for _ in range(2)]
+    cols = [torch.zeros(8, dtype=torch.int64) for _ in range(7)] + [torch.zeros(8, dtype=torch.int32) for _ in range(2)]
     ring = _core.Ring(8, 3, "drop", 1, "evict_oldest", 0, tuple(c.numpy() for c in cols))
     assert ring.borrows_columns
     ring.put(np.array([41, 42], dtype=np.int64), None, np.array([5], dtype=np.int64), None)
     assert cols[0][:2].tolist() == [41, 42] and cols[2][:2].tolist() == [5, 5]  # traj_id, sample_step
-    assert cols[7][:2].tolist() == [1, 1]  # group_len
+    assert cols[8][:2].tolist() == [1, 1]  # group_len
     with pytest.raises(ValueError, match="contiguous int64 arrays"):
         _core.Ring(8, 3, "drop", 1, "evict_oldest", 0, tuple([np.zeros(8, np.int32)] + [c.numpy() for c in cols[1:]]))

@@ -115,6 +115,29 @@ Result take_half_stale() {
   return r;
 }
 
+// take(kBatch) under drop with four sources, each with its own source_max_age (ring order round-robin, so every
+// entry meets the per-entry cutoff walk); source 2's bound makes its quarter stale. Per entry walked.
+Result take_4sources() {
+  pfb::StalenessRing ring(config(), nullptr);
+  const int64_t bounds[4] = {10, 20, 5, 40};
+  for (int slot = 1; slot <= 4; ++slot) ring.set_source_max_age(slot, bounds[slot - 1]);
+  std::vector<int32_t> slots(static_cast<size_t>(kCapacity));
+  for (int64_t i = 0; i < kCapacity; ++i) slots[i] = static_cast<int32_t>(1 + i % 4);
+  const std::vector<int64_t> steps(kCapacity, kStep - 8);  // age 8: stale only for source 2 (bound 5)
+  std::vector<int64_t> out(static_cast<size_t>(pfb::kBatchColumns * kBatch));
+  Result r;
+  for (int lap = 0; lap < 4; ++lap) {
+    const auto ids = iota(kCapacity, lap * kCapacity);
+    ring.put(ids.data(), nullptr, steps.data(), kCapacity, kCapacity, std::nullopt, nullptr, 0, slots.data(), kCapacity);
+    for (int64_t call = 0; call < kCapacity * 3 / 4 / kBatch; ++call) {
+      pfb::TakeStats stats;
+      pfb_measured([&] { stats = ring.take(kBatch, kStep, std::nullopt, out.data()); });
+      r.entries += stats.taken + stats.dropped_stale, ++r.calls;  // entries walked
+    }
+  }
+  return r;
+}
+
 // evict_stale over a full ring, half of it stale and shuffled: the one-pass compaction; per entry scanned.
 Result evict_shuffled() {
   pfb::StalenessRing ring(config(), nullptr);
@@ -213,6 +236,7 @@ const std::vector<Workload>& workloads() {
       {"take", [] { return take(1); }},
       {"take_grouped8", [] { return take(8); }},
       {"take_half_stale", take_half_stale},
+      {"take_4sources", take_4sources},
       {"evict_stale_shuffled", evict_shuffled},
       {"evict_stale_sorted", evict_sorted},
       {"dispatch_complete", dispatch_complete},

@@ -35,6 +35,22 @@ METRICS: Tuple[Tuple[str, str, int], ...] = (
     ("max_age_mean", "mean max_age in force", 2),
 )
 
+#: The bias study's numbers (summary.BIAS_KEYS), aggregated for the arms whose runs carry them.
+BIAS_METRICS: Tuple[Tuple[str, str, int], ...] = (
+    ("idle_share", "trainer idle share", 3),
+    ("wasted_share", "generated, never trained", 3),
+    ("regenerations_per_prompt", "regenerations per prompt", 3),
+    ("starved_prompts", "starved prompts (end)", 0),
+    ("difficulty_ks", "difficulty KS (trained vs generated)", 3),
+    ("difficulty_shift", "difficulty mean shift", 4),
+    ("length_ks", "length KS", 3),
+    ("length_shift", "length mean shift (tokens)", 1),
+    ("latency_ks", "latency KS", 3),
+    ("latency_shift", "latency mean shift (sampling steps)", 3),
+)
+
+_BIAS_KEYS = {key for key, _, _ in BIAS_METRICS}
+
 Interval = Tuple[float, float, float]  # (mean, low, high)
 
 
@@ -104,7 +120,9 @@ def aggregate(summaries: Sequence[Dict[str, Any]], arms: Sequence[Any]) -> List[
             "lag": arm.lag,
             "reconciled": all(s["reconciled"] for s in mine),
         }
-        for key, _, _ in METRICS:
+        for key, _, _ in METRICS + BIAS_METRICS:
+            if key in _BIAS_KEYS and not any(key in s for s in mine):
+                continue  # a bias number on a run that is not a bias study: absent, not "never reached"
             values = [float(s[key]) for s in mine if s.get(key) is not None]
             row[key] = bootstrap_interval(values) if values else None
             row[key + "_reached"] = len(values)

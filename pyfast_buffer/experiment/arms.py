@@ -102,7 +102,7 @@ def product_arms(
     lags = parse_list(fallback["lag"] if lag is None else lag, "lag", int)
     for s in strategies:
         if s not in STRATEGIES:
-            raise ValueError(f"--strategy has {s!r}; pass drop, wait or drop,wait")
+            raise ValueError(f"--strategy has {s!r}; pass a comma list of drop, wait and pace")
     return [make_arm(r, s, a, g) for r, s, a, g in itertools.product(reuses, strategies, ages, lags)]
 
 
@@ -112,10 +112,10 @@ def parse_arm(spec: str) -> ArmConfig:
     for part in spec.split(","):
         key, sep, value = part.strip().partition("=")
         key = key.replace("-", "_")
-        if not sep or key not in AXIS_DEFAULTS:
+        if not sep or key not in (*AXIS_DEFAULTS, "max_attempts"):
             raise ValueError(
                 f"--arm {spec!r}: {part.strip()!r} is not KEY=VALUE with KEY one of "
-                f"{', '.join(AXIS_DEFAULTS)}; pass e.g. 'reuse=4,strategy=wait'"
+                f"{', '.join(AXIS_DEFAULTS)}, max_attempts; pass e.g. 'reuse=4,strategy=wait'"
             )
         try:
             if key == "max_age":

@@ -22,6 +22,7 @@ class ArmConfig:
     max_age: int = 4  # drop: entries older than this (trainer steps) are dropped; wait: blocks on in-flight
     # prompts at this age but still trains ready entries past it
     lag: int = 0  # rollout weights are those of (sync step - lag)
+    max_attempts: Optional[int] = None  # the buffer's max_attempts: the k-th untrained attempt is protected
     # Adaptive arms: an AdaptiveMaxAge controller moves max_age (the starting value) between trainer steps,
     # within the experiment's [adaptive_min_age, adaptive_max_age], to hold this approx KL or clip fraction.
     target_kl: Optional[float] = None
@@ -46,6 +47,10 @@ class ArmConfig:
             raise ValueError(f"lag={self.lag} must be >= 0 (0 = rollouts use the latest synced weights)")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy={self.strategy!r} is unknown; pass one of {', '.join(STRATEGIES)}")
+        if self.max_attempts is not None and (
+            not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool) or self.max_attempts < 1
+        ):
+            raise ValueError(f"max_attempts={self.max_attempts!r} must be an int >= 1 (or left out for no cap)")
 
     @property
     def adaptive(self) -> bool:
@@ -64,7 +69,8 @@ class ArmConfig:
     @property
     def name(self) -> str:
         age = self.max_age_spec.replace(":", "-") if self.adaptive else f"age{self.max_age}"
-        return f"reuse{self.reuse}-{self.strategy}-{age}-lag{self.lag}"
+        cap = f"-att{self.max_attempts}" if self.max_attempts is not None else ""
+        return f"reuse{self.reuse}-{self.strategy}{cap}-{age}-lag{self.lag}"
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,12 @@ class ExperimentConfig:
     max_steps_per_tick: int = 0  # trainer steps per sampling step at most (0: as many as full batches allow)
     adaptive_min_age: int = 1  # adaptive arms: the controller's bounds on max_age
     adaptive_max_age: int = 8
+    # The bias study (requeue.py, rollout_cost.py): lost prompts are dispatched again, and a rollout's time
+    # grows with its prompt's difficulty and its modelled length (tokens) instead of the geometric latency.
+    requeue: bool = False
+    base_tokens: int = 32  # modelled length of the easiest prompt's answer, before the lognormal factor
+    length_sigma: float = 0.6  # sigma of that lognormal factor (the tail)
+    tokens_per_tick: float = 64.0  # tokens a rollout writes per sampling step
 
     def __post_init__(self) -> None:
         def flag(name: str) -> str:
@@ -115,10 +127,13 @@ class ExperimentConfig:
             "max_steps_per_tick",
             "adaptive_min_age",
             "adaptive_max_age",
+            "base_tokens",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{flag(name)}={value!r} must be an int")
+        if not isinstance(self.requeue, bool):
+            raise TypeError(f"requeue={self.requeue!r} must be True or False")
         positive = (
             "group_size",
             "prompts_per_tick",
@@ -129,6 +144,7 @@ class ExperimentConfig:
             "eval_prompts",
             "parameter_sync_step",
             "hidden",
+            "base_tokens",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -154,6 +170,8 @@ class ExperimentConfig:
             ("latency_mean", 0.0, True, "0.5"),
             ("tick_seconds", 0.0, True, "0.01"),
             ("fail_prob", 0.0, True, "0.02"),
+            ("length_sigma", 0.0, True, "0.6"),
+            ("tokens_per_tick", 0.0, False, "64"),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -256,6 +274,45 @@ PRESETS: Dict[str, Preset] = {
         _arms((1, "drop", 100, 0), (1, "drop", 100, 1)),
     ),
 }
+
+
+def _bias_arms(max_age: int) -> List[ArmConfig]:
+    """The bias study's arms at one max_age: drop, wait, pace, and drop with max_attempts=2."""
+    return [
+        ArmConfig(reuse=1, strategy="drop", max_age=max_age, lag=1),
+        ArmConfig(reuse=1, strategy="wait", max_age=max_age, lag=1),
+        ArmConfig(reuse=1, strategy="pace", max_age=max_age, lag=1),
+        ArmConfig(reuse=1, strategy="drop", max_age=max_age, lag=1, max_attempts=2),
+    ]
+
+
+#: The bias study (docs/data-bias.md): lost prompts requeued, rollout time growing with difficulty and
+#: length (heavy-tailed), the same max_age in every arm, five seeds.
+_BIAS_CONFIG = ExperimentConfig(
+    ticks=400,
+    eval_interval=50,
+    requeue=True,
+    max_latency=12,
+    latency_mean=0.0,
+    fail_prob=0.02,
+    capacity=512,
+)
+PRESETS["bias"] = Preset(_BIAS_CONFIG, _bias_arms(2), seeds=tuple(range(5)))
+# The same study in seconds, for CI: the tiny preset's task and model, 60 steps, two seeds.
+PRESETS["bias-tiny"] = Preset(
+    replace(
+        PRESETS["tiny"].config,
+        requeue=True,
+        max_latency=12,
+        latency_mean=0.0,
+        ticks=60,
+        eval_interval=30,
+        eval_prompts=50,
+        capacity=256,
+    ),
+    _bias_arms(2),
+    seeds=(0, 1),
+)
 
 
 def preset(name: str) -> Preset:

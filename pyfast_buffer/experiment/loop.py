@@ -16,11 +16,13 @@ import torch
 
 from pyfast_buffer import StalenessBuffer
 from pyfast_buffer.adaptive import AdaptiveMaxAge
+from pyfast_buffer.batch import metrics_prefix
 
 from . import batch_metrics, progress
 from .config import ArmConfig, ExperimentConfig
 from .policy import GRUPolicy
 from .producer import Producer
+from .requeue import RequeueProducer, shift
 from .rollout import RolloutWorker
 from .store import TrajectoryStore
 from .task import DigitSumTask
@@ -43,6 +45,8 @@ class ArmRun:
             strategy=arm.strategy,
             max_uses=arm.reuse,
             parameter_sync_step=cfg.parameter_sync_step,
+            track_released=cfg.requeue,  # the requeue producer learns which attempts were lost from released()
+            max_attempts=arm.max_attempts,
             # pace: one trainer step takes batch_size trajectories, i.e. batch_size // group_size prompt groups
             prompts_per_step=cfg.batch_size // cfg.group_size if arm.strategy == "pace" else None,
         )
@@ -51,7 +55,10 @@ class ArmRun:
         )
         self.trainer = Trainer(self.policy, cfg.lr, cfg.clip_eps)
         self.rollout = RolloutWorker(self.policy, cfg.parameter_sync_step, arm.lag)
-        self.producer = Producer(cfg, self.task, self.buf, self.store, self.rollout)
+        self.producer = (RequeueProducer if cfg.requeue else Producer)(
+            cfg, self.task, self.buf, self.store, self.rollout
+        )
+        self.trained_costs: list = []  # requeue: (difficulty, length, delay) of every trajectory on its first use
         eval_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 4)
         self.eval_prompts = self.task.sample_prompts(cfg.eval_prompts, eval_gen)
         self.controller = (
@@ -86,6 +93,8 @@ class ArmRun:
 
     def train_once(self, tick: int, batch: Any) -> None:
         step = self.trainer.step
+        if isinstance(self.producer, RequeueProducer):
+            self.trained_costs += self.producer.cost_of(batch.traj_ids[batch.uses == 1])
         stats = self.trainer.train_step(self.store, batch.traj_ids)
         self.rollout.on_step(self.trainer.step, self.policy)
         uses = torch.bincount(batch.uses, minlength=self.arm.reuse + 1)[1:].tolist()
@@ -148,7 +157,29 @@ class ArmRun:
                     self._after_tick(t, sampled, turn, bar)
         finally:
             bar.close()
+        if isinstance(self.producer, RequeueProducer):
+            self.records.append(self._bias_record())
         return self.records
+
+    def _bias_record(self) -> Record:
+        """The bias study's numbers for this arm: what the bound did to the data (docs/data-bias.md)."""
+        producer = self.producer
+        assert isinstance(producer, RequeueProducer)
+        ticks = [r for r in self.records if r["kind"] == "tick"]
+        led = self.buf.ledger()
+        prefix = metrics_prefix()
+        m = {k[len(prefix) :]: v for k, v in self.buf.data_metrics().items()}
+        return {
+            **self._base("bias", self.cfg.ticks),
+            "idle_share": sum(1 for r in ticks if not r["trainer_steps"]) / max(len(ticks), 1),
+            "wasted_share": (led["dropped_stale"] + led["evicted"]) / max(led["sampled_total"], 1),
+            "regenerations_per_prompt": m["retries"] / max(producer.prompts_seen, 1),
+            "regenerated_share": m["regenerations"] / max(led["sampled_total"], 1),
+            "starved_prompts": len(self.buf.starved()),
+            "protected_groups": m["protected"],
+            "length_ks_sketch": m.get("bias/length_ks"),
+            **shift(self.trained_costs, producer.generated),
+        }
 
     def _after_tick(self, t: int, sampled: Record, turn: Record, bar: Any) -> None:
         with self._lock:
@@ -167,7 +198,7 @@ class ArmRun:
         if (last and self.cfg.mode != "thread") or (not last and (t + 1) % self.cfg.eval_interval == 0):
             self.evaluate(t + 1)
         bar.update(1)
-        bar.set_postfix_str(f"step={self.trainer.step} reward={sampled['sample_reward']:.2f}")
+        bar.set_postfix_str(f"step={self.trainer.step} reward={sampled['sample_reward'] or 0.0:.2f}")
 
     # -- thread ------------------------------------------------------------------------------------
     def _run_threaded(self, bar: Any) -> None:

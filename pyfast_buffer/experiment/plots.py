@@ -19,13 +19,16 @@ _STEP_PANELS = (
     ("approx_kl", "approx KL to behaviour policy"),
     ("age_mean", "mean age of trained data (steps)"),
 )
-#: (ledger key, label, colour): greys, so no bar shares a colour with an arm's curve (C0, C1, ...).
+#: (ledger key, label, face colour, hatch): greys far apart plus a hatch each, so the four segments stay apart
+#: in print and for colour-blind readers, and no bar shares a colour with an arm's curve (C0, C1, ...).
 _LEDGER = (
-    ("retired", "retired (taken max_uses times)", "0.15"),
-    ("dropped_stale", "dropped stale", "0.45"),
-    ("evicted", "evicted", "0.7"),
-    ("buffer_left", "left in buffer", "0.9"),
+    ("retired", "retired (taken max_uses times)", "0.25", ""),
+    ("dropped_stale", "dropped stale", "white", "xxx"),
+    ("evicted", "evicted", "0.65", "///"),
+    ("buffer_left", "left in buffer", "0.92", "..."),
 )
+#: Index, in ``_STEP_PANELS``, of the age panel that gets the max_age line.
+_AGE_PANEL = 4
 
 
 def _smooth(values: List[float], width: int) -> List[float]:
@@ -63,12 +66,14 @@ def plot(records: Sequence[Record], summaries: Sequence[Dict[str, Any]], path: s
         for ax, (key, _) in zip(flat[2:7], _STEP_PANELS):
             xs, ys = _per_tick(steps, key)
             ax.plot(xs, _smooth(ys, width), color=colors[arm])
+        _max_age_line(flat[2 + _AGE_PANEL], steps, colors[arm])
     titles = ["sampled reward (rollout side)", "greedy eval reward (trainer weights)"] + [t for _, t in _STEP_PANELS]
     for ax, t in zip(flat[:7], titles):
         ax.set_title(t, fontsize=10)
         ax.set_xlabel("sampling step")
         ax.grid(alpha=0.3)
     flat[0].legend(fontsize=8, loc="best")
+    _max_age_legend(flat[2 + _AGE_PANEL])
     _ledger_bars(flat[7], summaries, colors)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
@@ -80,15 +85,43 @@ def plot(records: Sequence[Record], summaries: Sequence[Dict[str, Any]], path: s
 def _ledger_bars(ax: Any, summaries: Sequence[Dict[str, Any]], colors: Dict[str, str]) -> None:
     bottoms = [0] * len(summaries)
     xs = list(range(len(summaries)))
-    for key, label, colour in _LEDGER:
+    for key, label, colour, hatch in _LEDGER:
         heights = [s["ledger"][key] for s in summaries]
-        ax.bar(xs, heights, bottom=bottoms, label=label, color=colour, edgecolor="black", linewidth=0.5)
+        ax.bar(xs, heights, bottom=bottoms, label=label, color=colour, hatch=hatch, edgecolor="black", linewidth=0.6)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xticks(xs)
     ax.set_xticklabels([s["arm"].replace("-", "\n") for s in summaries], fontsize=7)
     ax.set_ylabel("trajectories")
     ax.set_title("ledger: where every sampled trajectory went", fontsize=10)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2, frameon=False)
+    ax.legend(
+        fontsize=9,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.3),
+        ncol=2,
+        frameon=False,
+        handlelength=2.5,
+        handleheight=1.4,
+    )
+
+
+def _max_age_line(ax: Any, steps: Sequence[Record], colour: str) -> None:
+    """The arm's max_age in force (a flat line unless the arm is adaptive), dashed in the arm's colour."""
+    xs, bounds = _per_tick([r for r in steps if "max_age" in r], "max_age")
+    if xs:
+        ax.step(xs, bounds, where="post", color=colour, linestyle="--", linewidth=1.2, alpha=0.9)
+
+
+def _max_age_legend(ax: Any) -> None:
+    from matplotlib.lines import Line2D
+
+    ax.legend(
+        handles=[
+            Line2D([], [], color="0.3", label="mean age"),
+            Line2D([], [], color="0.3", linestyle="--", label="max_age in force"),
+        ],
+        fontsize=8,
+        loc="best",
+    )
 
 
 #: The multi-seed figure's per-trainer-step panels: (record key, title).
@@ -153,6 +186,7 @@ def plot_bands(
             grid = np.arange(ticks)
             ax.plot(grid, mean, color=colour, label=arm if ax is flat[0] else None)
             ax.fill_between(grid, low, high, color=colour, alpha=0.2, linewidth=0)
+        _max_age_line(flat[2 + 3], [r for r in records if r["arm"] == arm and r["kind"] == "step"], colour)
         ev_ticks = sorted({r["tick"] for r in records if r["kind"] == "eval" and r["arm"] == arm})
         ev = np.array(
             [
@@ -176,6 +210,7 @@ def plot_bands(
         ax.set_title(t, fontsize=10)
         ax.set_xlabel("sampling step")
         ax.grid(alpha=0.3)
+    _max_age_legend(flat[2 + 3])
     # below the panels: inside one, the legend hides the curves it names
     fig.legend(
         *flat[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(aggregate), 6), fontsize=9, frameon=False

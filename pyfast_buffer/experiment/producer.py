@@ -7,7 +7,7 @@ later, as in an engine where some requests take longer, and a few prompts fail.
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -39,7 +39,7 @@ class Producer:
         self.schedule = LatencySchedule(cfg.seed * 1000 + 3, cfg.latency_mean, cfg.max_latency, cfg.fail_prob)
         self.due: Dict[int, List[Tuple[int, bool]]] = {}  # tick -> [(prompt id, failed)]
 
-    def tick(self, t: int) -> Dict[str, float]:
+    def tick(self, t: int) -> Dict[str, Optional[float]]:
         cfg, n = self.cfg, self.cfg.group_size
         prompts = self.task.sample_prompts(cfg.prompts_per_tick, self.prompt_gen)
         prompt_ids = torch.arange(t * cfg.prompts_per_tick, (t + 1) * cfg.prompts_per_tick)

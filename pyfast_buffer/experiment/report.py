@@ -27,6 +27,14 @@ CLIP_HIGH = 0.10
 CLIP_RATIO = 2.0
 
 
+#: The three signs ``signs`` checks, in short; the report names them where it says none appears.
+SIGN_NAMES = (
+    "first-use loss falls more than the baseline's while sampled reward does not rise more",
+    "entropy halves sooner per sampling step and per trainer step",
+    f"clip fraction stays high (>= {CLIP_HIGH} and >= {CLIP_RATIO:g}x the baseline's)",
+)
+
+
 def _f(x: Optional[float], digits: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -145,7 +153,8 @@ def render(summaries: Sequence[Dict[str, Any]], cfg: Any) -> str:
         out.extend(arm_lines(s))
     out.append("")
     out.append(
-        "Signs from the procedure (each reuse > 1 arm against the reuse-1 arm with the same strategy, max_age and lag):"
+        "Signs from the procedure (each reuse > 1 arm against the reuse-1 arm with the same strategy, max_age and "
+        "lag): " + "; ".join(f"({i}) {name}" for i, name in enumerate(SIGN_NAMES, 1)) + ":"
     )
     for s in summaries:
         if s["reuse"] == 1:
@@ -156,7 +165,8 @@ def render(summaries: Sequence[Dict[str, Any]], cfg: Any) -> str:
             continue
         found = signs(s, base)
         if not any(not line.startswith("(not a sign)") for line in found):
-            out.append(f"- {s['arm']} vs {base['arm']}: none of the three signs appears.")
+            checked = "; ".join(f"({i}) {name.split(' (')[0]}" for i, name in enumerate(SIGN_NAMES, 1))
+            out.append(f"- {s['arm']} vs {base['arm']}: none of the three signs appears (checked {checked}).")
         for line in found:
             out.append(f"- {s['arm']} vs {base['arm']}: {line}.")
     if all(s["reuse"] == 1 for s in summaries):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .aggregate import BOOTSTRAP_SEED, LEVEL, METRICS, RESAMPLES, Interval, separated
+from .aggregate import BIAS_METRICS, BOOTSTRAP_SEED, LEVEL, METRICS, RESAMPLES, Interval, separated
 from .summary import WINDOW
 
 #: Higher is better for these (sample efficiency); lower is better for STABILITY (closer to on-policy).
@@ -21,7 +21,7 @@ def fmt(iv: Optional[Interval], digits: int) -> str:
 
 
 def _label(key: str) -> Tuple[str, int]:
-    return next((label, digits) for k, label, digits in METRICS if k == key)
+    return next((label, digits) for k, label, digits in METRICS + BIAS_METRICS if k == key)
 
 
 def differences(agg: Sequence[Dict[str, Any]]) -> List[str]:
@@ -141,10 +141,15 @@ def render(agg: Sequence[Dict[str, Any]], summaries: Sequence[Dict[str, Any]], c
 
 def table(agg: Sequence[Dict[str, Any]]) -> str:
     """Two tables (efficiency, then stability and cost), one row per arm, cells 'mean [low, high]'."""
-    blocks = (
+    blocks: Tuple[Tuple[str, ...], ...] = (
         ("sample_reward_last", "eval_last", "entropy_half_tick", "entropy_half_step"),
         ("clip_frac_late", "approx_kl_late", "drop_share", "stalled_ticks", "trainer_steps", "max_age_mean"),
     )
+    if any("difficulty_ks" in a for a in agg):  # the bias study: what the bound did to the data
+        blocks += (
+            ("idle_share", "wasted_share", "regenerations_per_prompt", "starved_prompts"),
+            ("difficulty_ks", "difficulty_shift", "length_ks", "length_shift", "latency_ks", "latency_shift"),
+        )
     width = max(len(a["arm"]) for a in agg)
     lines = []
     for block in blocks:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import planner_check, plots, progress, records, report, report_seeds
+from . import bias_plot, planner_check, plots, progress, records, report, report_seeds
 from .aggregate import aggregate
 from .arms import unique
 from .config import ArmConfig, ExperimentConfig
@@ -98,6 +98,12 @@ def run_experiment(
             say(made)
         else:
             files["figure"] = made
+        if multi and any("difficulty_ks" in a for a in agg):  # the bias study: its own figure
+            bias_path = bias_plot.plot_bias(
+                agg, os.path.join(out_dir, "bias.png"), f"what max_age does to the trained data: {what}"
+            )
+            if not bias_path.startswith("no figure"):
+                files["bias_figure"] = bias_path
     wall = time.perf_counter() - started
     with open(files["summary"], "w", encoding="utf-8") as f:
         json.dump(

@@ -6,6 +6,22 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pyfast_buffer.workflow.audit import ledger_gap
 
+#: The bias study's per-arm numbers (ArmRun._bias_record), in summary.json when the run requeues lost prompts.
+BIAS_KEYS = (
+    "idle_share",
+    "wasted_share",
+    "regenerations_per_prompt",
+    "regenerated_share",
+    "starved_prompts",
+    "protected_groups",
+    "length_ks_sketch",
+    "difficulty_ks",
+    "difficulty_shift",
+    "length_ks",
+    "length_shift",
+    "latency_ks",
+    "latency_shift",
+)
 #: Share of the sampling steps in the "first" and "last" windows the report compares.
 WINDOW = 0.2
 
@@ -27,7 +43,8 @@ def per_tick(rows: Sequence[Record], key: str) -> Tuple[List[int], List[float]]:
     """The sampling steps that have rows, and the mean ``key`` of each one's rows (the figure uses it too)."""
     by_tick: Dict[int, List[float]] = {}
     for r in rows:
-        by_tick.setdefault(r["tick"], []).append(r[key])
+        if r.get(key) is not None:  # e.g. no sample_reward on a step pace admitted nothing
+            by_tick.setdefault(r["tick"], []).append(r[key])
     ticks = sorted(by_tick)
     return ticks, [sum(by_tick[t]) / len(by_tick[t]) for t in ticks]
 
@@ -62,7 +79,10 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int, seed: Optional[in
     half_tick = first_tick_below(steps, "entropy", entropy0 / 2) if entropy0 is not None else None
     half_step = next((r["step"] + 1 for r in steps if r["tick"] == half_tick), None)
     bounds = [r["max_age"] for r in steps if "max_age" in r]
+    bias = next((r for r in mine if r["kind"] == "bias"), {})  # the bias study's numbers (requeue runs only)
     return {
+        **{k: bias.get(k) for k in BIAS_KEYS if bias},
+        "max_attempts": getattr(arm, "max_attempts", None),
         "arm": arm.name,
         "seed": seed if seed is not None else (mine[0].get("seed") if mine else None),
         "reuse": arm.reuse,

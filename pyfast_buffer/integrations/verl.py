@@ -26,8 +26,11 @@ try:
     import transfer_queue as tq
     from transfer_queue import KVBatchMeta
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "pyfast_buffer.integrations.verl needs TransferQueue; install it with: pip install 'pyfast_buffer[verl]'"
+    # ModuleNotFoundError (an ImportError): "a dependency is missing", which pytest.importorskip and
+    # callers probing optional extras treat as absent rather than broken.
+    raise ModuleNotFoundError(
+        "pyfast_buffer.integrations.verl needs TransferQueue; install it with: pip install 'pyfast_buffer[verl]'",
+        name=exc.name,
     ) from exc
 
 from pyfast_buffer.integrations import _verl_options as options

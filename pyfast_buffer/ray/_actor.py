@@ -174,7 +174,22 @@ class BufferActor:
         self._buf.max_age = max_age
 
     def config(self) -> Dict[str, Any]:
-        return dataclasses.asdict(dataclasses.replace(self._user_config, max_age=self._buf.max_age))
+        now = self._buf.config  # max_age and source_max_age may have changed since construction
+        return dataclasses.asdict(
+            dataclasses.replace(self._user_config, max_age=now.max_age, source_max_age=now.source_max_age)
+        )
+
+    def starved(self, min_attempts: int) -> Dict[int, int]:
+        return self._buf.starved(min_attempts)
+
+    def data_metrics(self) -> Dict[str, float]:
+        return self._buf.data_metrics()
+
+    def get_source_max_age(self) -> Dict[int, int]:
+        return self._buf.source_max_age
+
+    def set_source_max_age(self, bounds: Dict[int, int]) -> None:
+        self._buf.source_max_age = bounds
 
     def payloads_held(self) -> int:
         return len(self._payloads)

@@ -12,9 +12,10 @@ import torch
 from ray.actor import ActorHandle
 
 from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from .._devices import check_usable
 from ..batch import Batch
 from ..buffer import Ids
-from ..config import BufferConfig, config_from_arguments
+from ..config import BufferConfig, SourceMaxAge, config_from_arguments, source_max_age_pairs
 from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
 from . import _errors
@@ -40,6 +41,7 @@ class RemoteBatch(Batch):
         self.payloads = payloads
 
     def to(self, *args: Any, **kwargs: Any) -> RemoteBatch:
+        check_usable(args, kwargs)
         return RemoteBatch(self.columns.to(*args, **kwargs), self.metrics, self.payloads)
 
 
@@ -77,6 +79,9 @@ class RemoteBuffer:
         prompts_per_step: Optional[int] = None,
         lookahead: Optional[int] = None,
         age_from: str = "start",
+        max_attempts: Optional[int] = None,
+        source_max_age: Optional[SourceMaxAge] = None,
+        starvation_share: Optional[float] = None,
         *,
         name: Optional[str] = None,
         namespace: Optional[str] = None,
@@ -232,6 +237,23 @@ class RemoteBuffer:
     def config(self) -> BufferConfig:
         """The buffer's configuration as the actor has it now (max_age may have changed)."""
         return BufferConfig(**self._call("config"))
+
+    def starved(self, min_attempts: int = 2) -> Dict[int, int]:
+        """``{prompt_id: attempts}`` of the prompts with >= ``min_attempts`` attempts and nothing trained."""
+        return self._call("starved", as_count(min_attempts, "min_attempts", 1))
+
+    def data_metrics(self) -> Dict[str, float]:
+        """What the bound did to the data so far (StalenessBuffer.data_metrics), from the actor's buffer."""
+        return self._call("data_metrics")
+
+    @property
+    def source_max_age(self) -> Dict[int, int]:
+        """The per-source max_age overrides in force; settable (a whole dict) from any process."""
+        return self._call("get_source_max_age")
+
+    @source_max_age.setter
+    def source_max_age(self, value: Optional[Dict[int, int]]) -> None:
+        self._call("set_source_max_age", dict(source_max_age_pairs(value) or ()))
 
     @property
     def max_age(self) -> int:

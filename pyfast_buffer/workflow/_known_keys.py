@@ -60,6 +60,27 @@ KNOWN_KEYS = (
     ),
     KnownKey("trainer.*.sampler.max_off_policy_strategy", STALENESS, "verl", "strategy", "drop or wait"),
     KnownKey(
+        "trainer.v1.trainer_mode",
+        STALENESS,
+        "verl",
+        "verl.trainer_mode",
+        "sync, colocate_async or separate_async: whether rollouts lag the trainer",
+    ),
+    KnownKey(
+        "trainer.v1.separate_async.num_warmup_batches",
+        STALENESS,
+        "verl",
+        "verl.warmup.separate_async",
+        "batches generated ahead before training starts",
+    ),
+    KnownKey(
+        "trainer.v1.colocate_async.num_warmup_batches",
+        STALENESS,
+        "verl",
+        "verl.warmup.colocate_async",
+        "batches generated ahead before training starts",
+    ),
+    KnownKey(
         "trainer.*.sampler.sampler_kwargs.capacity",
         CAPACITY,
         "verl",

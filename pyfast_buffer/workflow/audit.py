@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import IO, Dict, Iterable, List, Optional, Tuple
 
 from ..batch import AGE_BUCKETS
+from ..bias import BIAS_FIELDS
 from ._config_files import is_binary
 from .output import print_output
 
@@ -45,6 +46,10 @@ _PACE_FIELD = re.compile(
     + "|".join(PACE_COUNT_FIELDS + PACE_RUNNING_FIELDS)
     + r')"?\s*[=:]\s*(\d+)(?![\w.])'
 )
+#: The prompt-attempt fields of the buffer's record (running values: the last one counts), see docs/data-bias.md.
+DATA_FIELDS = ("retried", "starved", "regenerations")
+_DATA = re.compile(r"(?<![\w/.\-])(" + "|".join(DATA_FIELDS) + r")=(\d+)(?![\w.])")
+_BIAS = re.compile(r"(?<![\w/.\-])bias (.*)$")
 #: A gap of about -100% (accounted twice what was sampled) is the sign of records counted twice.
 _DOUBLED = (-110.0, -90.0)
 
@@ -100,6 +105,27 @@ class AuditResult:
     notes: List[str]
     balanced: bool
     exit_code: int  # 0 balanced, 1 not (or cannot be shown), 2 unreadable input / no records
+    data: Dict[str, int] = field(default_factory=dict)  # the last value of each DATA_FIELDS field seen
+    bias: Dict[str, float] = field(default_factory=dict)  # the last bias record's BIAS_FIELDS
+
+
+def data_and_bias(lines: Iterable[str]) -> Tuple[Dict[str, int], Dict[str, float]]:
+    """Returns the last prompt-attempt values and the last bias record of a log (both empty when absent)."""
+    data: Dict[str, int] = {}
+    last_bias: Dict[str, float] = {}
+    for line in lines:
+        for key, value in _DATA.findall(line):
+            data[key] = int(value)
+        found = _BIAS.search(line)
+        if found:
+            pairs = dict(item.split("=", 1) for item in found.group(1).split() if "=" in item)
+            try:
+                record = {k: float(pairs[k]) for k in BIAS_FIELDS if k in pairs}
+            except ValueError:
+                continue  # not the buffer's record
+            if record:
+                last_bias = record
+    return data, last_bias
 
 
 def open_log(source: str, stdin: Optional[IO[bytes]] = None) -> List[str]:
@@ -200,7 +226,8 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Opti
             )
     else:
         code = 0 if all(s.balanced for s in segments) else 1
-    return AuditResult(sources, segments, absent, assumptions, notes, code == 0, code)
+    data, bias_record = data_and_bias(t for _, t in lines)
+    return AuditResult(sources, segments, absent, assumptions, notes, code == 0, code, data, bias_record)
 
 
 _MAX_PROBLEM_NOTES = 5
@@ -416,6 +443,32 @@ def format_result(result: AuditResult) -> str:
             out.append(
                 "  age histogram: "
                 + ", ".join(f"{b}: {seg.age_hist[b]} ({seg.age_hist[b] / total:.0%})" for b in order)
+            )
+    if result.data:
+        out.append("")
+        out.append(
+            "prompts (last record): "
+            + ", ".join(f"{k}={result.data[k]}" for k in DATA_FIELDS if k in result.data)
+            + " (retried: prompts dispatched again after an untrained attempt; starved: >= 2 attempts, none "
+            "trained; regenerations: trajectories generated for attempts that were lost and redone)"
+        )
+    if result.bias:
+        b = result.bias
+        out.append("")
+        out.append("bias (last record; trained vs generated, docs/data-bias.md):")
+        for quantity, unit in (("latency", "us"), ("length", "tokens")):
+            ks_all, ks_win = b.get(f"{quantity}_ks", math.nan), b.get(f"window/{quantity}_ks", math.nan)
+            means = ", ".join(
+                f"{fate} {b[f'{quantity}/{fate}/mean']:.6g}"
+                for fate in ("generated", "trained", "lost")
+                if f"{quantity}/{fate}/mean" in b
+            )
+            out.append(f"  {quantity}: KS {ks_all:.4g} (window {ks_win:.4g}); mean {unit}: {means}")
+        worst = max((v for k, v in b.items() if k.endswith("_ks") and not math.isnan(v)), default=float("nan"))
+        if not math.isnan(worst) and worst >= 0.1:
+            out.append(
+                f"  hint: a KS of {worst:.2f} means the trained data differs from what was generated; see "
+                "data_metrics() per source, starved() and max_attempts / source_max_age"
             )
     if result.notes:
         out += [""] + [f"note: {n}" for n in result.notes]

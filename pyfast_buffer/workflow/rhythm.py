@@ -15,12 +15,13 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..integrations.verl_mapping import DEFAULT_VERL_CAPACITY, max_age_from_threshold
+from ..integrations.verl_mapping import max_age_from_threshold
 from ._config_files import find_config_files, read_config
 from ._known_keys import GENERIC_CAPACITY, match_keyword, match_known
 from .output import print_output
 from .plan import Plan as Plan
 from .plan import finite_number, plan
+from .verl_sources import VerlRun, read_verl_run
 
 #: Names ``--set`` accepts for the rhythm itself (anything else is a dotted config key).
 RHYTHM_KEYS = (
@@ -31,6 +32,7 @@ RHYTHM_KEYS = (
     "max_age",
     "strategy",
     "latency_steps",
+    "runs_ahead",
 )
 #: The rates a plan needs (rhythm's ``missing`` and perturb's ``--rhythm`` both check these).
 REQUIRED_RATES = ("produced_per_step", "consumed_per_step", "capacity")
@@ -104,8 +106,10 @@ def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) ->
     finding gives the same role a different value, a line saying so is appended to ``notes``.
     """
     roles: Dict[str, Finding] = {}
+    # verl's fully-async recipe (async_training.*) runs its own trainer: the trainer.v1 block does not apply.
+    fully_async = any(f.role == "verl.require_batches" for f in findings)
     for f in findings:
-        if not f.role:
+        if not f.role or (fully_async and f.key.startswith("trainer.v1.")):
             continue
         first = roles.setdefault(f.role, f)
         if first is not f and first.value != f.value and notes is not None:
@@ -140,12 +144,27 @@ def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) ->
         f = roles[role]
         return f"{f.key}={f.value} ({f.path}:{f.line})"
 
-    sync = num("parameter_sync_step")
+    mode = roles["verl.trainer_mode"].value if "verl.trainer_mode" in roles else None
+    if mode in ("sync", "colocate_async"):
+        put(
+            "parameter_sync_step",
+            1,
+            f"1: {ref('verl.trainer_mode')} pushes the weights every step"
+            + (
+                " (separate_async.parameter_sync_step applies to separate_async only)"
+                if "parameter_sync_step" in roles
+                else ""
+            ),
+        )
+    warmup = f"verl.warmup.{mode}"
+    if mode in ("colocate_async", "separate_async") and num(warmup):
+        put("latency_steps", num(warmup), f"{ref(warmup)}: generation runs that many batches ahead of the trainer")
+    sync = values.get("parameter_sync_step", num("parameter_sync_step"))
     if sync is not None:
         put("parameter_sync_step", sync, ref("parameter_sync_step"))
     if "strategy" in roles and roles["strategy"].value in ("drop", "wait"):
         put("strategy", roles["strategy"].value, ref("strategy"))
-    _derive_verl(roles, num, put, ref, sync, notes)
+    _derive_verl(roles, num, put, ref, sync, notes, values, how)
     _derive_areal(roles, num, put, ref)
     _derive_trl(roles, num, put, ref)
     cap = num("capacity")
@@ -154,7 +173,7 @@ def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) ->
     return values, how
 
 
-def _derive_verl(roles, num, put, ref, sync, notes) -> None:
+def _derive_verl(roles, num, put, ref, sync, notes, values, how) -> None:
     prompts, n = num("verl.prompts_per_step"), num("verl.samples_per_prompt")
     n_text = ref("verl.samples_per_prompt") if n is not None else "rollout.n=1 (verl's default)"
     n = n if n is not None else 1
@@ -164,6 +183,7 @@ def _derive_verl(roles, num, put, ref, sync, notes) -> None:
         text = f"{ref('verl.mini_batch_prompts')} x {ref('verl.require_batches')} x {n_text}"
         put("consumed_per_step", per_step, text)
         put("produced_per_step", per_step, text + "; the rollouter streams as fast as the trainer allows")
+        put("runs_ahead", True, "verl's fully-async rollouter generates until the queue bound stops it")
         queue = num("verl.max_queue_size")
         if queue is not None:
             put("capacity", queue * n, f"{ref('verl.max_queue_size')} x {n_text}")
@@ -189,11 +209,12 @@ def _derive_verl(roles, num, put, ref, sync, notes) -> None:
                 notes.append(f"{ref('verl.threshold')}: no max_age derived ({exc})")
         else:
             put("max_age", max_age, f"{ref('verl.threshold')} - 1 (verl's cutoff: global_steps - step + 1 > threshold)")
-    if "capacity" not in roles and ("verl.threshold" in roles or "strategy" in roles):
-        put(
-            "capacity",
-            DEFAULT_VERL_CAPACITY,
-            f"{DEFAULT_VERL_CAPACITY} (from_verl's default: no sampler_kwargs.capacity)",
+    verl = any(r.startswith("verl.") for r in roles)
+    if "capacity" not in roles and "capacity" not in values and verl and prompts is not None and require is None:
+        values["capacity"] = None  # put() keeps only values; None is the answer here: no bound
+        how["capacity"] = (
+            "none: verl's replay buffer has no capacity bound (sampler_kwargs.capacity is not set), and the "
+            "trainer consumes what the rollout generated"
         )
 
 
@@ -221,6 +242,7 @@ def _derive_areal(roles, num, put, ref) -> None:
     if head is not None:
         put("max_age", head, ref("areal.max_head_offpolicyness") + " (one policy version per trainer step)")
         put("parameter_sync_step", 1, "1 (AReaL pushes weights after every step)")
+        put("runs_ahead", True, "AReaL's rollout generates until max_head_offpolicyness stops it")
         queue = num("areal.queue_size")
         if queue is not None:
             put("capacity", queue * n, f"{ref('areal.queue_size')} x {n_text}")
@@ -299,9 +321,14 @@ _RHYTHM_VALUE_RULES: Dict[str, Tuple[bool, float, bool]] = {
 def _check_rhythm_value(key: str, value: Any) -> None:
     """Raises ValueError when ``--set key=value`` gives a rhythm key a value it cannot have.
 
-    ``max_age`` and ``strategy`` may be null (not configured); the rates and counts must be numbers.
+    ``max_age`` and ``strategy`` may be null (not configured), ``capacity`` null (no bound); ``runs_ahead`` is
+    true or false; the rates and counts must be numbers.
     """
-    if value is None and key in ("max_age", "strategy"):
+    if value is None and key in ("max_age", "strategy", "capacity"):
+        return
+    if key == "runs_ahead":
+        if not isinstance(value, bool):
+            raise ValueError(f"--set runs_ahead={value!r} is not true or false; write --set runs_ahead=true")
         return
     if key == "strategy":
         if value not in ("drop", "wait"):
@@ -327,19 +354,45 @@ def _scalar(text: str) -> Any:
     return {"": None, "null": None, "none": None, "true": True, "false": False}.get(text.lower(), text)
 
 
-def analyse(paths: List[str], overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Runs scan, applies ``overrides`` (rhythm keys or dotted config keys) and plans where it can.
+def scan_verl_run(run: VerlRun) -> ScanResult:
+    """The findings of one verl run's composed config and launch-script overrides (verl_sources)."""
+    result = ScanResult(files=list(run.files))
+    for e in run.entries:
+        finding = classify(e.path, e.line, e.key, e.value)
+        if finding is not None:
+            result.findings.append(finding)
+    return result
 
-    Returns the JSON-able report that ``rhythm --json`` prints.
+
+def decides(finding: Dict[str, Any], framework_found: bool) -> bool:
+    """A row shown by default: a framework key from the known-keys table that the rhythm reads (a role), or,
+    for a config of no known framework, a generic capacity key. The rest is shown with ``--all``."""
+    if finding["source"] == "keyword":
+        return bool(finding["role"]) and not framework_found
+    return bool(finding["role"])
+
+
+def analyse(
+    paths: List[str],
+    overrides: Optional[Dict[str, Any]] = None,
+    base: Optional[str] = None,
+    config_name: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Runs scan (or, for a verl launch script or config folder, reads that run), applies ``overrides``
+    (rhythm keys or dotted config keys) and plans where it can.
+
+    Returns the JSON-able report that ``rhythm --json`` prints. Raises LaunchScriptError or
+    RhythmInputError (ValueErrors) when a script or folder cannot be read as one verl run.
     """
     overrides = overrides or {}
-    result = scan(paths)
+    run = read_verl_run([str(p) for p in paths], base, config_name)
+    result = scan_verl_run(run) if run is not None else scan(paths)
     for key, value in overrides.items():
         if key not in RHYTHM_KEYS:  # a dotted config key: override or add it
             result.findings = [f for f in result.findings if f.key != key]
             finding = classify("--set", 0, key, value) or Finding("--set", 0, key, value, "staleness", "--set")
             result.findings.insert(0, finding)
-    notes: List[str] = []
+    notes: List[str] = list(run.notes) if run is not None else []
     values, how = derive_rhythm(result.findings, notes)
     for key in RHYTHM_KEYS:
         if key in overrides:
@@ -348,12 +401,16 @@ def analyse(paths: List[str], overrides: Optional[Dict[str, Any]] = None) -> Dic
         "files": result.files,
         "skipped": [{"path": p, "reason": r} for p, r in result.skipped],
         "findings": [asdict(f) for f in result.findings],
+        "config": run.config if run is not None else "",
         "rhythm": values,
         "derived_from": how,
         "plan": None,
         "missing": [k for k in REQUIRED_RATES if k not in values],
         "notes": notes,
     }
+    framework = any(f["source"] != "keyword" for f in report["findings"])
+    for f in report["findings"]:
+        f["decides"] = decides(f, framework)
     if not report["missing"]:
         try:
             p = plan(
@@ -364,6 +421,7 @@ def analyse(paths: List[str], overrides: Optional[Dict[str, Any]] = None) -> Dic
                 max_age=values.get("max_age"),
                 strategy=values.get("strategy"),
                 latency_steps=values.get("latency_steps", 0),
+                runs_ahead=bool(values.get("runs_ahead", False)),
             )
             report["plan"] = asdict(p)
         except ValueError as exc:
@@ -371,18 +429,24 @@ def analyse(paths: List[str], overrides: Optional[Dict[str, Any]] = None) -> Dic
     return report
 
 
-def format_report(report: Dict[str, Any]) -> str:
-    """Returns the human-readable table, turnover, suggestion and warnings of an ``analyse`` report."""
+def format_report(report: Dict[str, Any], show_all: bool = False) -> str:
+    """Returns the human-readable report of ``analyse``: the figure to act on first, then the keys that decide
+    the rhythm (every matched key with ``show_all``), the derivation, the distribution and the warnings."""
     out = [f"rhythm: {len(report['files'])} file(s) read, {len(report['skipped'])} skipped"]
-    rows = [
-        (f"{f['path']}:{f['line']}", f["key"], _show(f["value"]), f["cls"], f["source"]) for f in report["findings"]
-    ]
+    p = report["plan"]
+    if p:
+        out.append(f"=> {p['headline']}")
+    shown = [f for f in report["findings"] if show_all or f.get("decides", True)]
+    hidden = len(report["findings"]) - len(shown)
+    rows = [(f"{f['path']}:{f['line']}", f["key"], _show(f["value"]), f["cls"], f["source"]) for f in shown]
     if rows:
         head = ("file:line", "key", "value", "class", "source")
         widths = [max(len(r[i]) for r in [*rows, head]) for i in range(5)]
         out.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
         out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    else:
+    if hidden:
+        out.append(f"({hidden} more matched key(s) do not decide the rhythm: --all lists them)")
+    if not rows and not hidden:
         out.append(
             "no rhythm keys found (patterns: replay|buffer|queue|maxlen|capacity|pool, "
             "rollout|sample_batch|n_samples|batch_size|group_size, train_|update_|steps_per|interval|ratio|reuse)"
@@ -393,37 +457,29 @@ def format_report(report: Dict[str, Any]) -> str:
         out.append("rhythm (trajectories per trainer step):")
         for key in RHYTHM_KEYS:
             if key in values:
-                out.append(f"  {key:<20} {_show(values[key]):<8} = {how[key]}")
-    p = report["plan"]
-    if p:
+                text = "none" if values[key] is None else _show(values[key])
+                out.append(f"  {key:<20} {text:<8} = {how[key]}")
+    if p and p["steady"]:
         dist = ", ".join(f"age {a}: {s:.0%}" for a, s in list(p["age_distribution"].items())[:12])
         more = " ..." if len(p["age_distribution"]) > 12 else ""
-        out += [
-            "",
-            f"turnover: {p['turnover_steps']:g} steps to drain a full buffer (capacity / consumed_per_step)",
-            f"FIFO steady-state age of trained trajectories: mean {p['age_mean']:.2f}, max {p['age_max']}; "
-            f"{dist}{more}",
-        ]
-        if p["max_age"] is not None:
-            share = f"{p['drop_share_at_max_age']:.1%} of trajectories in steady state"
-            out.append(
-                f"configured max_age {p['max_age']}: "
-                + (
-                    f"strategy 'wait' drops nothing; under 'drop' it would drop {share}"
-                    if p["strategy"] == "wait"
-                    else f"drops {share}"
-                )
-            )
-        out.append(f"suggested {p['reasoning']}")
-        empty = p["age_max_empty_start"]
+        out += [""]
+        if p["turnover_steps"] is not None:
+            out.append(f"turnover: {p['turnover_steps']:g} steps to drain a full buffer (capacity / consumed_per_step)")
         out.append(
-            "assumed: the buffer has filled once (the worst case)"
-            + (
-                ""
-                if empty is None
-                else f"; from an empty start at these rates the oldest trajectory trained on is {empty} step(s) old"
-            )
+            f"steady-state age of trained trajectories: mean {p['age_mean']:.2f}, max {p['age_max']}; {dist}{more}"
         )
+        out.append(f"suggested {p['reasoning']}")
+        if p["age_max_if_not_full"] is not None:
+            out.append(
+                f"if the rollout is slower than the trainer, the buffer never fills and the oldest trajectory "
+                f"trained on is {p['age_max_if_not_full']} step(s) old"
+            )
+        if p["age_max_if_full"] is not None:
+            out.append(
+                f"if the buffer ever fills (a trainer stall), the oldest trajectory trained on gets "
+                f"{p['age_max_if_full']} step(s) old"
+            )
+    if p:
         out += ["", "warnings:"] + [f"  - {w}" for w in p["warnings"]] if p["warnings"] else ["", "warnings: none"]
     elif report["missing"]:
         out += [
@@ -468,18 +524,23 @@ def _finite(value: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     try:
         overrides = parse_set(args.set)
-    except ValueError as exc:
+        report = analyse(args.paths, overrides, args.base, args.config_name)
+    except ValueError as exc:  # a bad --set, or a script / config folder that is not one verl run
         print(f"rhythm: {exc}", file=sys.stderr)
         return 2
-    report = analyse(args.paths, overrides)
-    print_output(to_json(report) if args.json else format_report(report))
+    print_output(to_json(report) if args.json else format_report(report, args.all))
     # 2 when nothing could be read or planned; warnings alone do not fail the command.
     return 0 if report["files"] or report["findings"] or report["plan"] else 2
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rhythm", help="find the produce/store/consume rhythm in configs and suggest max_age")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="config files (YAML, JSON, TOML) or directories")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="config files (YAML, JSON, TOML), directories, a verl config folder or a verl launch script (.sh)",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -488,4 +549,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"supply or override a value: one of {', '.join(RHYTHM_KEYS)}, or a dotted config key",
     )
     p.add_argument("--json", action="store_true", help="print machine-readable output")
+    p.add_argument("--all", action="store_true", help="list every matched key, not only those that decide the rhythm")
+    p.add_argument(
+        "--base",
+        metavar="FOLDER",
+        help="the verl config folder (verl/trainer/config) a launch script's overrides apply to",
+    )
+    p.add_argument(
+        "--config-name",
+        metavar="NAME",
+        help="the trainer config of a Hydra config folder (default: the script's, else main_ppo's ppo_trainer)",
+    )
     p.set_defaults(run=run)

@@ -100,7 +100,7 @@ bool same_batch(const std::vector<int64_t>& a, const std::vector<int64_t>& b, in
 
 // Caller-owned columns for ring B, as pinned-memory buffers are in Python.
 struct BorrowedColumns {
-  std::vector<int64_t> wide[6];
+  std::vector<int64_t> wide[7];
   std::vector<int32_t> narrow[2];
   pfb::ColumnPointers ptrs;
   explicit BorrowedColumns(int64_t capacity) {
@@ -108,6 +108,7 @@ struct BorrowedColumns {
     for (auto& c : narrow) c.assign(static_cast<size_t>(capacity), -7);
     ptrs.traj_id = wide[0].data(), ptrs.group_id = wide[1].data(), ptrs.sample_step = wide[2].data();
     ptrs.finish_step = wide[3].data(), ptrs.dispatch_ns = wide[4].data(), ptrs.complete_ns = wide[5].data();
+    ptrs.meta = wide[6].data();
     ptrs.uses = narrow[0].data(), ptrs.group_len = narrow[1].data();
   }
 };

@@ -1,0 +1,132 @@
+// StalenessRing: what the bound does to the data (docs/data-bias.md): per-source counts, the bias monitor,
+// the prompt-attempt table, per-source max_age overrides and their accessors.
+#include "ring_detail.hpp"
+
+#include <limits>
+
+namespace pyfast_buffer {
+
+void StalenessRing::check_slots(const int32_t* slots, int64_t n_slots, int64_t n, const char* what) const {
+  if (!slots) return;
+  if (n_slots != 1 && n_slots != n)
+    throw InvalidArgument(concat("source: ", n_slots, " tags for ", n, " ", what, "; pass one int or one per ", what));
+  for (int64_t i = 0; i < n_slots; ++i)
+    if (slots[i] < 0 || slots[i] >= kSourceSlots)
+      throw InvalidArgument(concat("source=", slots[i] - 1, " is out of range; pass a source in [0, ", kMaxSource,
+                                   "] (or None for untagged)"));
+}
+
+namespace {
+// Rollout latency of the entry at physical row p, in microseconds (0 when the clock went back).
+inline int64_t latency_us(const ColumnPointers& c, int64_t p) {
+  return std::max<int64_t>(c.complete_ns[p] - c.dispatch_ns[p], 0) / 1000;
+}
+}  // namespace
+
+void StalenessRing::observe_walked(int64_t walked, int64_t current_step, bool first_use_always, TakeStats& stats) {
+  // One pass over the walked prefix, group by group (uses already counted by this take): per-source counts,
+  // the monitor's trained and lost sketches, and each observed group's prompt record.
+  const ColumnPointers& c = columns_.get();
+  const bool per_entry = per_entry_cutoffs();
+  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
+                                                              : std::numeric_limits<int64_t>::min();
+  std::array<std::array<int64_t, 2>, kSourceSlots> by_slot{};  // (taken, dropped) by this call
+  for (int64_t i = 0; i < walked;) {
+    const int64_t p = phys(i);
+    const int64_t len = c.group_len[p], m = c.meta[p];
+    const auto slot = static_cast<size_t>(meta_slot(m));
+    const bool stale = per_entry ? stale_at(p) : age_steps()[p] < cutoff;
+    if (stale) {
+      by_slot[slot][1] += len;
+      observe_lost_group(p, false);
+    } else {
+      by_slot[slot][0] += len;
+      source_counts_[slot].taken += len;
+      if (first_use_always || c.uses[p] == 1) {  // its first take: trained
+        source_counts_[slot].trained += len;
+        if (meta_observed(m)) {
+          add_group(Fate::kTrained, p, len);
+          attempts_.on_trained(c.group_id[p]);
+        }
+      }
+    }
+    i += len;
+  }
+  if (tagged_)
+    for (int slot = 0; slot < kSourceSlots; ++slot)
+      if (by_slot[slot][0] || by_slot[slot][1])
+        stats.sources.push_back({slot, by_slot[slot][0], by_slot[slot][1]});
+}
+
+void StalenessRing::observe_lost(int64_t count, bool evicted) {
+  // The oldest `count` ready entries are about to leave: evicted (on_full) or dropped stale.
+  const ColumnPointers& c = columns_.get();
+  for (int64_t i = 0; i < count;) {
+    const int64_t p = phys(i);
+    observe_lost_group(p, evicted);
+    i += c.group_len[p];
+  }
+}
+
+void StalenessRing::observe_lost_group(int64_t p, bool evicted) {
+  const ColumnPointers& c = columns_.get();
+  const int64_t len = c.group_len[p], m = c.meta[p];
+  SourceCounts& counts = source_counts_[static_cast<size_t>(meta_slot(m))];
+  (evicted ? counts.evicted : counts.dropped) += len;
+  if (c.uses[p] != 0 || !meta_observed(m) || !bias_) return;  // taken before, or never a monitored rollout
+  add_group(Fate::kLost, p, len);
+  attempts_.on_lost(c.group_id[p], len);
+}
+
+void StalenessRing::add_group(Fate fate, int64_t p, int64_t len) {
+  // One complete() call stamped the whole group: one dispatch and one completion time, so one latency for
+  // all its members; lengths were given for every trajectory of that call or for none.
+  const ColumnPointers& c = columns_.get();
+  bias_->add(fate, Quantity::kLatency, latency_us(c, p), len);
+  if (meta_length(c.meta[p]) < 0) return;
+  for (int64_t j = 0, q = p; j < len; ++j, q = q + 1 == config_.capacity ? 0 : q + 1)
+    bias_->add(fate, Quantity::kLength, meta_length(c.meta[q]));
+}
+
+void StalenessRing::set_source_max_age(int32_t slot, int64_t max_age) {
+  if (slot < 1 || slot >= kSourceSlots)
+    throw InvalidArgument(concat("source_max_age: source ", slot - 1, " is out of range; use sources in [0, ",
+                                 kMaxSource, "]"));
+  if (max_age < -1)
+    throw InvalidArgument(concat("source_max_age: max_age=", max_age, " for source ", slot - 1, " must be >= 0"));
+  {
+    MutexLock lock(mutex_);
+    int64_t& own = source_max_age_[static_cast<size_t>(slot)];
+    if (own == max_age) return;
+    overrides_ += (max_age >= 0) - (own >= 0);
+    own = max_age;
+  }
+  ready_cv_.notify_all();  // under wait, a raised bound may unblock a waiting take
+}
+
+std::array<int64_t, kSourceSlots> StalenessRing::source_max_ages() const {
+  MutexLock lock(mutex_);
+  return source_max_age_;
+}
+
+std::vector<std::pair<int64_t, int64_t>> StalenessRing::starved(int64_t min_attempts) const {
+  MutexLock lock(mutex_);
+  return attempts_.starved_prompts(min_attempts);
+}
+
+AttemptCounters StalenessRing::attempt_counters() const {
+  MutexLock lock(mutex_);
+  return attempts_.counters();
+}
+
+std::array<SourceCounts, kSourceSlots> StalenessRing::source_counts() const {
+  MutexLock lock(mutex_);
+  return source_counts_;
+}
+
+std::unique_ptr<BiasMonitor> StalenessRing::bias() const {
+  MutexLock lock(mutex_);
+  return bias_ ? std::make_unique<BiasMonitor>(*bias_) : nullptr;
+}
+
+}  // namespace pyfast_buffer
