@@ -24,16 +24,17 @@ from typing import List, Optional
 import torch
 from slot_pool import SlotPool
 
-from pyfast_buffer import BufferClosedError, StalenessBuffer
+from pyfast_buffer import BufferClosedError, BufferFullError, StalenessBuffer
 
 GROUP = 4
-#: The strategies this example runs. strategy="pace" (with prompts_per_step) comes with issue 18: add it
-#: here and in buffer_options() once your pyfast_buffer has it.
-STRATEGIES = ("drop", "wait")
+#: The strategies this example runs (docs/design.md, "Strategies").
+STRATEGIES = ("drop", "wait", "pace")
 
 
 def buffer_options(strategy: str, batch: int) -> dict:
     """The StalenessBuffer keywords for ``strategy``: the one place a new strategy's settings go."""
+    if strategy == "pace":  # admission: a step consumes batch // GROUP prompt groups
+        return {"strategy": strategy, "prompts_per_step": batch // GROUP}
     return {"strategy": strategy}
 
 
@@ -63,7 +64,11 @@ def producer(
         while not stop.is_set():
             rows = pool.acquire(GROUP, timeout=30.0)  # before dispatch: an in-flight prompt never waits for rows
             prompt += 1
-            buf.dispatch([prompt], trainer.step)
+            try:  # under pace this waits for an admission slot; the other strategies start at once
+                buf.dispatch([prompt], trainer.step, timeout=30.0)
+            except (BufferFullError, TimeoutError):  # not admitted (pace): nothing is in flight
+                pool.give_back(rows)
+                continue
             time.sleep(rng.uniform(0.0, 0.004))  # generation
             if rng.random() < 0.03:
                 buf.fail([prompt])

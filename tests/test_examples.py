@@ -40,7 +40,7 @@ def test_minimal_loop_runs_on_this_machine(tmp_path):
     assert re.search(r"12 trainer steps on (cpu|cuda): 6144 trajectories trained on", run.stdout), run.stdout
 
 
-@pytest.mark.parametrize("strategy", ["drop", "wait"])
+@pytest.mark.parametrize("strategy", ["drop", "wait", "pace"])
 def test_training_with_producers_logs_to_a_file_recycles_rows_and_audits(tmp_path, strategy):
     log = tmp_path / "train.log"
     run = _run("train_with_producers.py", "--strategy", strategy, "--steps", "15", "--log", str(log), cwd=tmp_path)

@@ -80,7 +80,7 @@ def timed(run: Run, lock: threading.Lock, what: str, timeout: float, call):
                 run.overruns.append(f"{what} took {elapsed:.1f} s with timeout={timeout}")
 
 
-def scenario(impl, strategy: str, seed: int = 0) -> Run:
+def scenario(impl, strategy: str, seed: int = 0, steps: int = STEPS) -> Run:
     kwargs = {"prompts_per_step": PER_STEP} if strategy == "pace" else {}
     buf = impl(1 << 14, max_age=MAX_AGE, strategy=strategy, **kwargs)
     run, lock = Run(), threading.Lock()
@@ -151,7 +151,7 @@ def scenario(impl, strategy: str, seed: int = 0) -> Run:
         check(buf, run, lock, paced)
 
     try:
-        for step in range(STEPS):
+        for step in range(steps):
             while True:
                 try:
                     train(step, TAKE_TIMEOUT)
@@ -165,7 +165,7 @@ def scenario(impl, strategy: str, seed: int = 0) -> Run:
         for thread in threads:
             thread.join(60)
     # Drain: every rollout has finished; the trainer goes on taking a step's worth per step until nothing is left.
-    step = STEPS
+    step = steps
     while len(buf):
         train(step, None)
         step += 1

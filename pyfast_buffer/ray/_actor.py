@@ -199,14 +199,17 @@ class BufferActor:
     def dispatch(
         self, request: int, prompt_ids: np.ndarray, step: int, lease: Optional[float], timeout: Optional[float]
     ) -> None:
-        # Under pace with a timeout the wait for admission happens here, between looks at the core that never
-        # block it (the index lock is free meanwhile), in the admission group's thread.
-        self._apply(
-            request,
-            lambda wait: self._buf.dispatch(prompt_ids, step, lease, wait),
-            timeout=timeout,
-            blocking=True,
-        )
+        if timeout is None:
+            self._apply(request, lambda: self._buf.dispatch(prompt_ids, step, lease))
+            return
+        with self._lock:
+            repeat = request in self._done_puts
+        if not repeat:
+            # A paced wait for admission blocks in the core (GIL released, woken by take/fail/expiry/close) in the
+            # admission group's thread, without the index lock: every other call goes on meanwhile, and the core
+            # counts one wait per waiting dispatch. The call is journaled once it is admitted.
+            self._buf.dispatch(prompt_ids, step, lease, timeout)
+        self._apply(request, lambda: None)
 
     def admissible(self, step: int) -> int:
         with self._lock:
