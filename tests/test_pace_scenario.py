@@ -158,6 +158,8 @@ def scenario(impl, strategy: str, seed: int = 0, steps: int = STEPS) -> Run:
                     break
                 except TimeoutError as exc:  # a full batch did not arrive in time: report it, try the step again
                     run.violations.append(f"step {step}: {exc}")
+                    if not all(thread.is_alive() for thread in threads):  # no retry can help: fail, never hang
+                        raise RuntimeError("a producer or the rollout finisher died; its exception is above") from exc
             published[0] = step + 1
         run.max_age_in_training = max(run.ages)
     finally:

@@ -225,7 +225,7 @@ class RemoteBuffer:
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
         call = {"kind": "complete", "traj_ids": trajs, "prompt_ids": prompts, "timeout": as_timeout(timeout)}
-        call["finish_step"] = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
+        call["finish_step"] = _finish_steps(finish_step, len(trajs))
         self._admit(call, _payload_list(payloads, len(trajs)))
 
     def fail(self, prompt_ids: Ids) -> None:
@@ -252,7 +252,7 @@ class RemoteBuffer:
             same_length(trajs, "traj_ids", groups, "group_ids")
         call: Dict[str, Any] = {"kind": "put", "traj_ids": trajs, "sample_step": stamp, "group_ids": groups}
         call["timeout"] = as_timeout(timeout)
-        call["finish_step"] = None if finish_step is None else as_steps(finish_step, "finish_step", len(trajs))
+        call["finish_step"] = _finish_steps(finish_step, len(trajs))
         self._admit(call, _payload_list(payloads, len(trajs)))
 
     def _admit(self, call: Dict[str, Any], payloads: Optional[List[Any]]) -> None:
@@ -282,8 +282,9 @@ class RemoteBuffer:
             for key in ("prompt_ids", "group_ids"):
                 if part.get(key) is not None:
                     part[key] = call[key][start:stop]
-            if isinstance(call.get("sample_step"), np.ndarray):
-                part["sample_step"] = call["sample_step"][start:stop]
+            for key in ("sample_step", "finish_step"):  # one per trajectory: cut with them; one int: shared
+                if isinstance(call.get(key), np.ndarray):
+                    part[key] = call[key][start:stop]
             flat = [p for cut in pieces[start:stop] for p in cut]
             sub = request if len(runs) == 1 else _request()
             self._store(sub, part, headers[start:stop], refs[start:stop], flat)
@@ -530,6 +531,14 @@ def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
         return
     if actor_state(old) == "DEAD":
         ray.kill(old, no_restart=True)
+
+
+def _finish_steps(finish_step: Union[int, Ids, None], n: int) -> Union[int, np.ndarray, None]:
+    """The checked finish steps of a put/complete: one int stays one int (shared), else one per trajectory."""
+    if finish_step is None:
+        return None
+    steps = as_steps(finish_step, "finish_step", n)
+    return int(steps[0]) if len(steps) == 1 else steps
 
 
 def _payload_list(payloads: Optional[Sequence[Any]], n: int) -> Optional[List[Any]]:
