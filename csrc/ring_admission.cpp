@@ -113,6 +113,7 @@ void StalenessRing::pace_restore_order() {
     for (int64_t i = 0; i < size_; ++i) col[phys(i)] = narrow[i];
   }
   sorted_ = true;
+  expiry_valid_ = false;  // rows moved: the next per-entry walk rebuilds the stale-before column
 }
 
 void StalenessRing::pace_count_ready() {

@@ -35,6 +35,7 @@ void StalenessRing::set_max_age(int64_t max_age) {
   MutexLock lock(mutex_);
   if (max_age == max_age_) return;
   max_age_ = max_age;
+  expiry_valid_ = false;  // the stale-before steps of entries without their own bound move with it
   ++ledger_.max_age_changes;
   lock.unlock();
   ready_cv_.notify_all();  // under wait, a raised bound may unblock a waiting take
@@ -230,6 +231,7 @@ void StalenessRing::import_state(const RingState& s) {
   attempts_.import_records(s.attempts, s.attempt_counters);
   source_counts_ = s.source_counts;
   protected_seen_ = protect;
+  expiry_valid_ = false;  // new rows: the next per-entry walk rebuilds the stale-before column
   tagged_ = tagged;
   plain_meta_ = std::all_of(s.meta.begin(), s.meta.end(), [](int64_t m) { return m == kPutMeta; }) && !tagged;
   bool observed = m > 0 || !s.attempts.empty();

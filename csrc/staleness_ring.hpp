@@ -352,7 +352,8 @@ class StalenessRing {
   // ring_take.cpp: planning and committing a batch.
   bool wait_blocked(int64_t current_step) const PFB_REQUIRES(mutex_);
   std::string wait_blocked_message(int64_t current_step) const PFB_REQUIRES(mutex_);
-  int64_t skip_stale(int64_t i, int64_t cutoff) const PFB_REQUIRES(mutex_);
+  // The first ring index >= i whose stamp in `stamps` (age stamps or expiry_) is not below `cutoff`.
+  int64_t skip_stale(const int64_t* stamps, int64_t i, int64_t cutoff) const PFB_REQUIRES(mutex_);
   void plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const PFB_REQUIRES(mutex_);
   // Closes a walk's open span at `walked` and records its totals (touches only `plan`).
   static void finish_plan(TakePlan& plan, int64_t span_start, int64_t walked, int64_t taken);
@@ -387,9 +388,13 @@ class StalenessRing {
   // ring_accounting.cpp: what the bound does to the data (docs/data-bias.md).
   bool per_entry_cutoffs() const PFB_REQUIRES(mutex_) { return overrides_ > 0 || protected_seen_; }
   void check_slots(const int32_t* slots, int64_t n_slots, int64_t n, const char* what) const;
-  void fill_cutoffs(int64_t current_step) const PFB_REQUIRES(mutex_);  // cutoffs_ for this step and strategy
-  bool stale_at(int64_t p) const PFB_REQUIRES(mutex_);  // row p against its own cutoff (fill_cutoffs first)
-  void plan_take_per_entry(int64_t batch_size, TakePlan& plan) const PFB_REQUIRES(mutex_);
+  // Makes expiry_ current and sets the step stale_at compares with: current_step under drop or when
+  // `any_strategy` (evict_stale applies the bounds under either strategy), else none (wait keeps everything).
+  void fill_cutoffs(int64_t current_step, bool any_strategy) const PFB_REQUIRES(mutex_);
+  bool stale_at(int64_t p) const PFB_REQUIRES(mutex_) { return expiry_[static_cast<size_t>(p)] < expiry_cut_; }
+  int64_t expiry_of(int64_t p) const PFB_REQUIRES(mutex_);  // row p's stale-before step, from its stamp and meta
+  void ensure_expiry() const PFB_REQUIRES(mutex_);          // rebuilds expiry_ (O(ready)) unless it is current
+  void stamp_expiry(int64_t first, int64_t count) PFB_REQUIRES(mutex_);  // appended entries, if expiry_ is kept
   // Counts a take's walked prefix (uses already counted) per source, in the monitor and the attempt table.
   void observe_walked(int64_t walked, int64_t current_step, bool first_use_always, TakeStats& stats)
       PFB_REQUIRES(mutex_);
@@ -431,7 +436,14 @@ class StalenessRing {
   bool tagged_ PFB_GUARDED_BY(mutex_) = false;          // a tagged entry or prompt may exist
   bool plain_meta_ PFB_GUARDED_BY(mutex_) = true;  // every ready entry's meta is kPutMeta: moving it is skippable
   std::array<SourceCounts, kSourceSlots> source_counts_ PFB_GUARDED_BY(mutex_){};
-  mutable std::array<int64_t, kCutoffEntries> cutoffs_ PFB_GUARDED_BY(mutex_){};  // a cache fill_cutoffs writes
+  // The per-entry stale-before column (docs/design.md, "The take walk"): expiry_[p] is row p's age stamp plus its
+  // own source's max_age (saturating), INT64_MAX when protected, so an entry is stale at step s iff
+  // expiry_[p] < s and the tagged walk compares one column with one scalar, as the untagged walk does. Allocated
+  // at the first per-entry take; kept current by every append and move while expiry_valid_, which a changed bound,
+  // a load or a reorder clears (the next walk rebuilds it in one pass).
+  mutable std::vector<int64_t> expiry_ PFB_GUARDED_BY(mutex_);
+  mutable bool expiry_valid_ PFB_GUARDED_BY(mutex_) = false;
+  mutable int64_t expiry_cut_ PFB_GUARDED_BY(mutex_) = 0;  // what stale_at compares with (fill_cutoffs)
 };
 
 }  // namespace pyfast_buffer
