@@ -56,6 +56,29 @@ class NumpySources(peers.NumpyRing):
         return len(out["traj_id"])
 
 
+class _Ours:
+    """StalenessBuffer filled with the case's stamps, with the four bounds and tags or with one max_age."""
+
+    def __init__(self, capacity: int, tagged: bool) -> None:
+        if tagged:
+            self.buf = StalenessBuffer(capacity, max_age=MAX_AGE, source_max_age=SOURCE_BOUNDS, pin_memory=False)
+        else:
+            self.buf = StalenessBuffer(capacity, max_age=untagged_max_age(), pin_memory=False)
+        self.tagged = tagged
+
+    def fill(self, ids: np.ndarray, steps: np.ndarray, sources: np.ndarray) -> None:
+        if self.tagged:
+            self.buf.put(ids, steps, source=sources)
+        else:
+            self.buf.put(ids, steps)
+
+    def take(self, batch_size: int, step: int) -> int:
+        return len(self.buf.take(batch_size, step).traj_ids)
+
+    def __len__(self) -> int:
+        return len(self.buf)
+
+
 def sources_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     """take(B) from a full ring of four round-robin sources with their own max_age; see the module docstring."""
     del skipped  # every contender is part of the package or numpy
@@ -66,42 +89,37 @@ def sources_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     sources = ids % len(SOURCE_BOUNDS)
     steps = CURRENT_STEP - rng.integers(0, AGES, capacity)
     for batch in plan.batches:
-        tagged = StalenessBuffer(capacity, max_age=MAX_AGE, source_max_age=SOURCE_BOUNDS, pin_memory=False)
-        untagged = StalenessBuffer(capacity, max_age=untagged_max_age(), pin_memory=False)
-        numpy_ring = NumpySources(capacity, MAX_AGE)
-        fills = {
-            "tagged": lambda: tagged.put(ids, steps, source=sources),
-            "untagged": lambda: untagged.put(ids, steps),
-            "numpy": lambda: numpy_ring.fill_tagged(ids, steps, sources),
+        contenders: Dict[str, Any] = {
+            "tagged": _Ours(capacity, True),
+            "untagged": _Ours(capacity, False),
+            "numpy": NumpySources(capacity, MAX_AGE),
         }
-        takes = {
-            "tagged": lambda b=batch: len(tagged.take(b, CURRENT_STEP).traj_ids),
-            "untagged": lambda b=batch: len(untagged.take(b, CURRENT_STEP).traj_ids),
-            "numpy": lambda b=batch: numpy_ring.take(b, CURRENT_STEP),
-        }
-        sizes = {"tagged": lambda: len(tagged), "untagged": lambda: len(untagged), "numpy": lambda: len(numpy_ring)}
         timed: Dict[str, Timed] = {}
         returned: Dict[str, List[int]] = {}
-        for name in takes:
-            fills[name]()
+        for name, c in contenders.items():
+            fill = c.fill_tagged if name == "numpy" else c.fill
+            fill(ids, steps, sources)
             got = returned[name] = []
 
-            def refill(name: str = name) -> None:
-                if sizes[name]() < 0.6 * capacity:  # keep the ring about full of the same mix
-                    fills[name]()
+            def refill(c: Any = c, fill: Any = fill) -> None:
+                if len(c) < 0.6 * capacity:  # keep the ring about full of the same mix
+                    fill(ids, steps, sources)
 
-            def take(name: str = name, got: List[int] = got) -> None:
-                got.append(takes[name]())
+            def take(c: Any = c, b: int = batch, got: List[int] = got) -> None:
+                got.append(c.take(b, CURRENT_STEP))
 
             # A timed loop walks at most a third of the ring refilled to >= 60% before it: every call finds a batch.
-            timed[name] = (take, refill, max(1, min(calibrate(take), capacity // 3 // max(batch, 1) // 4)))
+            timed[name] = (take, refill, max(1, min(calibrate(take), capacity // 3 // batch // 4)))
         floor = peers.Copy(capacity)
-        timed["floor"] = (lambda b=batch: floor.take(b, CURRENT_STEP), None, calibrate(lambda: floor.take(batch, 0)))
+
+        def copy(floor: peers.Copy = floor, b: int = batch) -> None:
+            floor.take(b, CURRENT_STEP)
+
+        timed["floor"] = (copy, None, calibrate(copy))
         for name, times in sample_interleaved(timed, plan.repeat).items():
-            contender: Any = {"floor": "copy (floor)", "numpy": "numpy mask"}.get(name, "pyfast_buffer")
-            r = {
+            r: Dict[str, Any] = {
                 "case": "take_sources",
-                "contender": contender,
+                "contender": {"floor": "copy (floor)", "numpy": "numpy mask"}.get(name, "pyfast_buffer"),
                 "capacity": capacity,
                 "batch": batch,
                 "order": name,
