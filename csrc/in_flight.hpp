@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "change_marks.hpp"
+
 namespace pyfast_buffer {
 
 /// The deadline of a prompt dispatched without a lease: never.
@@ -38,6 +40,7 @@ class InFlightTable {
   /// Records `prompt_id` as in flight; the caller has checked that it is not yet.
   void insert(int64_t prompt_id, InFlightPrompt record) {
     prompts_.emplace(prompt_id, record);
+    changes_.add(prompt_id);
     ++step_counts_[record.sample_step];
     if (record.deadline_ns != kNoLease) leases_.emplace(record.deadline_ns, prompt_id);
   }
@@ -49,6 +52,7 @@ class InFlightTable {
     if (--count->second == 0) step_counts_.erase(count);
     if (it->second.deadline_ns != kNoLease) leases_.erase({it->second.deadline_ns, prompt_id});
     prompts_.erase(it);
+    changes_.add(prompt_id);
   }
 
   /// Sets the lease deadline of `prompt_id` (kNoLease: none); the caller has checked that it is in flight.
@@ -56,6 +60,7 @@ class InFlightTable {
     InFlightPrompt& rec = prompts_.at(prompt_id);
     if (rec.deadline_ns != kNoLease) leases_.erase({rec.deadline_ns, prompt_id});
     rec.deadline_ns = deadline_ns;
+    changes_.add(prompt_id);
     if (deadline_ns != kNoLease) leases_.emplace(deadline_ns, prompt_id);
   }
 
@@ -86,7 +91,11 @@ class InFlightTable {
     prompts_.clear();
     step_counts_.clear();
     leases_.clear();
+    changes_.add_all();
   }
+
+  /// Returns the prompts inserted, removed or re-leased since the journal's last export.
+  ChangedIds& changes() { return changes_; }
 
   /// Returns the smallest sample_step in flight, or INT64_MAX when nothing is in flight.
   int64_t oldest_step() const {
@@ -128,6 +137,7 @@ class InFlightTable {
   std::unordered_map<int64_t, InFlightPrompt> prompts_;
   std::map<int64_t, int64_t> step_counts_;
   std::set<std::pair<int64_t, int64_t>> leases_;  // (deadline_ns, prompt_id) of leased prompts
+  ChangedIds changes_;
 };
 
 }  // namespace pyfast_buffer

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "change_marks.hpp"
+
 namespace pyfast_buffer {
 
 /// Largest source tag accepted (tags are small ints: a dataset or task family).
@@ -81,12 +83,13 @@ class PromptAttempts {
     if (it == map_.end()) return;  // forgotten while in flight: nothing to attribute
     ++it->second.rec.pending;
     move_to_back(&it->second);
+    moved_.add(prompt_id);
   }
 
   /// Records that an in-flight attempt of `prompt_id` failed or expired (it produced nothing).
   void on_failed(int64_t prompt_id) {
     auto it = map_.find(prompt_id);
-    if (it != map_.end()) it->second.rec.last_lost = true;
+    if (it != map_.end()) it->second.rec.last_lost = true, updated_.add(prompt_id);
   }
 
   /// Records that a completed group of `prompt_id` was taken for the first time.
@@ -94,6 +97,7 @@ class PromptAttempts {
     auto it = map_.find(prompt_id);
     if (it == map_.end() || it->second.rec.pending == 0) return;
     AttemptRecord& r = it->second.rec;
+    updated_.add(prompt_id);
     const bool was_starved = starved(r);
     --r.pending;
     if (r.trained < INT32_MAX) ++r.trained;
@@ -107,6 +111,7 @@ class PromptAttempts {
     auto it = map_.find(prompt_id);
     if (it == map_.end() || it->second.rec.pending == 0) return;
     AttemptRecord& r = it->second.rec;
+    updated_.add(prompt_id);
     --r.pending;
     r.last_lost = true;
     r.lost_trajs += trajs;
@@ -165,6 +170,40 @@ class PromptAttempts {
     }
     for (const auto& [id, e] : map_)
       if (starved(e.rec)) add_starved(e.rec.slot, +1);
+    moved_.add_all();
+  }
+
+  /// What changed since the journal's last export (the first call starts tracking and says `all`).
+  struct Changes {
+    bool all = false;                   // every record: `moved` holds the whole table, oldest first
+    std::vector<AttemptRecord> moved;   // the records touched (moved to the back), oldest first: the table's tail
+    std::vector<AttemptRecord> updated;  // other records changed in place
+    std::vector<int64_t> gone;          // prompts whose record was dropped at the bound
+  };
+
+  /// Makes the next take_changes() return the whole table.
+  void mark_all() { moved_.add_all(); }
+
+  /// Returns the changes since the last call and begins a new interval.
+  Changes take_changes() {
+    Changes out;
+    if (!moved_.on() || moved_.all()) {
+      out.all = true;
+      out.moved = export_records();
+      moved_.start(), updated_.start(), gone_.start();
+      return out;
+    }
+    std::vector<AttemptRecord> tail;
+    for (const Entry* e = newest_; e != nullptr && static_cast<int64_t>(tail.size()) < moved_.size(); e = e->older)
+      tail.push_back(e->rec);
+    out.moved.assign(tail.rbegin(), tail.rend());
+    for (int64_t id : updated_.ids()) {
+      auto it = map_.find(id);
+      if (it != map_.end() && !moved_.contains(id)) out.updated.push_back(it->second.rec);
+    }
+    out.gone = gone_.ids();
+    moved_.clear(), updated_.clear(), gone_.clear();
+    return out;
   }
 
   /// Reserves room for min(bound, `records`) records, so a growing table does not rehash on the hot path.
@@ -207,6 +246,7 @@ class PromptAttempts {
   Entry& touch(int64_t prompt_id, int32_t slot) {
     auto [it, fresh] = map_.try_emplace(prompt_id);
     Entry* e = &it->second;
+    moved_.add(prompt_id);
     if (!fresh) {
       move_to_back(e);
       return *e;
@@ -218,6 +258,7 @@ class PromptAttempts {
       Entry* old = oldest_;
       if (starved(old->rec)) add_starved(old->rec.slot, -1);
       unlink(old);
+      moved_.drop(old->rec.prompt_id), updated_.drop(old->rec.prompt_id), gone_.add(old->rec.prompt_id);
       map_.erase(old->rec.prompt_id);
       ++counters_.forgotten;
     }
@@ -228,6 +269,7 @@ class PromptAttempts {
   std::unordered_map<int64_t, Entry> map_;
   Entry* oldest_ = nullptr;  // the recency list, least recently touched first
   Entry* newest_ = nullptr;
+  ChangedIds moved_, updated_, gone_;  // since the journal's last export (take_changes)
   AttemptCounters counters_;
 };
 

@@ -91,6 +91,7 @@ inline void StalenessRing::note_prefix_left(int64_t count, ReleaseReason reason)
 }
 
 inline void StalenessRing::remove_prefix(int64_t n) {
+  marks_.removed_front(n);
   head_ = phys(n);
   size_ -= n;
   if (size_ == 0) head_ = 0, sorted_ = true, spans_ = false, plain_meta_ = !tagged_;

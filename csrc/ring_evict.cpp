@@ -26,6 +26,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
         const int64_t own = source_max_age_[static_cast<size_t>(slot)];
         cutoffs_[static_cast<size_t>(slot)] = current_step - (own >= 0 ? own : max_age_);
       }
+    marks_.all();  // a compaction moves rows and shortens the ring
     const ColumnPointers c = columns_.get();
     const int64_t cap = config_.capacity, total = size_;
     int64_t write = head_, kept = 0;
@@ -76,6 +77,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   } else {
     // One branch-free pass: every row is copied to the write cursor, which advances only for fresh
     // rows; where neither cursor is near the wrap point, eight rows at a time with AVX-512 if present.
+    marks_.all();  // a compaction moves rows and shortens the ring
     const ColumnPointers c = columns_.get();  // local copies: column stores cannot alias them
     const int64_t cap = config_.capacity, total = size_;
     if (leave_hooks())  // report the stale ids before the compaction (scalar or SIMD) overwrites them

@@ -209,6 +209,7 @@ void StalenessRing::import_state(const RingState& s) {
   }
   head_ = 0;
   size_ = n;
+  marks_.all();
   sorted_ = sorted;
   spans_ = false;
   note_spans(0, n);

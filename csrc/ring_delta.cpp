@@ -1,0 +1,70 @@
+// StalenessRing: export_delta, what changed since the previous export (the Ray index's append-only journal).
+#include "ring_detail.hpp"
+
+namespace pyfast_buffer {
+
+RingDelta StalenessRing::export_delta(bool full) {
+  MutexLock lock(mutex_);
+  RingDelta d;
+  if (full) marks_.all();
+  d.front = marks_.front(), d.keep_from = marks_.keep_from(), d.keep = marks_.keep();
+  RingState& s = d.rows;
+  const ColumnPointers& c = columns_.get();
+  const int64_t head = head_, cap = config_.capacity, sync = config_.parameter_sync_step;
+  // Logical rows [first, last), oldest first, appended to every entry column.
+  auto rows = [&s, &c, head, cap, sync](int64_t first, int64_t last) {
+    for (int64_t i = first, p = head + first >= cap ? head + first - cap : head + first; i < last;
+         ++i, p = p + 1 == cap ? 0 : p + 1) {
+      s.traj_id.push_back(c.traj_id[p]), s.group_id.push_back(c.group_id[p]);
+      s.sample_step.push_back(c.sample_step[p]), s.finish_step.push_back(c.finish_step[p]);
+      s.dispatch_ns.push_back(c.dispatch_ns[p]), s.complete_ns.push_back(c.complete_ns[p]);
+      s.uses.push_back(c.uses[p]), s.group_len.push_back(c.group_len[p]), s.meta.push_back(c.meta[p]);
+      s.policy_version.push_back(sync > 0 ? c.sample_step[p] / sync : -1);
+    }
+  };
+  rows(0, d.front);
+  rows(d.front + d.keep, size_);
+  const int64_t now = lease_now();
+  d.now_ns = now;
+  auto in_flight_row = [&s, now](int64_t prompt, const InFlightPrompt& rec) {
+    s.in_flight_prompt.push_back(prompt);
+    s.in_flight_step.push_back(rec.sample_step);
+    s.in_flight_dispatch_ns.push_back(rec.dispatch_ns);
+    s.in_flight_meta.push_back(rec.meta);
+    s.in_flight_lease_left_ns.push_back(rec.deadline_ns == kNoLease ? -1 : std::max<int64_t>(rec.deadline_ns - now, 0));
+    s.in_flight_held_ns.push_back(std::max<int64_t>(now - rec.since_ns, 0));
+  };
+  ChangedIds& changed = in_flight_.changes();
+  if (full || !changed.on() || changed.all()) {
+    d.in_flight_all = true;
+    for (const auto& [prompt, rec] : in_flight_.sorted_items()) in_flight_row(prompt, rec);
+    changed.start();
+  } else {
+    for (int64_t prompt : changed.ids()) {
+      if (in_flight_.contains(prompt))
+        in_flight_row(prompt, in_flight_.at(prompt));
+      else
+        d.in_flight_gone.push_back(prompt);
+    }
+    changed.clear();
+  }
+  if (full) attempts_.mark_all();
+  PromptAttempts::Changes att = attempts_.take_changes();
+  d.attempts_all = att.all;
+  d.attempts_moved = static_cast<int64_t>(att.moved.size());
+  s.attempts = std::move(att.moved);
+  s.attempts.insert(s.attempts.end(), att.updated.begin(), att.updated.end());
+  d.attempts_gone = std::move(att.gone);
+  s.attempt_counters = attempts_.counters();
+  s.source_counts = source_counts_;
+  s.ledger = ledger_;
+  s.ledger.in_flight = in_flight_.size();
+  s.ledger.buffer_left = size_;
+  s.clock = clock_;
+  s.evicted_unreported = evicted_unreported_;
+  s.next_take = next_take_;
+  marks_.reset(size_);
+  return d;
+}
+
+}  // namespace pyfast_buffer
