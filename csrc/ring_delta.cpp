@@ -13,13 +13,17 @@ RingDelta StalenessRing::export_delta(bool full) {
   const int64_t head = head_, cap = config_.capacity, sync = config_.parameter_sync_step;
   // Logical rows [first, last), oldest first, appended to every entry column.
   auto rows = [&s, &c, head, cap, sync](int64_t first, int64_t last) {
-    for (int64_t i = first, p = head + first >= cap ? head + first - cap : head + first; i < last;
-         ++i, p = p + 1 == cap ? 0 : p + 1) {
-      s.traj_id.push_back(c.traj_id[p]), s.group_id.push_back(c.group_id[p]);
-      s.sample_step.push_back(c.sample_step[p]), s.finish_step.push_back(c.finish_step[p]);
-      s.dispatch_ns.push_back(c.dispatch_ns[p]), s.complete_ns.push_back(c.complete_ns[p]);
-      s.uses.push_back(c.uses[p]), s.group_len.push_back(c.group_len[p]), s.meta.push_back(c.meta[p]);
-      s.policy_version.push_back(sync > 0 ? c.sample_step[p] / sync : -1);
+    const size_t at = s.traj_id.size(), n = static_cast<size_t>(last - first);
+    for (auto* col : {&s.traj_id, &s.group_id, &s.sample_step, &s.finish_step, &s.dispatch_ns, &s.complete_ns,
+                      &s.meta, &s.policy_version})
+      col->resize(at + n);
+    s.uses.resize(at + n), s.group_len.resize(at + n);
+    int64_t p = head + first >= cap ? head + first - cap : head + first;
+    for (size_t i = at; i < at + n; ++i, p = p + 1 == cap ? 0 : p + 1) {
+      s.traj_id[i] = c.traj_id[p], s.group_id[i] = c.group_id[p], s.sample_step[i] = c.sample_step[p];
+      s.finish_step[i] = c.finish_step[p], s.dispatch_ns[i] = c.dispatch_ns[p], s.complete_ns[i] = c.complete_ns[p];
+      s.uses[i] = c.uses[p], s.group_len[i] = c.group_len[p], s.meta[i] = c.meta[p];
+      s.policy_version[i] = sync > 0 ? c.sample_step[p] / sync : -1;
     }
   };
   rows(0, d.front);

@@ -56,9 +56,9 @@ def _queue_refill(queue: Any, items: List[int], _round: int) -> None:
 def _row(op: str, contender: str, size: int, batch: int, times: List[float], **extra: Any) -> Dict[str, Any]:
     return {
         "case": CASE,
-        "op": op,
+        "op": f"journal/{op}",  # ray_case's own take rows are "take"
         "contender": contender,
-        "ring": size,
+        "capacity": size,
         "batch": batch,
         "median_s": median(times),
         "runs": len(times),
@@ -75,7 +75,7 @@ def journal_rows(sizes: Sequence[int] = SIZES, repeat: int = 30, batch: int = 25
 
     rows: List[Dict[str, Any]] = []
     for size in sizes:
-        for name, journal in ((OURS, True), (OURS_NO_JOURNAL, False)):
+        for name, journal in ((OURS, None), (OURS_NO_JOURNAL, False)):
             buf = RemoteBuffer.create(size, max_age=10, on_full="evict_oldest", num_cpus=0, journal=journal)
             try:
                 for start in range(0, size, FILL_CHUNK):
@@ -107,14 +107,16 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
     """The table of docs/ray.md: medians, and the journaled index over the queue and over journal=False."""
 
     def find(op: str, contender: str, size: int) -> Dict[str, Any]:
-        return next(r for r in rows if r["op"] == op and r["contender"] == contender and r["ring"] == size)
+        return next(
+            r for r in rows if r["op"] == f"journal/{op}" and r["contender"] == contender and r["capacity"] == size
+        )
 
     out = [
         "| ring | call | journal | journal=False | ray Queue | journal / Queue | journal / journal=False "
         "| journal bytes per call |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for size in sorted({r["ring"] for r in rows}):
+    for size in sorted({r["capacity"] for r in rows if r["op"].startswith("journal/")}):
         for op in ("take", "put"):
             ours, nj, q = (find(op, c, size) for c in (OURS, OURS_NO_JOURNAL, QUEUE))
             per_call = ours.get("journal_bytes_per_call")
