@@ -30,23 +30,15 @@ RingDelta StalenessRing::export_delta(bool full) {
   rows(d.front + d.keep, size_);
   const int64_t now = lease_now();
   d.now_ns = now;
-  auto in_flight_row = [&s, now](int64_t prompt, const InFlightPrompt& rec) {
-    s.in_flight_prompt.push_back(prompt);
-    s.in_flight_step.push_back(rec.sample_step);
-    s.in_flight_dispatch_ns.push_back(rec.dispatch_ns);
-    s.in_flight_meta.push_back(rec.meta);
-    s.in_flight_lease_left_ns.push_back(rec.deadline_ns == kNoLease ? -1 : std::max<int64_t>(rec.deadline_ns - now, 0));
-    s.in_flight_held_ns.push_back(std::max<int64_t>(now - rec.since_ns, 0));
-  };
   ChangedIds& changed = in_flight_.changes();
   if (full || !changed.on() || changed.all()) {
     d.in_flight_all = true;
-    for (const auto& [prompt, rec] : in_flight_.sorted_items()) in_flight_row(prompt, rec);
+    for (const auto& [prompt, rec] : in_flight_.sorted_items()) append_in_flight(s, prompt, rec, now);
     changed.start();
   } else {
     for (int64_t prompt : changed.ids()) {
       if (in_flight_.contains(prompt))
-        in_flight_row(prompt, in_flight_.at(prompt));
+        append_in_flight(s, prompt, in_flight_.at(prompt), now);
       else
         d.in_flight_gone.push_back(prompt);
     }

@@ -86,14 +86,7 @@ RingState StalenessRing::export_state() {
   for (size_t i = 0; i < s.sample_step.size(); ++i)
     s.policy_version[i] = config_.parameter_sync_step > 0 ? s.sample_step[i] / config_.parameter_sync_step : -1;
   const int64_t now = lease_now();
-  for (const auto& [prompt, rec] : in_flight_.sorted_items()) {
-    s.in_flight_prompt.push_back(prompt);
-    s.in_flight_step.push_back(rec.sample_step);
-    s.in_flight_dispatch_ns.push_back(rec.dispatch_ns);
-    s.in_flight_meta.push_back(rec.meta);
-    s.in_flight_lease_left_ns.push_back(rec.deadline_ns == kNoLease ? -1 : std::max<int64_t>(rec.deadline_ns - now, 0));
-    s.in_flight_held_ns.push_back(std::max<int64_t>(now - rec.since_ns, 0));
-  }
+  for (const auto& [prompt, rec] : in_flight_.sorted_items()) append_in_flight(s, prompt, rec, now);
   s.ledger = ledger_;
   s.ledger.in_flight = in_flight_.size();
   s.ledger.buffer_left = size_;

@@ -133,6 +133,16 @@ def _open_journal(path, records, snapshot_bytes=1 << 30):
     return j, lock, box
 
 
+def _append(j, lock, box, done, i):
+    """One change (record number i) journaled and waited for, as the index does it."""
+    with lock:
+        box["n"] = i
+        done.append(i)
+        seq = j.mark()
+    j.wait(seq)
+    return seq
+
+
 def _state_after(read):
     snap, recs, last = read
     return snap["upto"].tolist() + [r["n"] for r in recs], last
@@ -159,15 +169,17 @@ def test_a_torn_last_record_is_ignored(tmp_path_factory, n, cut, snapshot_bytes)
     j.close()
     whole, last = _state_after(_journal.read(path))
     assert whole == list(range(1, n + 2)) and last == seq
+    if not _journal.segments(path):
+        return  # a background snapshot took the last record too: no log left to cut
     (first, tail), *_ = reversed(_journal.segments(path))
     size = os.path.getsize(tail)
+    ends = np.cumsum([16 + len(p) for _, p in _journal.frames(tail)[0]])  # where each record of it ends
     keep = int(cut * size)
     with open(tail, "r+b") as f:
         f.truncate(keep)
+    whole_left = int((ends <= keep).sum())  # the records the cut left whole
     got, last = _state_after(_journal.read(path))
-    complete = len(_journal.frames(tail)[0])  # records of the tail segment still whole
-    assert got == list(range(1, first + complete)) and last == first + complete - 1
-    assert complete == (n + 2 - first if keep == size else complete)
+    assert got == list(range(1, first + whole_left)) and last == first + whole_left - 1
 
 
 def test_a_corrupt_record_ends_the_replay_there(tmp_path):
@@ -175,10 +187,7 @@ def test_a_corrupt_record_ends_the_replay_there(tmp_path):
     done: list = []
     j, lock, box = _open_journal(path, done)
     for i in range(1, 6):
-        with lock:
-            box["n"] = i
-            seq = j.mark()
-        j.wait(seq)
+        _append(j, lock, box, [], i)
     j.close()
     ((_, seg),) = _journal.segments(path)
     records, _ = _journal.frames(seg)
@@ -197,10 +206,7 @@ def test_a_restart_drops_the_torn_tail_and_goes_on(tmp_path):
     done: list = []
     j, lock, box = _open_journal(path, done)
     for i in range(1, 4):
-        with lock:
-            box["n"] = i
-            done.append(i)
-            j.wait(j.mark())
+        _append(j, lock, box, done, i)
     j.close()
     ((_, seg),) = _journal.segments(path)
     with open(seg, "ab") as f:
@@ -225,11 +231,7 @@ def test_snapshots_bound_the_log_and_keep_the_state(tmp_path):
     done: list = []
     j, lock, box = _open_journal(path, done, snapshot_bytes=256)
     for i in range(1, 200):
-        with lock:
-            box["n"] = i
-            done.append(i)
-            seq = j.mark()
-        j.wait(seq)
+        _append(j, lock, box, done, i)
     logged = lambda: sum(os.path.getsize(s) for _, s in _journal.segments(path))  # noqa: E731
     deadline = time.monotonic() + 30
     while logged() > j.stats()["bytes"] // 2 and time.monotonic() < deadline:

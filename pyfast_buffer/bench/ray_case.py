@@ -31,7 +31,7 @@ PRODUCERS = (1, 2, 4)
 OURS, QUEUE, LOCAL, FLOOR = "pyfast_buffer", "ray Queue", "pyfast_buffer in-process", "ray actor call (floor)"
 #: The buffer actor without its journal (``journal=False``: no restarts), to show what the journal costs.
 OURS_NO_JOURNAL = "pyfast_buffer, journal=False"
-#: Ring of the buffer actors: the journal rewrites the ring per group of calls, so it is a realistic size.
+#: Ring of the buffer actors (the journal's cost per call does not depend on it: ``ray_journal``).
 RING = 1 << 16
 #: Rings of the journal rows (take and put cost by ring size, ``ray_journal``).
 JOURNAL_SIZES = (4096, 1 << 16)

@@ -81,9 +81,9 @@ def journal_rows(sizes: Sequence[int] = SIZES, repeat: int = 30, batch: int = 25
                 for start in range(0, size, FILL_CHUNK):
                     buf.put(np.arange(start, min(size, start + FILL_CHUNK), dtype=np.int64), CURRENT_STEP)
                 ids = np.arange(batch, dtype=np.int64)
-                before = ray.get(buf.actor.journal_stats.remote())
+                before: Dict[str, Any] = ray.get(buf.actor.journal_stats.remote())
                 times = _rounds(functools.partial(buf.take, batch, CURRENT_STEP), _refill(buf, ids, size), repeat)
-                after = ray.get(buf.actor.journal_stats.remote())
+                after: Dict[str, Any] = ray.get(buf.actor.journal_stats.remote())
                 calls = 2 * (repeat + 3)
                 per_call = (after.get("bytes", 0) - before.get("bytes", 0)) / calls if "bytes" in after else None
                 for op in ("take", "put"):

@@ -123,8 +123,8 @@ class TablesReplay:
 
     def __init__(self, snap: Dict[str, Any], remembered_puts: int, remembered_takes: int, bound: int) -> None:
         ids, slots, sizes = (np.asarray(snap[k]).tolist() for k in ("payload_ids", "payload_slots", "payload_bytes"))
-        self.where: Dict[int, int] = dict(zip(ids, slots))
-        self.sizes: Dict[int, int] = dict(zip(ids, sizes))
+        self.where: Dict[int, Any] = dict(zip(ids, slots))
+        self.sizes: Dict[int, Any] = dict(zip(ids, sizes))
         self.done_puts = collections.OrderedDict((int(k), None) for k in np.asarray(snap["done_puts"]).tolist())
         self.done_takes = collections.OrderedDict((int(e[0]), tuple(e[1:])) for e in snap["done_takes"])
         self._bounds = (remembered_puts, remembered_takes)

@@ -16,18 +16,7 @@ import numpy as np
 
 from .. import state
 
-ENTRY_KEYS = (
-    "traj_id",
-    "group_id",
-    "sample_step",
-    "policy_version",
-    "dispatch_ns",
-    "complete_ns",
-    "uses",
-    "group_len",
-    "finish_step",
-    "meta",
-)
+ENTRY_KEYS = state.ENTRY_COLUMNS + state.LATER_ENTRY_COLUMNS  # the columns of the core's export
 _NARROW = ("uses", "group_len")  # int32 in the core's export
 IN_FLIGHT_KEYS = (
     "in_flight_prompt",
@@ -74,7 +63,7 @@ class _Rows:
 
     def columns(self) -> Dict[str, np.ndarray]:
         rows = np.concatenate(list(self._blocks)) if self._blocks else np.empty((0, len(ENTRY_KEYS)), np.int64)
-        out = {k: np.ascontiguousarray(rows[:, i]) for i, k in enumerate(ENTRY_KEYS)}
+        out: Dict[str, np.ndarray] = {k: np.ascontiguousarray(rows[:, i]) for i, k in enumerate(ENTRY_KEYS)}
         for k in _NARROW:
             out[k] = out[k].astype(np.int32)
         return out
