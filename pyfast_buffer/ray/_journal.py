@@ -150,6 +150,7 @@ class Journal:
         self._lock, self._capture, self._delta = lock, capture, delta
         self._snapshot_bytes = snapshot_bytes
         self._cv = threading.Condition()
+        self._snapshotting = threading.Lock()
         self._seq = self._written = seq
         self._pending: List[Tuple[int, bytes]] = []
         self._failure: Optional[BaseException] = None
@@ -276,19 +277,20 @@ class Journal:
 
     def snapshot(self) -> None:
         """Captures the state (under the owner's lock), writes it, and drops the segments it makes redundant."""
-        start = time.perf_counter()
-        with self._lock():
-            state = self._capture()
-            with self._cv:
-                seq = self._seq
-                self._rotate_at = seq + 1  # later records go to a new segment
-        self._save(state, seq)
-        for first, name in segments(self.path):
-            if first <= seq:  # every record in it is in the snapshot (an open one is written on, then dropped)
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
-        self.snapshots += 1
-        self.snapshot_s += time.perf_counter() - start
+        with self._snapshotting:  # one at a time: an older snapshot must never replace a newer one
+            start = time.perf_counter()
+            with self._lock():
+                state = self._capture()
+                with self._cv:
+                    seq = self._seq
+                    self._rotate_at = seq + 1  # later records go to a new segment
+            self._save(state, seq)
+            for first, name in segments(self.path):
+                if first <= seq:  # every record in it is in the snapshot (an open one is written on, then dropped)
+                    with contextlib.suppress(OSError):
+                        os.unlink(name)
+            self.snapshots += 1
+            self.snapshot_s += time.perf_counter() - start
 
     def _save(self, state: Dict[str, Any], seq: int) -> None:
         save_state({"seq": seq, "state": state}, self.path, fsync=False)
