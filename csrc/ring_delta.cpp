@@ -51,14 +51,7 @@ RingDelta StalenessRing::export_delta(bool full) {
   s.attempts = std::move(att.moved);
   s.attempts.insert(s.attempts.end(), att.updated.begin(), att.updated.end());
   d.attempts_gone = std::move(att.gone);
-  s.attempt_counters = attempts_.counters();
-  s.source_counts = source_counts_;
-  s.ledger = ledger_;
-  s.ledger.in_flight = in_flight_.size();
-  s.ledger.buffer_left = size_;
-  s.clock = clock_;
-  s.evicted_unreported = evicted_unreported_;
-  s.next_take = next_take_;
+  export_scalars(s);
   marks_.reset(size_);
   return d;
 }

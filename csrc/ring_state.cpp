@@ -67,6 +67,17 @@ void StalenessRing::close() {
   admit_cv_.notify_all();
 }
 
+void StalenessRing::export_scalars(RingState& s) const {
+  s.ledger = ledger_;
+  s.ledger.in_flight = in_flight_.size();
+  s.ledger.buffer_left = size_;
+  s.clock = clock_;
+  s.evicted_unreported = evicted_unreported_;
+  s.next_take = next_take_;
+  s.attempt_counters = attempts_.counters();
+  s.source_counts = source_counts_;
+}
+
 RingState StalenessRing::export_state() {
   MutexLock lock(mutex_);
   expire_due();
@@ -87,15 +98,8 @@ RingState StalenessRing::export_state() {
     s.policy_version[i] = config_.parameter_sync_step > 0 ? s.sample_step[i] / config_.parameter_sync_step : -1;
   const int64_t now = lease_now();
   for (const auto& [prompt, rec] : in_flight_.sorted_items()) append_in_flight(s, prompt, rec, now);
-  s.ledger = ledger_;
-  s.ledger.in_flight = in_flight_.size();
-  s.ledger.buffer_left = size_;
-  s.clock = clock_;
-  s.evicted_unreported = evicted_unreported_;
-  s.next_take = next_take_;
+  export_scalars(s);
   s.attempts = attempts_.export_records();
-  s.attempt_counters = attempts_.counters();
-  s.source_counts = source_counts_;
   return s;
 }
 

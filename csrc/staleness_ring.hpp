@@ -344,6 +344,8 @@ class StalenessRing {
   void note_left(int64_t id, ReleaseReason reason) PFB_REQUIRES(mutex_);  // one id leaves
   void note_prefix_left(int64_t count, ReleaseReason reason) PFB_REQUIRES(mutex_);  // the oldest `count` leave
   void note_walked(int64_t walked, int64_t current_step) PFB_REQUIRES(mutex_);  // a take's walked prefix leaves
+  // ring_state.cpp: the ledger, clock, pace step, attempt counters and source counts into an export.
+  void export_scalars(RingState& s) const PFB_REQUIRES(mutex_);
 
   // ring_in_flight.cpp: the lease clock and expiry.
   int64_t lease_now() const PFB_REQUIRES(mutex_);
