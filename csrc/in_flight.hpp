@@ -7,9 +7,11 @@
 #include <map>
 #include <set>
 #include <tuple>
-#include "flat_id_map.hpp"
 #include <utility>
 #include <vector>
+
+#include "change_marks.hpp"
+#include "flat_id_map.hpp"
 
 namespace pyfast_buffer {
 
@@ -38,6 +40,7 @@ class InFlightTable {
   /// Records `prompt_id` as in flight; the caller has checked that it is not yet.
   void insert(int64_t prompt_id, InFlightPrompt record) {
     prompts_.insert(prompt_id, record);
+    changes_.add(prompt_id);
     ++step_counts_[record.sample_step];
     if (record.deadline_ns != kNoLease) leases_.emplace(record.deadline_ns, prompt_id);
   }
@@ -49,6 +52,7 @@ class InFlightTable {
     if (--count->second == 0) step_counts_.erase(count);
     if (rec.deadline_ns != kNoLease) leases_.erase({rec.deadline_ns, prompt_id});
     prompts_.erase(prompt_id);
+    changes_.add(prompt_id);
   }
 
   /// Sets the lease deadline of `prompt_id` (kNoLease: none); the caller has checked that it is in flight.
@@ -56,6 +60,7 @@ class InFlightTable {
     InFlightPrompt& rec = *prompts_.find(prompt_id);
     if (rec.deadline_ns != kNoLease) leases_.erase({rec.deadline_ns, prompt_id});
     rec.deadline_ns = deadline_ns;
+    changes_.add(prompt_id);
     if (deadline_ns != kNoLease) leases_.emplace(deadline_ns, prompt_id);
   }
 
@@ -87,7 +92,11 @@ class InFlightTable {
     prompts_.clear();
     step_counts_.clear();
     leases_.clear();
+    changes_.add_all();
   }
+
+  /// Returns the prompts inserted, removed or re-leased since the journal's last export.
+  ChangedIds& changes() { return changes_; }
 
   /// Returns the smallest sample_step in flight, or INT64_MAX when nothing is in flight.
   int64_t oldest_step() const {
@@ -132,6 +141,7 @@ class InFlightTable {
   FlatIdMap<InFlightPrompt> prompts_;
   std::map<int64_t, int64_t> step_counts_;
   std::set<std::pair<int64_t, int64_t>> leases_;  // (deadline_ns, prompt_id) of leased prompts
+  ChangedIds changes_;
 };
 
 }  // namespace pyfast_buffer

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "change_marks.hpp"
 #include "flat_id_map.hpp"
 
 namespace pyfast_buffer {
@@ -92,12 +93,13 @@ class PromptAttempts {
     if (at < 0) return;  // forgotten while in flight: nothing to attribute
     ++nodes_[static_cast<size_t>(at)].rec.pending;
     move_to_back(at);
+    moved_.add(prompt_id);
   }
 
   /// Records that an in-flight attempt of `prompt_id` failed or expired (it produced nothing).
   void on_failed(int64_t prompt_id) {
     const int64_t at = find(prompt_id);
-    if (at >= 0) nodes_[static_cast<size_t>(at)].rec.last_lost = true;
+    if (at >= 0) nodes_[static_cast<size_t>(at)].rec.last_lost = true, updated_.add(prompt_id);
   }
 
   /// Records that a completed group of `prompt_id` was taken for the first time.
@@ -105,6 +107,7 @@ class PromptAttempts {
     const int64_t at = find(prompt_id);
     if (at < 0 || nodes_[static_cast<size_t>(at)].rec.pending == 0) return;
     AttemptRecord& r = nodes_[static_cast<size_t>(at)].rec;
+    updated_.add(prompt_id);
     const bool was_starved = starved(r);
     --r.pending;
     if (r.trained < INT32_MAX) ++r.trained;
@@ -118,6 +121,7 @@ class PromptAttempts {
     const int64_t at = find(prompt_id);
     if (at < 0 || nodes_[static_cast<size_t>(at)].rec.pending == 0) return;
     AttemptRecord& r = nodes_[static_cast<size_t>(at)].rec;
+    updated_.add(prompt_id);
     --r.pending;
     r.last_lost = true;
     r.lost_trajs += trajs;
@@ -180,6 +184,41 @@ class PromptAttempts {
     }
     for (const Node& n : nodes_)
       if (starved(n.rec)) add_starved(n.rec.slot, +1);
+    moved_.add_all();
+  }
+
+  /// What changed since the journal's last export (the first call starts tracking and says `all`).
+  struct Changes {
+    bool all = false;                    // every record: `moved` holds the whole table, oldest first
+    std::vector<AttemptRecord> moved;    // the records touched (moved to the back), oldest first: the table's tail
+    std::vector<AttemptRecord> updated;  // other records changed in place
+    std::vector<int64_t> gone;           // prompts whose record was dropped at the bound
+  };
+
+  /// Makes the next take_changes() return the whole table.
+  void mark_all() { moved_.add_all(); }
+
+  /// Returns the changes since the last call and begins a new interval.
+  Changes take_changes() {
+    Changes out;
+    if (!moved_.on() || moved_.all()) {
+      out.all = true;
+      out.moved = export_records();
+      moved_.start(), updated_.start(), gone_.start();
+      return out;
+    }
+    std::vector<AttemptRecord> tail;
+    for (int64_t at = newest_; at >= 0 && static_cast<int64_t>(tail.size()) < moved_.size();
+         at = nodes_[static_cast<size_t>(at)].older)
+      tail.push_back(nodes_[static_cast<size_t>(at)].rec);
+    out.moved.assign(tail.rbegin(), tail.rend());
+    for (int64_t id : updated_.ids()) {
+      const int64_t at = find(id);
+      if (at >= 0 && !moved_.contains(id)) out.updated.push_back(nodes_[static_cast<size_t>(at)].rec);
+    }
+    out.gone = gone_.ids();
+    moved_.clear(), updated_.clear(), gone_.clear();
+    return out;
   }
 
   /// Reserves room for min(bound, `records`) records, so a growing table does not reallocate on the hot path.
@@ -234,6 +273,7 @@ class PromptAttempts {
     counters_.starved_by_slot[static_cast<size_t>(to)] += 1;
   }
   AttemptRecord& touch(int64_t prompt_id, int32_t slot) {
+    moved_.add(prompt_id);
     int64_t at = find(prompt_id);
     if (at >= 0) {
       move_to_back(at);
@@ -245,6 +285,7 @@ class PromptAttempts {
       const AttemptRecord& old = node(at).rec;
       if (starved(old)) add_starved(old.slot, -1);
       unlink(at);
+      moved_.drop(old.prompt_id), updated_.drop(old.prompt_id), gone_.add(old.prompt_id);
       index_.erase(old.prompt_id);
       index_.insert(prompt_id, at);
       ++counters_.forgotten;
@@ -264,6 +305,7 @@ class PromptAttempts {
   FlatIdMap<int64_t> index_;  // prompt id -> its position in the slab
   int64_t oldest_ = -1;       // the recency list, least recently touched first
   int64_t newest_ = -1;
+  ChangedIds moved_, updated_, gone_;  // since the journal's last export (take_changes)
   AttemptCounters counters_;
 };
 

@@ -42,6 +42,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   } else {
     // One branch-free pass: every row is copied to the write cursor, which advances only for fresh
     // rows; where neither cursor is near the wrap point, eight rows at a time with AVX-512 if present.
+    marks_.all();  // a compaction moves rows and shortens the ring
     const ColumnPointers c = columns_.get();  // local copies: column stores cannot alias them
     const int64_t cap = config_.capacity, total = size_;
     if (leave_hooks())  // report the stale ids before the compaction (scalar or SIMD) overwrites them

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "admission.hpp"
+#include "change_marks.hpp"
 #include "entry_meta.hpp"
 #include "errors.hpp"
 #include "in_flight.hpp"
@@ -151,6 +152,20 @@ struct RingState {
   std::array<SourceCounts, kSourceSlots> source_counts{};
 };
 
+/// What changed since the previous export_delta (the Ray index's journal, docs/ray.md): the ready entries
+/// are `rows`' first `front` entries, then the previous export's [keep_from, keep_from + keep), then the rest of
+/// `rows`; in-flight prompts and attempt records as changed rows and removed ids; every scalar and counter whole.
+struct RingDelta {
+  RingState rows;  // entries, in-flight prompts and attempts as described above; scalars and counters whole
+  int64_t front = 0, keep_from = 0, keep = 0;
+  bool in_flight_all = false;           // rows.in_flight_* is the whole in-flight table
+  std::vector<int64_t> in_flight_gone;  // prompts no longer in flight
+  bool attempts_all = false;            // rows.attempts is the whole table
+  int64_t attempts_moved = 0;           // rows.attempts[0:attempts_moved] is the table's new tail, oldest first
+  std::vector<int64_t> attempts_gone;   // prompts whose attempts record was dropped
+  int64_t now_ns = 0;                   // the lease clock the in-flight rows' lease_left/held are measured at
+};
+
 /// Thread-safe staleness-aware ring buffer; every public method takes the one internal lock.
 class StalenessRing {
  public:
@@ -273,6 +288,10 @@ class StalenessRing {
   /// Returns a copy of the whole state, ready entries oldest first (after failing prompts whose lease passed).
   RingState export_state() PFB_EXCLUDES(mutex_);
 
+  /// Returns what changed since the previous call (everything on the first call, or with `full`) and begins a
+  /// new interval; expires nothing. Tracking the in-flight and attempts tables starts with the first call.
+  RingDelta export_delta(bool full) PFB_EXCLUDES(mutex_);
+
   /// Replaces the whole state; throws InvalidArgument, changing nothing, if it is inconsistent or does not fit.
   void import_state(const RingState& state) PFB_EXCLUDES(mutex_);
 
@@ -325,6 +344,8 @@ class StalenessRing {
   void note_left(int64_t id, ReleaseReason reason) PFB_REQUIRES(mutex_);  // one id leaves
   void note_prefix_left(int64_t count, ReleaseReason reason) PFB_REQUIRES(mutex_);  // the oldest `count` leave
   void note_walked(int64_t walked, int64_t current_step) PFB_REQUIRES(mutex_);  // a take's walked prefix leaves
+  // ring_state.cpp: the ledger, clock, pace step, attempt counters and source counts into an export.
+  void export_scalars(RingState& s) const PFB_REQUIRES(mutex_);
 
   // ring_in_flight.cpp: the lease clock and expiry.
   int64_t lease_now() const PFB_REQUIRES(mutex_);
@@ -409,6 +430,7 @@ class StalenessRing {
   MonotonicCondition room_cv_;        // producers: room freed, or closed
   int64_t head_ PFB_GUARDED_BY(mutex_) = 0;
   int64_t size_ PFB_GUARDED_BY(mutex_) = 0;
+  RingChangeMarks marks_ PFB_GUARDED_BY(mutex_);  // the entries changed since export_delta
   bool sorted_ PFB_GUARDED_BY(mutex_) = true;  // age stamps (age_steps()) non-decreasing in ring order
   bool spans_ PFB_GUARDED_BY(mutex_) = false;  // a ready entry has finish_step != sample_step (else no span sums)
   bool closed_ PFB_GUARDED_BY(mutex_) = false;
