@@ -463,6 +463,9 @@ class BufferActor:
     def evict_stale(self, current_step: int) -> int:
         return self._apply(None, lambda: self._buf.evict_stale(current_step))
 
+    def evict_oldest(self, groups: int) -> int:
+        return self._apply(None, lambda: self._buf.evict_oldest(groups))
+
     def _forget(self, traj_ids: np.ndarray, notify: bool) -> None:
         """Drops the payload bookkeeping of ids that left the buffer; with ``notify`` their owners let go too."""
         by_slot: Dict[int, List[int]] = collections.defaultdict(list)

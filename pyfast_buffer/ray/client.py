@@ -368,6 +368,11 @@ class RemoteBuffer:
         """Drops every ready entry with age > max_age; returns how many."""
         return self._call("evict_stale", as_step(current_step, "current_step"))
 
+    def evict_oldest(self, groups: int = 1) -> int:
+        """Evicts the oldest ``groups`` whole groups now, counted as evicted (their payloads are let go of);
+        returns how many entries left."""
+        return self._call("evict_oldest", as_count(groups, "groups", 0))
+
     def released(self) -> Released:
         """Every id that left the buffer since the previous call, with its reason (needs track_released=True)."""
         return self._call("released")
