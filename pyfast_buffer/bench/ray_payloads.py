@@ -173,7 +173,7 @@ def _registrations(client: Any) -> Optional[Tuple[int, int]]:
     for owner in ray.get(client.actor.owners.remote(), timeout=60):
         if owner is None or not hasattr(owner, "registrations"):
             return None
-        got = ray.get(owner.registrations.remote(), timeout=60)
+        got: Dict[str, int] = ray.get(owner.registrations.remote(), timeout=60)
         calls, items = calls + got["calls"], items + got["items"]
     return calls, items
 
