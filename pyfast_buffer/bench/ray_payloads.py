@@ -30,6 +30,9 @@ PRODUCERS = (4, 8)
 PER_CALL = {64 * 1024: 16, 1024 * 1024: 4}
 #: Trajectories per take of the trainer (a training batch; the index's CPU per payload includes its takes).
 TAKE_BATCH = 64
+#: Seconds the trainer's take waits for a full batch: longer than a batch takes to arrive at every rate here,
+#: so it seldom times out (a timeout is an exception through Ray, and a second, non-blocking take).
+TAKE_TIMEOUT_S = 2.0
 OURS, UNJOURNALED, QUEUE = "pyfast_buffer", "pyfast_buffer, journal=False", "ray Queue (producer refs)"
 CASE = "ray"
 
@@ -103,7 +106,7 @@ def _one_row(
 
         def take() -> int:  # blocking: an idle trainer does not spin calls on the index
             try:
-                return len(client.take(take_batch, 0, timeout=0.5))
+                return len(client.take(take_batch, 0, timeout=TAKE_TIMEOUT_S))
             except TimeoutError:
                 return len(client.take(take_batch, 0))
     else:
