@@ -28,6 +28,9 @@ SIZES = (64 * 1024, 1024 * 1024)
 PRODUCERS = (4, 8)
 #: Payloads per call: about 1 MiB (64 KiB payloads) or 4 MiB (1 MiB payloads) per round trip.
 PER_CALL = {64 * 1024: 16, 1024 * 1024: 4}
+#: ``--index-bound``: small payloads, one per call, from many producers on one node, so that the index (not
+#: the bytes) is what the puts wait for; its registrations then group, and its CPU per payload falls.
+INDEX_BOUND = {"sizes": (1024,), "producers": (4, 16), "nodes": (1,), "kinds": ("unjournaled", "ours")}
 #: Trajectories per take of the trainer (a training batch; the index's CPU per payload includes its takes).
 TAKE_BATCH = 64
 #: Seconds the trainer's take waits for a full batch: longer than a batch takes to arrive at every rate here,
@@ -94,7 +97,7 @@ def _one_row(
     import ray
     from ray.util.queue import Empty
 
-    per_call = PER_CALL[size]
+    per_call = PER_CALL.get(size, 1)
     node_ids = cluster.node_ids()
     workers = state["workers"][:producers] if nodes == 2 else state["workers_node0"][:producers]
     client = state["unjournaled"] if kind == "unjournaled" else state["client"]
@@ -192,8 +195,15 @@ def _next(state: Dict[str, Any]) -> int:
     return int(state["next_id"])
 
 
-def payload_rows(plan: Plan, take_batch: int = TAKE_BATCH) -> List[Dict[str, Any]]:
-    """Starts a two-node loopback cluster, measures every row (both contenders), stops the cluster."""
+def payload_rows(
+    plan: Plan,
+    take_batch: int = TAKE_BATCH,
+    sizes: Tuple[int, ...] = SIZES,
+    producer_counts: Tuple[int, ...] = PRODUCERS,
+    nodes_list: Tuple[int, ...] = (1, 2),
+    kinds: Tuple[str, ...] = ("ours", "unjournaled", "queue"),
+) -> List[Dict[str, Any]]:
+    """Starts a two-node loopback cluster, measures every row (every contender), stops the cluster."""
     import ray
     from ray.util.queue import Queue
 
@@ -204,8 +214,8 @@ def payload_rows(plan: Plan, take_batch: int = TAKE_BATCH) -> List[Dict[str, Any
     try:
         cluster.connect(namespace="pyfast_buffer_bench")
         producer_cls = _classes()
-        split = [producer_cls.options(resources={f"node{i % 2}": 1}).remote() for i in range(max(PRODUCERS))]
-        node0 = [producer_cls.options(resources={"node0": 1}).remote() for _ in range(max(PRODUCERS))]
+        split = [producer_cls.options(resources={f"node{i % 2}": 1}).remote() for i in range(max(producer_counts))]
+        node0 = [producer_cls.options(resources={"node0": 1}).remote() for _ in range(max(producer_counts))]
         ray.get([w.ping.remote() for w in split + node0])
         client = RemoteBuffer.create(256, max_age=10, on_full="evict_oldest", num_cpus=0, name="bench-payloads")
         unjournaled = RemoteBuffer.create(256, max_age=10, num_cpus=0, name="bench-payloads-nj", journal=False)
@@ -213,10 +223,10 @@ def payload_rows(plan: Plan, take_batch: int = TAKE_BATCH) -> List[Dict[str, Any
         state = {"workers": split, "workers_node0": node0, "client": client, "queue": queue, "next_id": 0}
         state["unjournaled"] = unjournaled
         rows = []
-        for size in SIZES:
-            for producers in PRODUCERS:
-                for nodes in (1, 2):
-                    for kind in ("ours", "unjournaled", "queue"):
+        for size in sizes:
+            for producers in producer_counts:
+                for nodes in nodes_list:
+                    for kind in kinds:
                         rows.append(_one_row(cluster, kind, size, producers, nodes, seconds, state, take_batch))
         client.kill()
         unjournaled.kill()
@@ -255,8 +265,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="shorter runs")
     parser.add_argument("--take-batch", type=int, default=TAKE_BATCH, help="trajectories per take of the trainer")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--index-bound", action="store_true", help="1 KiB payloads from 4 and 16 producers")
     args = parser.parse_args(argv)
-    rows = payload_rows(Plan.quick() if args.quick else Plan(), args.take_batch)
+    plan = Plan.quick() if args.quick else Plan()
+    if args.index_bound:
+        bound: Dict[str, Any] = INDEX_BOUND
+        rows = payload_rows(plan, args.take_batch, bound["sizes"], bound["producers"], bound["nodes"], bound["kinds"])
+    else:
+        rows = payload_rows(plan, args.take_batch)
     if args.json:
         import json
 
