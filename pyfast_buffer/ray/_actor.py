@@ -267,18 +267,15 @@ class BufferActor:
         """Evicts the oldest whole groups (one core call each, no rebuild) until ``nbytes`` more fit the byte
         budget; False if the ring had nothing to evict."""
         over = self._bytes_held + sum(self._reserved.values()) + nbytes - int(self._capacity_bytes or 0)
-        ids: List[np.ndarray] = []
-        reasons: List[np.ndarray] = []
+        gone: List[Released] = []
         freed = 0
         while freed < over and self._buf.evict_oldest(1):
-            released = self._buf.released()
-            ids.append(released.ids)
-            reasons.append(released.reasons)
-            freed += sum(self._sizes.get(k, 0) for k in released.ids[released.reasons == _EVICTED].tolist())
-        if not ids:
+            gone.append(self._buf.released())
+            freed += sum(self._sizes.get(k, 0) for k in gone[-1].ids[gone[-1].reasons == _EVICTED].tolist())
+        if not gone:
             return False
         self._extra["evicted_bytes"] += freed
-        self._settle(Released(np.concatenate(ids), np.concatenate(reasons)))
+        self._settle(Released(np.concatenate([r.ids for r in gone]), np.concatenate([r.reasons for r in gone])))
         return True
 
     def admit(self, request: int, call: Dict[str, Any], sizes: Optional[np.ndarray], slot: int) -> None:
@@ -292,14 +289,10 @@ class BufferActor:
             raise
 
     def register(self, items: List[Tuple[Any, ...]]) -> List[Any]:
-        """The reservations and admissions of many producer puts in one call (a payload owner's group commit).
-
-        Each item is ``("reserve", request, nbytes, timeout)`` or ``("admit", request, call, sizes, slot)``,
-        tried in order without waiting, under one lock hold and one journal write. One outcome per item:
-        None (done), the exception it raised (that item's alone: the others go on), or ``DEFER``: it would
-        wait (room under on_full="block", a timeout), nothing of it was applied, and its owner sends it
-        alone to ``reserve``/``admit``, which wait as they always did.
-        """
+        """Reservations ``("reserve", request, nbytes, timeout)`` and admissions ``("admit", request, call,
+        sizes, slot)`` of many puts (a payload owner's group commit), tried in order without waiting, under one
+        lock hold and one journal write. One outcome per item: None (done), the exception it raised (its alone),
+        or ``DEFER``: it would wait, nothing of it was applied, and its owner sends it to ``reserve``/``admit``."""
         outcomes: List[Any] = []
         admitted = False
         with self._lock:
@@ -320,15 +313,12 @@ class BufferActor:
         """``admit`` without waiting and without the journal wait (under the lock): None, or DEFER if it would
         wait for room within its timeout; raises its error, with its reserved room freed."""
         run, record, on_repeat = self._admission(request, call, sizes, slot)
-        timeout = call.get("timeout")
+        timed = call.get("timeout") is not None  # then a full ring waits: tried once now (timeout 0), else DEFER
         try:
-            self._apply_locked(request, run, record, None if timeout is None else time.monotonic(), True, on_repeat)
-        except (TimeoutError, BufferFullError):
-            if timeout is None:
-                self._unreserve(request)
-                raise
-            return DEFER  # it would wait: admit() waits for it, within its timeout
-        except BaseException:
+            self._apply(request, run, record, 0.0 if timed else None, True, on_repeat, wait_journal=False)
+        except BaseException as exc:
+            if timed and isinstance(exc, (TimeoutError, BufferFullError)):
+                return DEFER  # it would wait: admit() waits for it, within its timeout
             self._unreserve(request)
             raise
         return None
@@ -375,39 +365,31 @@ class BufferActor:
         timeout: Optional[float] = None,
         blocking: bool = False,
         on_repeat: Optional[Callable[[], None]] = None,
+        wait_journal: bool = True,
     ) -> Any:
-        """Runs one change under the lock (at most once per request id), settles it, journals it, then returns."""
+        """Runs one change under the lock (at most once per request id), settles it, journals it, then returns
+        (without ``wait_journal``, before its journal write: ``register`` waits once for many)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            result = self._apply_locked(request, run, record, deadline, blocking, on_repeat)
-            version = self._journal.mark()
-        self._journal.wait(version)
-        return result
-
-    def _apply_locked(
-        self,
-        request: Optional[int],
-        run: Callable[..., Any],
-        record: Optional[Callable[[], None]],
-        deadline: Optional[float],
-        blocking: bool,
-        on_repeat: Optional[Callable[[], None]],
-    ) -> Any:
-        """``_apply``'s change, under the lock; the caller journals it (``register`` once for many)."""
-        if request is not None and request in self._done_puts:
-            self._extra["duplicate_requests"] += 1
-            if on_repeat is not None:
-                on_repeat()
-            return None
-        result = self._until(deadline, lambda wait: run(wait) if blocking else run())
-        if record is not None:
-            record()
-        if request is not None:
-            self._done_puts[request] = None
-            while len(self._done_puts) > REMEMBERED_PUTS:
-                self._done_puts.popitem(last=False)
-        self._settle()
-        self._changed.notify_all()
+            if request is not None and request in self._done_puts:
+                self._extra["duplicate_requests"] += 1
+                if on_repeat is not None:
+                    on_repeat()
+                version = self._journal.mark()
+                result = None
+            else:
+                result = self._until(deadline, lambda wait: run(wait) if blocking else run())
+                if record is not None:
+                    record()
+                if request is not None:
+                    self._done_puts[request] = None
+                    while len(self._done_puts) > REMEMBERED_PUTS:
+                        self._done_puts.popitem(last=False)
+                self._settle()
+                version = self._journal.mark()
+                self._changed.notify_all()
+        if wait_journal:
+            self._journal.wait(version)
         return result
 
     def _until(self, deadline: Optional[float], attempt: Callable[[Optional[float]], Any]) -> Any:
