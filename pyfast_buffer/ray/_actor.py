@@ -28,6 +28,7 @@ from ..errors import BufferFullError
 from ..released import RELEASE_REASONS, Released, default_release_bound
 from . import _journal
 from ._calls import ADMISSION_GROUP, BLOCKING_GROUP
+from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S, Deliveries
 from ._report import ReleasedReport
 
 __all__ = ["ADMISSION_GROUP", "BLOCKING_GROUP", "BufferActor"]
@@ -40,7 +41,15 @@ REMEMBERED_TAKES = 64
 #: Longest wait of a blocked call between two looks at the core (it is also woken by every change).
 RECHECK_S = 0.1
 #: Counters of the remote buffer kept next to the core's ledger (see docs/ray.md, "What survives what").
-EXTRA_COUNTERS = ("payload_lost", "lost_in_restart", "index_restarts", "duplicate_requests", "evicted_bytes")
+EXTRA_COUNTERS = (
+    "payload_lost",
+    "lost_in_restart",
+    "lost_in_delivery",
+    "late_receipts",
+    "index_restarts",
+    "duplicate_requests",
+    "evicted_bytes",
+)
 _NO_WAIT = 1e-9  # the core's take/put "timeout" that never blocks but applies the blocking call's rules
 
 
@@ -48,7 +57,11 @@ class BufferActor:
     """Hosts the index: a StalenessBuffer over trajectory ids, which owner holds each payload, and the journal."""
 
     def __init__(
-        self, buffer_kwargs: Dict[str, Any], capacity_bytes: Optional[int], journal: Union[str, bool, None]
+        self,
+        buffer_kwargs: Dict[str, Any],
+        capacity_bytes: Optional[int],
+        journal: Union[str, bool, None],
+        receipt_timeout_s: float = DEFAULT_RECEIPT_TIMEOUT_S,
     ) -> None:
         self._user_config = BufferConfig(**buffer_kwargs)
         self._buf = StalenessBuffer(**{**buffer_kwargs, "track_released": True}, pin_memory=False)
@@ -66,6 +79,7 @@ class BufferActor:
         self._done_puts: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._done_takes: collections.OrderedDict[int, Tuple[Any, ...]] = collections.OrderedDict()
         self._extra = dict.fromkeys(EXTRA_COUNTERS, 0)
+        self._deliveries = Deliveries(receipt_timeout_s)  # answered takes whose client has not confirmed receipt
         self._owner_nodes: List[str] = []  # slot -> node id ("" once that owner died)
         self._owners: List[Any] = []
         context = ray.get_runtime_context()
@@ -100,6 +114,7 @@ class BufferActor:
                 "report_ids": report.ids,
                 "report_reasons": report.reasons.astype(np.int64),
                 "report_overflow": self._report.overflow,
+                "deliveries": self._deliveries.capture(),
             }
 
     def _restore(self, snap: Dict[str, Any]) -> None:
@@ -127,6 +142,8 @@ class BufferActor:
                 gone[slot].append(k)
                 self._extra["lost_in_restart"] += 1
         self._report.overflow = int(snap["report_overflow"])
+        if "deliveries" in snap:  # takes answered before the death: still waiting for their receipts
+            self._deliveries.restore(snap["deliveries"])
         if len(snap["report_ids"]):
             self._report.add(Released(np.asarray(snap["report_ids"]), np.asarray(snap["report_reasons"], np.int8)))
         # Owners may hold payloads of ids the index let go of before its notice reached them: they let go now.
@@ -197,10 +214,16 @@ class BufferActor:
 
     # -- admission ---------------------------------------------------------------------------------------------------
     def dispatch(
-        self, request: int, prompt_ids: np.ndarray, step: int, lease: Optional[float], timeout: Optional[float]
+        self,
+        request: int,
+        prompt_ids: np.ndarray,
+        step: int,
+        lease: Optional[float],
+        timeout: Optional[float],
+        source: Union[int, np.ndarray, None] = None,
     ) -> None:
         if timeout is None:
-            self._apply(request, lambda: self._buf.dispatch(prompt_ids, step, lease))
+            self._apply(request, lambda: self._buf.dispatch(prompt_ids, step, lease, source=source))
             return
         with self._lock:
             repeat = request in self._done_puts
@@ -208,7 +231,7 @@ class BufferActor:
             # A paced wait for admission blocks in the core (GIL released, woken by take/fail/expiry/close) in the
             # admission group's thread, without the index lock: every other call goes on meanwhile, and the core
             # counts one wait per waiting dispatch. The call is journaled once it is admitted.
-            self._buf.dispatch(prompt_ids, step, lease, timeout)
+            self._buf.dispatch(prompt_ids, step, lease, timeout, source=source)
         self._apply(request, lambda: None)
 
     def admissible(self, step: int) -> int:
@@ -287,11 +310,13 @@ class BufferActor:
         if kind == "put":
 
             def run(wait: Optional[float]) -> None:
-                self._buf.put(trajs, call["sample_step"], call["group_ids"], wait, finish_step=call.get("finish_step"))
+                finish, source = call.get("finish_step"), call.get("source")
+                self._buf.put(trajs, call["sample_step"], call["group_ids"], wait, finish_step=finish, source=source)
         else:
 
             def run(wait: Optional[float]) -> None:
-                self._buf.complete(trajs, call["prompt_ids"], timeout=wait, finish_step=call.get("finish_step"))
+                finish, lengths = call.get("finish_step"), call.get("lengths")
+                self._buf.complete(trajs, call["prompt_ids"], timeout=wait, finish_step=finish, lengths=lengths)
 
         def record() -> None:
             self._reserved.pop(request, None)
@@ -367,6 +392,7 @@ class BufferActor:
             if request in self._done_takes:
                 self._extra["duplicate_requests"] += 1
                 return self._done_takes[request]
+            self._close_overdue()
             batch = self._until(deadline, lambda wait: self._buf.take(batch_size, current_step, wait))
             columns = batch.columns.numpy()
             ids = columns[0]
@@ -375,6 +401,7 @@ class BufferActor:
             if self._where:
                 slots = np.asarray([self._where.get(k, -1) for k in ids.tolist()], np.int64)
                 self._forget(ids[retire], notify=False)  # the owners let go of these at hand-out
+            self._deliveries.open(request, ids[retire], None if slots is None else slots[retire])
             reply = (columns, dict(batch.metrics), slots, retire)
             if not self._settle() and not len(ids):
                 return reply  # nothing changed (an empty take): nothing to journal, and a repeat is harmless
@@ -386,15 +413,36 @@ class BufferActor:
         self._journal.wait(version)
         return reply
 
-    def report_lost(self, request: int, traj_ids: np.ndarray) -> None:
-        """A take's client found no payload for these ids (their owner died): counted as payload_lost."""
+    def received(self, request: int, lost_ids: np.ndarray) -> None:
+        """The receipt of take ``request``: its client holds the batch; ``lost_ids`` it drew had no payload
+        (their owner died), counted as payload_lost. Repeats change nothing (see _deliveries)."""
         with self._lock:
-            if request in self._done_puts:
+            had = self._deliveries.receive(request)
+            if had is None:
                 return
-            self._done_puts[request] = None
-            self._extra["payload_lost"] += len(traj_ids)
+            if had < 0:  # counted lost_in_delivery, but the client did receive it: moved back
+                self._extra["lost_in_delivery"] += had
+                self._extra["late_receipts"] += 1
+            self._extra["payload_lost"] += len(lost_ids)
             version = self._journal.mark()
         self._journal.wait(version)
+
+    def _close_overdue(self) -> None:
+        """Counts takes whose receipt is overdue as lost_in_delivery and lets their owners free the payloads."""
+        gone = self._deliveries.expire()
+        if not gone:
+            return
+        by_slot: Dict[int, List[int]] = collections.defaultdict(list)
+        for delivery in gone:
+            self._extra["lost_in_delivery"] += len(delivery.ids)
+            for k, slot in zip(delivery.ids.tolist(), delivery.slots.tolist()):
+                if slot >= 0:
+                    by_slot[slot].append(k)
+        for slot, ids in by_slot.items():
+            owner = self._owners[slot] if slot < len(self._owners) else None
+            if owner is not None:
+                owner.release.remote(ids)  # not yet handed out: nobody will fetch them
+        self._journal.mark()
 
     def evict_stale(self, current_step: int) -> int:
         return self._apply(None, lambda: self._buf.evict_stale(current_step))
@@ -441,14 +489,17 @@ class BufferActor:
     def ledger(self) -> Dict[str, int]:
         """The core's ledger, with ids that were taken but never delivered moved out of retired into their reasons."""
         with self._lock:
+            self._close_overdue()
             ledger = self._buf.ledger()
-            undelivered = self._extra["payload_lost"] + self._extra["lost_in_restart"]
+            lost = ("payload_lost", "lost_in_restart", "lost_in_delivery")
+            undelivered = sum(self._extra[k] for k in lost) + self._deliveries.in_delivery
             ledger["retired"] -= undelivered
             ledger["taken"] -= undelivered
             if "released_overflow" in ledger:
                 ledger["released_overflow"] += self._report.overflow
             for key, value in self._extra.items():
                 ledger[key] = value
+            ledger["in_delivery"] = self._deliveries.in_delivery
             ledger["payload_bytes_held"] = self._bytes_held
             if self._capacity_bytes is not None:
                 ledger["capacity_bytes"] = self._capacity_bytes

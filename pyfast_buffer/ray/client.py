@@ -11,9 +11,20 @@ import numpy as np
 import ray
 import torch
 from ray.actor import ActorHandle
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
+from .._args import (
+    as_count,
+    as_ids,
+    as_lease,
+    as_lengths,
+    as_seconds,
+    as_slots,
+    as_step,
+    as_steps,
+    as_timeout,
+    same_length,
+)
 from .._devices import check_usable
 from ..batch import Batch
 from ..buffer import Ids
@@ -23,6 +34,7 @@ from ..released import Released
 from . import _errors, _wire
 from ._actor import BLOCKING_GROUP, BufferActor
 from ._calls import ADMISSION_GROUP, BufferUnavailableError, actor_state, call_index
+from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +120,7 @@ class RemoteBuffer:
         admission_calls: int = DEFAULT_ADMISSION_CALLS,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         journal: Union[str, bool, None] = None,
+        receipt_timeout_s: float = DEFAULT_RECEIPT_TIMEOUT_S,
         actor_options: Optional[Dict[str, Any]] = None,
     ) -> RemoteBuffer:
         """Starts the index actor and returns its client.
@@ -124,6 +137,8 @@ class RemoteBuffer:
         ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve calls with a timeout,
         ``admission_calls`` more serve paced dispatches waiting for admission (so waiting producers never
         starve the trainer's take);
+        a take's ids count as ``in_delivery`` until its client confirms it received the batch, and as
+        ``lost_in_delivery`` if no receipt comes within ``receipt_timeout_s`` (the client died: docs/ray.md);
         ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
         """
         config = config_from_arguments(locals())
@@ -132,6 +147,7 @@ class RemoteBuffer:
         as_count(max_concurrency, "max_concurrency", 1)
         as_count(blocking_calls, "blocking_calls", 1)
         as_count(admission_calls, "admission_calls", 1)
+        receipt_timeout_s = as_seconds(receipt_timeout_s, "receipt_timeout_s", False, "pass seconds > 0")
         if lifetime not in (None, "detached", "non_detached"):
             raise ValueError(f"lifetime={lifetime!r} is unknown; use 'detached' (the default) or None")
         if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < -1:
@@ -158,7 +174,9 @@ class RemoteBuffer:
             options["lifetime"] = lifetime
         if name is not None:
             _reclaim_if_dead(name, namespace)
-        handle = remote_cls.options(**options).remote(dataclasses.asdict(config), capacity_bytes, journal)
+        handle = remote_cls.options(**options).remote(
+            dataclasses.asdict(config), capacity_bytes, journal, receipt_timeout_s
+        )
         client = cls(cast(ActorHandle, handle))
         client.ping()  # surfaces a failed start here, not at the first call
         return client
@@ -189,14 +207,22 @@ class RemoteBuffer:
 
     # -- the StalenessBuffer API ---------------------------------------------------------------------------------
     def dispatch(
-        self, prompt_ids: Ids, step: int, lease: Optional[float] = None, timeout: Optional[float] = None
+        self,
+        prompt_ids: Ids,
+        step: int,
+        lease: Optional[float] = None,
+        timeout: Optional[float] = None,
+        *,
+        source: Union[int, Ids, None] = None,
     ) -> None:
         """Marks prompts as in flight; with ``lease`` (seconds) the buffer fails them if not completed,
         failed or renewed in time, so a producer that died never holds a ``wait`` trainer longer. Under pace
-        with ``timeout`` it waits for admission in one of the actor's ``admission_calls`` threads."""
+        with ``timeout`` it waits for admission in one of the actor's ``admission_calls`` threads.
+        ``source`` tags the prompts (one int in [0, 63] or one per prompt; see StalenessBuffer.dispatch)."""
         prompts, stamp, wait = as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_timeout(timeout)
+        tags = _source_tags(as_slots(source, len(prompts), "prompts"))
         group = ADMISSION_GROUP if wait is not None else None
-        self._call("dispatch", _request(), prompts, stamp, as_lease(lease), wait, timeout_arg=4, group=group)
+        self._call("dispatch", _request(), prompts, stamp, as_lease(lease), wait, tags, timeout_arg=4, group=group)
 
     def admissible(self, step: int) -> int:
         """How many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
@@ -219,13 +245,15 @@ class RemoteBuffer:
         payloads: Optional[Sequence[Any]] = None,
         *,
         finish_step: Union[int, Ids, None] = None,
+        lengths: Optional[Ids] = None,
     ) -> None:
-        """Moves finished trajectories into the ring, with optional payloads (one per trajectory) and finish
-        steps (see StalenessBuffer.complete)."""
+        """Moves finished trajectories into the ring, with optional payloads (one per trajectory), finish
+        steps and response lengths (the bias monitor's; see StalenessBuffer.complete)."""
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
         call = {"kind": "complete", "traj_ids": trajs, "prompt_ids": prompts, "timeout": as_timeout(timeout)}
         call["finish_step"] = _finish_steps(finish_step, len(trajs))
+        call["lengths"] = as_lengths(lengths, len(trajs))
         self._admit(call, _payload_list(payloads, len(trajs)))
 
     def fail(self, prompt_ids: Ids) -> None:
@@ -241,8 +269,10 @@ class RemoteBuffer:
         payloads: Optional[Sequence[Any]] = None,
         *,
         finish_step: Union[int, Ids, None] = None,
+        source: Union[int, Ids, None] = None,
     ) -> None:
-        """Dispatch + complete in one call, with optional payloads (one per trajectory) and finish steps."""
+        """Dispatch + complete in one call, with optional payloads (one per trajectory), finish steps and
+        source tags (one int or one per trajectory; a group shares one, which the index checks)."""
         trajs = as_ids(traj_ids, "traj_ids")
         steps = as_steps(sample_step, "sample_step", len(trajs))
         stamp: Union[int, np.ndarray] = int(steps[0]) if len(steps) == 1 else steps  # one stamp stays one int
@@ -253,6 +283,7 @@ class RemoteBuffer:
         call: Dict[str, Any] = {"kind": "put", "traj_ids": trajs, "sample_step": stamp, "group_ids": groups}
         call["timeout"] = as_timeout(timeout)
         call["finish_step"] = _finish_steps(finish_step, len(trajs))
+        call["source"] = None if source is None else _source_tags(as_slots(source, len(trajs), "trajectories"))
         self._admit(call, _payload_list(payloads, len(trajs)))
 
     def _admit(self, call: Dict[str, Any], payloads: Optional[List[Any]]) -> None:
@@ -282,7 +313,7 @@ class RemoteBuffer:
             for key in ("prompt_ids", "group_ids"):
                 if part.get(key) is not None:
                     part[key] = call[key][start:stop]
-            for key in ("sample_step", "finish_step"):  # one per trajectory: cut with them; one int: shared
+            for key in _PER_TRAJECTORY:  # one per trajectory: cut with them; one int: shared
                 if isinstance(call.get(key), np.ndarray):
                     part[key] = call[key][start:stop]
             flat = [p for cut in pieces[start:stop] for p in cut]
@@ -318,7 +349,6 @@ class RemoteBuffer:
             refs, lost_mask = self._hand_out(columns[0], np.asarray(slots), np.asarray(retire, bool))
             if lost_mask.any():
                 lost = columns[0][lost_mask]
-                self._call("report_lost", _request(), lost)
                 logger.warning(
                     "take: %d trajectories lost their payloads with a dead payload owner (ids %s...); they are "
                     "counted as payload_lost",
@@ -328,7 +358,39 @@ class RemoteBuffer:
                 columns = np.ascontiguousarray(columns[:, ~lost_mask])
                 refs = [r for r, gone in zip(refs, lost_mask.tolist()) if not gone]
                 metrics = {**metrics, "payload_lost": len(lost)}
+        if columns.shape[1] or lost is not None:
+            self._receipt(request, lost)
         return RemoteBatch(torch.from_numpy(columns), metrics, refs, lost)
+
+    def _receipt(self, request: int, lost: Optional[np.ndarray]) -> None:
+        """Tells the index this process holds take ``request``'s batch (its ids leave ``in_delivery`` for
+        ``retired``). Sent without waiting; a batch with lost payloads waits, so they are counted at once."""
+        gone = np.empty(0, np.int64) if lost is None else lost
+        if len(gone):
+            self._call("received", request, gone)
+            return
+        pending = _RECEIPTS.setdefault(self.actor._actor_id.hex(), {})
+        pending[request] = self.actor.received.remote(request, gone)
+        if len(pending) > MAX_UNSETTLED_RECEIPTS:
+            self._settle_receipts(wait=False)
+
+    def _settle_receipts(self, wait: bool) -> None:
+        """Collects the replies of receipts sent (all of them with ``wait``); one the index died under is sent
+        again (a receipt is idempotent), so a restart never turns a received batch into a lost one."""
+        pending = _RECEIPTS.get(self.actor._actor_id.hex(), {})
+        if not pending:
+            return
+        refs = list(pending.values())
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0, fetch_local=False)
+        finished = set(done)
+        for request, ref in list(pending.items()):
+            if ref not in finished:
+                continue
+            del pending[request]
+            try:
+                _errors.get(ref)
+            except (RayActorError, ActorUnavailableError):
+                self._call("received", request, np.empty(0, np.int64))
 
     def _hand_out(
         self, ids: np.ndarray, slots: np.ndarray, retire: np.ndarray
@@ -373,7 +435,10 @@ class RemoteBuffer:
         return self._call("released")
 
     def ledger(self) -> Dict[str, int]:
-        """The ledger, plus the remote buffer's own counters (payload_lost, lost_in_restart, ...; docs/ray.md)."""
+        """The ledger, plus the remote buffer's own counters (payload_lost, lost_in_restart, ...; docs/ray.md).
+
+        The receipts of this process's takes are settled first, so its own batches count as retired."""
+        self._settle_receipts(wait=True)
         return self._call("ledger")
 
     def __len__(self) -> int:
@@ -483,6 +548,7 @@ class RemoteBuffer:
                 ray.kill(owner)
         ray.kill(self.actor, no_restart=True)
         _OWNERS.pop(self.actor._actor_id.hex(), None)
+        _RECEIPTS.pop(self.actor._actor_id.hex(), None)
         _forget_owner(self.actor)
 
     def _call(
@@ -498,6 +564,10 @@ class RemoteBuffer:
 
 #: Per process: index actor id -> handles of its payload owners by slot (refreshed when a take needs more).
 _OWNERS: Dict[str, List[Any]] = {}
+#: Per process: index actor id -> {take request id: reply of its receipt} not yet collected.
+_RECEIPTS: Dict[str, Dict[int, ray.ObjectRef]] = {}
+#: Receipts a process leaves uncollected before it looks which are done (they are collected by ledger()).
+MAX_UNSETTLED_RECEIPTS = 64
 #: Per process: index actor id -> (slot, handle) of the payload owner of this process's node.
 _HERE: Dict[str, Tuple[int, Any]] = {}
 
@@ -531,6 +601,17 @@ def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
         return
     if actor_state(old) == "DEAD":
         ray.kill(old, no_restart=True)
+
+
+#: Arguments of a put/complete that are one int for the whole call or one value per trajectory.
+_PER_TRAJECTORY = ("sample_step", "finish_step", "source", "lengths")
+
+
+def _source_tags(slots: Optional[np.ndarray]) -> Union[int, np.ndarray, None]:
+    """The checked source tags as the index's buffer takes them: one int for all, or one per id (int64)."""
+    if slots is None:
+        return None
+    return int(slots[0]) - 1 if len(slots) == 1 else slots.astype(np.int64) - 1
 
 
 def _finish_steps(finish_step: Union[int, Ids, None], n: int) -> Union[int, np.ndarray, None]:
