@@ -427,6 +427,18 @@ class BufferActor:
             version = self._journal.mark()
         self._journal.wait(version)
 
+    def unreadable(self, request: int, traj_ids: np.ndarray) -> None:
+        """A trainer could not read these taken ids' payloads (their owner died after hand-out): moved from
+        retired to payload_lost, once per request id."""
+        with self._lock:
+            if request in self._done_puts:
+                self._extra["duplicate_requests"] += 1
+                return
+            self._done_puts[request] = None
+            self._extra["payload_lost"] += len(traj_ids)
+            version = self._journal.mark()
+        self._journal.wait(version)
+
     def _close_overdue(self) -> None:
         """Counts takes whose receipt is overdue as lost_in_delivery and lets their owners free the payloads."""
         gone = self._deliveries.expire()

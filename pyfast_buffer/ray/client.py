@@ -11,7 +11,7 @@ import numpy as np
 import ray
 import torch
 from ray.actor import ActorHandle
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, ObjectLostError, RayActorError
 
 from .._args import (
     as_count,
@@ -392,6 +392,43 @@ class RemoteBuffer:
             except (RayActorError, ActorUnavailableError):
                 self._call("received", request, np.empty(0, np.int64))
 
+    def fetch(self, batch: RemoteBatch, timeout: Optional[float] = None) -> Tuple[RemoteBatch, List[Any]]:
+        """Reads a taken batch's payloads: ``(batch, values)``, ``values[i]`` the payload of ``batch.traj_ids[i]``.
+
+        A payload that can no longer be read (its owner, or the owner's node, died after the take handed
+        its ref out: ``OwnerDiedError``/``ObjectLostError``) is dropped from the returned batch and listed in
+        its ``lost``; the index counts it as ``payload_lost``, not ``retired`` (once per batch, however often
+        it is fetched). ``timeout`` bounds the whole read (GetTimeoutError past it; nothing is counted then).
+        """
+        if batch.payloads is None:
+            raise ValueError("this batch has no payloads (it was put without payloads=); read its columns")
+        wait = as_timeout(timeout)
+        refs = list(batch.payloads)
+        ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=wait, fetch_local=True)
+        if waiting:
+            raise GetTimeoutError(f"{len(waiting)} of {len(refs)} payloads were not readable within {timeout} s")
+        values: List[Any] = []
+        gone = np.zeros(len(refs), bool)
+        for i, ref in enumerate(refs):
+            try:
+                values.append(ray.get(ref, timeout=wait))
+            except ObjectLostError:  # OwnerDiedError too: the object is gone for good
+                gone[i] = True
+        if not gone.any():
+            return batch, values
+        columns = batch.columns.numpy()
+        lost = columns[0][gone]
+        self._call("unreadable", _fetch_request(self.actor, columns[0]), lost)
+        logger.warning(
+            "fetch: %d payloads are gone with their owner (ids %s...); counted as payload_lost",
+            len(lost),
+            lost[:8].tolist(),
+        )
+        kept = torch.from_numpy(np.ascontiguousarray(columns[:, ~gone]))
+        metrics = {**batch.metrics, "payload_lost": int(batch.metrics.get("payload_lost", 0)) + len(lost)}
+        out = RemoteBatch(kept, metrics, [r for r, g in zip(refs, gone.tolist()) if not g], np.concatenate([batch.lost, lost]))
+        return out, [v for v, g in zip(values, gone.tolist()) if not g]
+
     def _hand_out(
         self, ids: np.ndarray, slots: np.ndarray, retire: np.ndarray
     ) -> Tuple[List[Optional[ray.ObjectRef]], np.ndarray]:
@@ -591,6 +628,14 @@ def _get_owner(ref: ray.ObjectRef) -> Any:
 def _request() -> int:
     """A fresh request id (63 random bits): a retry of the same call reuses it, so it is applied once."""
     return int.from_bytes(os.urandom(8), "little") >> 1  # not random.random: producers often seed it alike
+
+
+def _fetch_request(actor: ActorHandle, ids: np.ndarray) -> int:
+    """The request id of a fetch's report: the same for the same batch, so a batch is counted once."""
+    import hashlib
+
+    digest = hashlib.blake2b(actor._actor_id.binary() + np.ascontiguousarray(ids, np.int64).tobytes(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 1
 
 
 def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
