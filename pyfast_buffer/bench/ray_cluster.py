@@ -13,6 +13,7 @@ would end them all).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -114,7 +115,8 @@ class LocalCluster:
             "--disable-usage-stats",
         ]
         env = {**os.environ, **CLUSTER_ENV}
-        where = ["--head", "--port", str(self.port), "--include-dashboard", "false"] if i == 0 else ["--address", self.address]
+        head = ["--head", "--port", str(self.port), "--include-dashboard", "false"]
+        where = head if i == 0 else ["--address", self.address]
         # Each node gets its own ports, picked free now (two nodes on one machine must not share them).
         ports = [
             "--node-manager-port",
@@ -215,6 +217,21 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(ray.nodes())} of {self.nodes} Ray nodes came up")
             time.sleep(0.2)
+
+    def wait_for_nodes(self, timeout_s: float = 180.0) -> None:
+        """Waits until exactly one live node carries each ``node{i}`` (a killed node declared dead by Ray)."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = [n for n in ray.nodes() if n["Alive"]]
+            if sorted(r for n in alive for r in n["Resources"] if re.fullmatch(r"node\d+", r)) == [
+                f"node{i}" for i in range(self.nodes)
+            ]:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not settle on {self.nodes} live nodes: {len(alive)} alive")
+            time.sleep(0.5)
 
     def node_ids(self) -> List[str]:
         """Node ids in the order the nodes started (index i carries the custom resource ``node{i}``)."""

@@ -425,7 +425,10 @@ class BufferActor:
                 self._extra["late_receipts"] += 1
             self._extra["payload_lost"] += len(lost_ids)
             version = self._journal.mark()
-        self._journal.wait(version)
+        if had < 0 or len(lost_ids):
+            self._journal.wait(version)
+        # An ordinary receipt does not wait for its snapshot (it is in the next one, written at once or shared
+        # with the calls meanwhile): the client sent it without waiting, and the take's latency stays its own.
 
     def unreadable(self, request: int, traj_ids: np.ndarray) -> None:
         """A trainer could not read these taken ids' payloads (their owner died after hand-out): moved from
@@ -503,8 +506,9 @@ class BufferActor:
         with self._lock:
             self._close_overdue()
             ledger = self._buf.ledger()
-            lost = ("payload_lost", "lost_in_restart", "lost_in_delivery")
-            undelivered = sum(self._extra[k] for k in lost) + self._deliveries.in_delivery
+            # in_delivery stays inside retired (the core's identity holds at every moment) until it is received
+            # or counted lost_in_delivery.
+            undelivered = sum(self._extra[k] for k in ("payload_lost", "lost_in_restart", "lost_in_delivery"))
             ledger["retired"] -= undelivered
             ledger["taken"] -= undelivered
             if "released_overflow" in ledger:

@@ -6,8 +6,8 @@ received the batch: counting those ids as ``retired`` would be a lie. So the ind
 here, *in delivery*, until the client's receipt arrives (one call the client sends without waiting for it,
 after it holds the columns and the refs). A take with no receipt within ``receipt_timeout_s`` is counted
 ``lost_in_delivery`` and its payloads are let go of; a receipt that comes later still moves its ids back
-(``late_receipts``), so at every moment each id is in exactly one of ``retired``, ``in_delivery``,
-``lost_in_delivery`` or ``payload_lost``.
+(``late_receipts``), so at every moment each id taken is in exactly one of ``retired`` (of which
+``in_delivery`` await their receipt), ``lost_in_delivery`` or ``payload_lost``.
 """
 
 from __future__ import annotations

@@ -137,8 +137,9 @@ class RemoteBuffer:
         ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve calls with a timeout,
         ``admission_calls`` more serve paced dispatches waiting for admission (so waiting producers never
         starve the trainer's take);
-        a take's ids count as ``in_delivery`` until its client confirms it received the batch, and as
-        ``lost_in_delivery`` if no receipt comes within ``receipt_timeout_s`` (the client died: docs/ray.md);
+        a take's ids count as ``in_delivery`` (within ``retired``) until its client confirms it received the
+        batch, and move to ``lost_in_delivery`` if no receipt comes within ``receipt_timeout_s`` (the client
+        died: docs/ray.md);
         ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
         """
         config = config_from_arguments(locals())
@@ -363,8 +364,9 @@ class RemoteBuffer:
         return RemoteBatch(torch.from_numpy(columns), metrics, refs, lost)
 
     def _receipt(self, request: int, lost: Optional[np.ndarray]) -> None:
-        """Tells the index this process holds take ``request``'s batch (its ids leave ``in_delivery`` for
-        ``retired``). Sent without waiting; a batch with lost payloads waits, so they are counted at once."""
+        """Tells the index this process holds take ``request``'s batch (its ids leave ``in_delivery``).
+
+        Sent without waiting; a batch with lost payloads waits, so that they are counted at once."""
         gone = np.empty(0, np.int64) if lost is None else lost
         if len(gone):
             self._call("received", request, gone)
@@ -393,7 +395,8 @@ class RemoteBuffer:
                 self._call("received", request, np.empty(0, np.int64))
 
     def fetch(self, batch: RemoteBatch, timeout: Optional[float] = None) -> Tuple[RemoteBatch, List[Any]]:
-        """Reads a taken batch's payloads: ``(batch, values)``, ``values[i]`` the payload of ``batch.traj_ids[i]``.
+        """Reads a taken batch's payloads: ``(batch, values)``, ``values[i]`` the payload of ``batch.traj_ids[i]``
+        (None for a trajectory put without one).
 
         A payload that can no longer be read (its owner, or the owner's node, died after the take handed
         its ref out: ``OwnerDiedError``/``ObjectLostError``) is dropped from the returned batch and listed in
@@ -404,15 +407,17 @@ class RemoteBuffer:
             raise ValueError("this batch has no payloads (it was put without payloads=); read its columns")
         wait = as_timeout(timeout)
         refs = list(batch.payloads)
-        ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=wait, fetch_local=True)
+        present = [r for r in refs if r is not None]  # None: a trajectory put without a payload
+        _, waiting = ray.wait(present, num_returns=len(present), timeout=wait, fetch_local=True)
         if waiting:
             raise GetTimeoutError(f"{len(waiting)} of {len(refs)} payloads were not readable within {timeout} s")
         values: List[Any] = []
         gone = np.zeros(len(refs), bool)
         for i, ref in enumerate(refs):
             try:
-                values.append(ray.get(ref, timeout=wait))
+                values.append(None if ref is None else ray.get(ref, timeout=wait))
             except ObjectLostError:  # OwnerDiedError too: the object is gone for good
+                values.append(None)
                 gone[i] = True
         if not gone.any():
             return batch, values
@@ -426,8 +431,9 @@ class RemoteBuffer:
         )
         kept = torch.from_numpy(np.ascontiguousarray(columns[:, ~gone]))
         metrics = {**batch.metrics, "payload_lost": int(batch.metrics.get("payload_lost", 0)) + len(lost)}
-        out = RemoteBatch(kept, metrics, [r for r, g in zip(refs, gone.tolist()) if not g], np.concatenate([batch.lost, lost]))
-        return out, [v for v, g in zip(values, gone.tolist()) if not g]
+        keep = (~gone).tolist()
+        out = RemoteBatch(kept, metrics, [r for r, k in zip(refs, keep) if k], np.concatenate([batch.lost, lost]))
+        return out, [v for v, k in zip(values, keep) if k]
 
     def _hand_out(
         self, ids: np.ndarray, slots: np.ndarray, retire: np.ndarray
@@ -474,7 +480,7 @@ class RemoteBuffer:
     def ledger(self) -> Dict[str, int]:
         """The ledger, plus the remote buffer's own counters (payload_lost, lost_in_restart, ...; docs/ray.md).
 
-        The receipts of this process's takes are settled first, so its own batches count as retired."""
+        The receipts of this process's takes are settled first, so none of its own batches shows in_delivery."""
         self._settle_receipts(wait=True)
         return self._call("ledger")
 
