@@ -41,15 +41,9 @@ REMEMBERED_TAKES = 64
 #: Longest wait of a blocked call between two looks at the core (it is also woken by every change).
 RECHECK_S = 0.1
 #: Counters of the remote buffer kept next to the core's ledger (see docs/ray.md, "What survives what").
-EXTRA_COUNTERS = (
-    "payload_lost",
-    "lost_in_restart",
-    "lost_in_delivery",
-    "late_receipts",
-    "index_restarts",
-    "duplicate_requests",
-    "evicted_bytes",
-)
+#: Ids taken but never delivered: out of ``retired`` and ``taken`` in the ledger, each under its reason.
+UNDELIVERED = ("payload_lost", "lost_in_restart", "lost_in_delivery")
+EXTRA_COUNTERS = (*UNDELIVERED, "late_receipts", "index_restarts", "duplicate_requests", "evicted_bytes")
 _NO_WAIT = 1e-9  # the core's take/put "timeout" that never blocks but applies the blocking call's rules
 
 
@@ -142,8 +136,7 @@ class BufferActor:
                 gone[slot].append(k)
                 self._extra["lost_in_restart"] += 1
         self._report.overflow = int(snap["report_overflow"])
-        if "deliveries" in snap:  # takes answered before the death: still waiting for their receipts
-            self._deliveries.restore(snap["deliveries"])
+        self._deliveries.restore(snap.get("deliveries"))  # takes answered before the death, awaiting receipts
         if len(snap["report_ids"]):
             self._report.add(Released(np.asarray(snap["report_ids"]), np.asarray(snap["report_reasons"], np.int8)))
         # Owners may hold payloads of ids the index let go of before its notice reached them: they let go now.
@@ -415,7 +408,8 @@ class BufferActor:
 
     def received(self, request: int, lost_ids: np.ndarray) -> None:
         """The receipt of take ``request``: its client holds the batch; ``lost_ids`` it drew had no payload
-        (their owner died), counted as payload_lost. Repeats change nothing (see _deliveries)."""
+        (their owner died), counted as payload_lost. Repeats change nothing (see _deliveries). An ordinary
+        receipt does not wait for its snapshot: it was sent without waiting, and rides in the next one."""
         with self._lock:
             had = self._deliveries.receive(request)
             if had is None:
@@ -427,8 +421,6 @@ class BufferActor:
             version = self._journal.mark()
         if had < 0 or len(lost_ids):
             self._journal.wait(version)
-        # An ordinary receipt does not wait for its snapshot (it is in the next one, written at once or shared
-        # with the calls meanwhile): the client sent it without waiting, and the take's latency stays its own.
 
     def unreadable(self, request: int, traj_ids: np.ndarray) -> None:
         """A trainer could not read these taken ids' payloads (their owner died after hand-out): moved from
@@ -444,15 +436,10 @@ class BufferActor:
 
     def _close_overdue(self) -> None:
         """Counts takes whose receipt is overdue as lost_in_delivery and lets their owners free the payloads."""
-        gone = self._deliveries.expire()
-        if not gone:
+        lost, by_slot = self._deliveries.expire()
+        if not lost:
             return
-        by_slot: Dict[int, List[int]] = collections.defaultdict(list)
-        for delivery in gone:
-            self._extra["lost_in_delivery"] += len(delivery.ids)
-            for k, slot in zip(delivery.ids.tolist(), delivery.slots.tolist()):
-                if slot >= 0:
-                    by_slot[slot].append(k)
+        self._extra["lost_in_delivery"] += lost
         for slot, ids in by_slot.items():
             owner = self._owners[slot] if slot < len(self._owners) else None
             if owner is not None:
@@ -508,7 +495,7 @@ class BufferActor:
             ledger = self._buf.ledger()
             # in_delivery stays inside retired (the core's identity holds at every moment) until it is received
             # or counted lost_in_delivery.
-            undelivered = sum(self._extra[k] for k in ("payload_lost", "lost_in_restart", "lost_in_delivery"))
+            undelivered = sum(self._extra[k] for k in UNDELIVERED)
             ledger["retired"] -= undelivered
             ledger["taken"] -= undelivered
             if "released_overflow" in ledger:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, DefaultDict, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -59,10 +59,12 @@ class Deliveries:
         lost = self._lost.pop(request, None)
         return None if lost is None else -lost
 
-    def expire(self, now: Optional[float] = None) -> List[Delivery]:
-        """Closes, as lost, every take whose receipt is overdue; returns them (their payloads can go)."""
+    def expire(self, now: Optional[float] = None) -> Tuple[int, Dict[int, List[int]]]:
+        """Closes, as lost, every take whose receipt is overdue: returns how many ids, and those with a
+        payload by owner slot (nobody will fetch them: their owners can let go)."""
         now = time.monotonic() if now is None else now
-        gone = []
+        lost = 0
+        by_slot: DefaultDict[int, List[int]] = collections.defaultdict(list)
         while self._open:
             request, delivery = next(iter(self._open.items()))
             if delivery.deadline > now:
@@ -72,8 +74,11 @@ class Deliveries:
             self._lost[request] = len(delivery.ids)
             while len(self._lost) > REMEMBERED_LOST:
                 self._lost.popitem(last=False)
-            gone.append(delivery)
-        return gone
+            lost += len(delivery.ids)
+            for k, slot in zip(delivery.ids.tolist(), delivery.slots.tolist()):
+                if slot >= 0:
+                    by_slot[slot].append(k)
+        return lost, dict(by_slot)
 
     def capture(self) -> Dict[str, Any]:
         """For the journal: the open takes (their deadlines restart at a restore) and those counted lost."""
@@ -84,7 +89,10 @@ class Deliveries:
             "lost": [[k, n] for k, n in self._lost.items()],
         }
 
-    def restore(self, snap: Dict[str, Any]) -> None:
+    def restore(self, snap: Optional[Dict[str, Any]]) -> None:
+        """Reopens the takes of a journal snapshot (None: a journal from before receipts, nothing to do)."""
+        if snap is None:
+            return
         for request, ids, slots in zip(np.asarray(snap["requests"]).tolist(), snap["ids"], snap["slots"]):
             self.open(int(request), np.asarray(ids, np.int64), np.asarray(slots, np.int64))
         self._lost.update((int(k), int(n)) for k, n in snap["lost"])

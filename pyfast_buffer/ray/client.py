@@ -11,7 +11,7 @@ import numpy as np
 import ray
 import torch
 from ray.actor import ActorHandle
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, ObjectLostError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from .._args import (
     as_count,
@@ -25,14 +25,19 @@ from .._args import (
     as_timeout,
     same_length,
 )
-from .._devices import check_usable
-from ..batch import Batch
 from ..buffer import Ids
 from ..config import BufferConfig, SourceMaxAge, config_from_arguments, source_max_age_pairs
 from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
 from . import _errors, _wire
 from ._actor import BLOCKING_GROUP, BufferActor
+from ._arguments import PER_TRAJECTORY as _PER_TRAJECTORY
+from ._arguments import fetch_request as _fetch_request
+from ._arguments import finish_steps as _finish_steps
+from ._arguments import new_request as _request
+from ._arguments import payload_list as _payload_list
+from ._arguments import source_tags as _source_tags
+from ._batch import RemoteBatch, read_payloads
 from ._calls import ADMISSION_GROUP, BufferUnavailableError, actor_state, call_index
 from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S
 
@@ -46,31 +51,6 @@ DEFAULT_BLOCKING_CALLS = 16
 DEFAULT_ADMISSION_CALLS = 16
 #: Restarts of the index actor allowed by default (-1: as many as it takes); it rebuilds from its journal.
 DEFAULT_MAX_RESTARTS = -1
-
-
-class RemoteBatch(Batch):
-    """A Batch taken through the actor; ``payloads[i]`` is the ObjectRef put with ``traj_ids[i]`` (or None).
-
-    ``lost`` holds the ids this take drew whose payload owner had died: they are not in the batch, and the
-    ledger counts them as ``payload_lost`` (not retired).
-    """
-
-    __slots__ = ("lost", "payloads")
-
-    def __init__(
-        self,
-        columns: torch.Tensor,
-        metrics: Dict[str, Any],
-        payloads: Optional[List[Optional[ray.ObjectRef]]] = None,
-        lost: Optional[np.ndarray] = None,
-    ) -> None:
-        super().__init__(columns, metrics)
-        self.payloads = payloads
-        self.lost = np.empty(0, np.int64) if lost is None else lost
-
-    def to(self, *args: Any, **kwargs: Any) -> RemoteBatch:
-        check_usable(args, kwargs)
-        return RemoteBatch(self.columns.to(*args, **kwargs), self.metrics, self.payloads, self.lost)
 
 
 class RemoteBuffer:
@@ -345,23 +325,17 @@ class RemoteBuffer:
         )
         if not columns.flags.writeable:  # zero-copy from the object store: the caller owns its tensors
             columns = columns.copy()
-        refs, lost = None, None
+        batch = RemoteBatch(torch.from_numpy(columns), metrics)
+        lost = None
         if slots is not None and (slots >= 0).any():
-            refs, lost_mask = self._hand_out(columns[0], np.asarray(slots), np.asarray(retire, bool))
-            if lost_mask.any():
-                lost = columns[0][lost_mask]
-                logger.warning(
-                    "take: %d trajectories lost their payloads with a dead payload owner (ids %s...); they are "
-                    "counted as payload_lost",
-                    len(lost),
-                    lost[:8].tolist(),
-                )
-                columns = np.ascontiguousarray(columns[:, ~lost_mask])
-                refs = [r for r, gone in zip(refs, lost_mask.tolist()) if not gone]
-                metrics = {**metrics, "payload_lost": len(lost)}
-        if columns.shape[1] or lost is not None:
+            batch.payloads, gone = self._hand_out(columns[0], np.asarray(slots), np.asarray(retire, bool))
+            if gone.any():
+                lost = columns[0][gone]
+                logger.warning("take: %d payloads lost with their owner (ids %s...): payload_lost", len(lost), lost[:8])
+                batch = batch.without(gone)
+        if len(columns[0]):
             self._receipt(request, lost)
-        return RemoteBatch(torch.from_numpy(columns), metrics, refs, lost)
+        return batch
 
     def _receipt(self, request: int, lost: Optional[np.ndarray]) -> None:
         """Tells the index this process holds take ``request``'s batch (its ids leave ``in_delivery``).
@@ -405,35 +379,13 @@ class RemoteBuffer:
         """
         if batch.payloads is None:
             raise ValueError("this batch has no payloads (it was put without payloads=); read its columns")
-        wait = as_timeout(timeout)
-        refs = list(batch.payloads)
-        present = [r for r in refs if r is not None]  # None: a trajectory put without a payload
-        _, waiting = ray.wait(present, num_returns=len(present), timeout=wait, fetch_local=True)
-        if waiting:
-            raise GetTimeoutError(f"{len(waiting)} of {len(refs)} payloads were not readable within {timeout} s")
-        values: List[Any] = []
-        gone = np.zeros(len(refs), bool)
-        for i, ref in enumerate(refs):
-            try:
-                values.append(None if ref is None else ray.get(ref, timeout=wait))
-            except ObjectLostError:  # OwnerDiedError too: the object is gone for good
-                values.append(None)
-                gone[i] = True
+        values, gone = read_payloads(list(batch.payloads), as_timeout(timeout))
         if not gone.any():
             return batch, values
-        columns = batch.columns.numpy()
-        lost = columns[0][gone]
-        self._call("unreadable", _fetch_request(self.actor, columns[0]), lost)
-        logger.warning(
-            "fetch: %d payloads are gone with their owner (ids %s...); counted as payload_lost",
-            len(lost),
-            lost[:8].tolist(),
-        )
-        kept = torch.from_numpy(np.ascontiguousarray(columns[:, ~gone]))
-        metrics = {**batch.metrics, "payload_lost": int(batch.metrics.get("payload_lost", 0)) + len(lost)}
-        keep = (~gone).tolist()
-        out = RemoteBatch(kept, metrics, [r for r, k in zip(refs, keep) if k], np.concatenate([batch.lost, lost]))
-        return out, [v for v, k in zip(values, keep) if k]
+        ids = batch.traj_ids.numpy()
+        self._call("unreadable", _fetch_request(self.actor, ids), ids[gone])
+        logger.warning("fetch: %d payloads gone with their owner (ids %s...): payload_lost", gone.sum(), ids[gone][:8])
+        return batch.without(gone), [v for v, g in zip(values, gone.tolist()) if not g]
 
     def _hand_out(
         self, ids: np.ndarray, slots: np.ndarray, retire: np.ndarray
@@ -631,19 +583,6 @@ def _get_owner(ref: ray.ObjectRef) -> Any:
     return _errors.get(ref)
 
 
-def _request() -> int:
-    """A fresh request id (63 random bits): a retry of the same call reuses it, so it is applied once."""
-    return int.from_bytes(os.urandom(8), "little") >> 1  # not random.random: producers often seed it alike
-
-
-def _fetch_request(actor: ActorHandle, ids: np.ndarray) -> int:
-    """The request id of a fetch's report: the same for the same batch, so a batch is counted once."""
-    import hashlib
-
-    digest = hashlib.blake2b(actor._actor_id.binary() + np.ascontiguousarray(ids, np.int64).tobytes(), digest_size=8)
-    return int.from_bytes(digest.digest(), "little") >> 1
-
-
 def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
     """Frees ``name`` if the actor holding it is dead for good (its clients may still hold the name)."""
     try:
@@ -652,35 +591,6 @@ def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
         return
     if actor_state(old) == "DEAD":
         ray.kill(old, no_restart=True)
-
-
-#: Arguments of a put/complete that are one int for the whole call or one value per trajectory.
-_PER_TRAJECTORY = ("sample_step", "finish_step", "source", "lengths")
-
-
-def _source_tags(slots: Optional[np.ndarray]) -> Union[int, np.ndarray, None]:
-    """The checked source tags as the index's buffer takes them: one int for all, or one per id (int64)."""
-    if slots is None:
-        return None
-    return int(slots[0]) - 1 if len(slots) == 1 else slots.astype(np.int64) - 1
-
-
-def _finish_steps(finish_step: Union[int, Ids, None], n: int) -> Union[int, np.ndarray, None]:
-    """The checked finish steps of a put/complete: one int stays one int (shared), else one per trajectory."""
-    if finish_step is None:
-        return None
-    steps = as_steps(finish_step, "finish_step", n)
-    return int(steps[0]) if len(steps) == 1 else steps
-
-
-def _payload_list(payloads: Optional[Sequence[Any]], n: int) -> Optional[List[Any]]:
-    if payloads is None:
-        return None
-    if isinstance(payloads, (str, bytes, np.ndarray, torch.Tensor)) or not hasattr(payloads, "__len__"):
-        raise TypeError(f"payloads must be a list with one object (or ObjectRef) per trajectory, not {type(payloads)}")
-    if len(payloads) != n:
-        raise ValueError(f"payloads has {len(payloads)} entries but traj_ids has {n}; pass one per trajectory")
-    return list(payloads)
 
 
 __all__ = ["BufferUnavailableError", "RemoteBatch", "RemoteBuffer"]
