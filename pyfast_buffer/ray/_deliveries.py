@@ -13,6 +13,7 @@ after it holds the columns and the refs). A take with no receipt within ``receip
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from typing import Any, DefaultDict, Dict, List, NamedTuple, Optional, Tuple
 
@@ -21,7 +22,7 @@ import numpy as np
 #: Seconds a take waits for its client's receipt before its ids count as lost_in_delivery (the default).
 DEFAULT_RECEIPT_TIMEOUT_S = 60.0
 #: Takes declared lost that a late receipt can still move back (older ones stay lost).
-REMEMBERED_LOST = 4096
+REMEMBERED_LOST = 256
 
 
 class Delivery(NamedTuple):
@@ -86,7 +87,8 @@ class Deliveries:
             "requests": np.fromiter(self._open.keys(), np.int64, len(self._open)),
             "ids": [d.ids for d in self._open.values()],
             "slots": [d.slots for d in self._open.values()],
-            "lost": [[k, n] for k, n in self._lost.items()],
+            "lost_requests": np.fromiter(self._lost.keys(), np.int64, len(self._lost)),
+            "lost_counts": np.fromiter(self._lost.values(), np.int64, len(self._lost)),
         }
 
     def restore(self, snap: Optional[Dict[str, Any]]) -> None:
@@ -95,4 +97,56 @@ class Deliveries:
             return
         for request, ids, slots in zip(np.asarray(snap["requests"]).tolist(), snap["ids"], snap["slots"]):
             self.open(int(request), np.asarray(ids, np.int64), np.asarray(slots, np.int64))
-        self._lost.update((int(k), int(n)) for k, n in snap["lost"])
+        lost = zip(np.asarray(snap["lost_requests"]).tolist(), np.asarray(snap["lost_counts"]).tolist())
+        self._lost.update((int(k), int(n)) for k, n in lost)
+
+
+class DeliveryCalls:
+    """The index actor's calls about deliveries (a part of BufferActor, which has these attributes)."""
+
+    _lock: threading.RLock
+    _deliveries: Deliveries
+    _extra: Dict[str, int]
+    _journal: Any
+    _owners: List[Any]
+    _done_puts: Any
+
+    def received(self, request: int, lost_ids: np.ndarray) -> None:
+        """The receipt of take ``request``: its client holds the batch; ``lost_ids`` it drew had no payload
+        (their owner died), counted as payload_lost. Repeats change nothing (see _deliveries). An ordinary
+        receipt does not wait for its snapshot: it was sent without waiting, and rides in the next one."""
+        with self._lock:
+            had = self._deliveries.receive(request)
+            if had is None:
+                return
+            if had < 0:  # counted lost_in_delivery, but the client did receive it: moved back
+                self._extra["lost_in_delivery"] += had
+                self._extra["late_receipts"] += 1
+            self._extra["payload_lost"] += len(lost_ids)
+            version = self._journal.mark()
+        if had < 0 or len(lost_ids):
+            self._journal.wait(version)
+
+    def unreadable(self, request: int, traj_ids: np.ndarray) -> None:
+        """A trainer could not read these taken ids' payloads (their owner died after hand-out): moved from
+        retired to payload_lost, once per request id."""
+        with self._lock:
+            if request in self._done_puts:
+                self._extra["duplicate_requests"] += 1
+                return
+            self._done_puts[request] = None
+            self._extra["payload_lost"] += len(traj_ids)
+            version = self._journal.mark()
+        self._journal.wait(version)
+
+    def _close_overdue(self) -> None:
+        """Counts takes whose receipt is overdue as lost_in_delivery and lets their owners free the payloads."""
+        lost, by_slot = self._deliveries.expire()
+        if not lost:
+            return
+        self._extra["lost_in_delivery"] += lost
+        for slot, ids in by_slot.items():
+            owner = self._owners[slot] if slot < len(self._owners) else None
+            if owner is not None:
+                owner.release.remote(ids)  # not yet handed out: nobody will fetch them
+        self._journal.mark()
