@@ -176,7 +176,12 @@ def test_a_retried_put_and_take_are_applied_once():
     first = ray.get(client.actor.take.remote(777, 2, 1, None))
     again = ray.get(client.actor.take.remote(777, 2, 1, None))
     assert first[0].tolist() == again[0].tolist() and len(client) == 2
-    assert client.ledger()["taken"] == 2 and client.ledger()["duplicate_requests"] == 2
+    led = client.ledger()  # no receipt yet: the two ids are retired and in delivery
+    assert (led["taken"], led["in_delivery"], led["duplicate_requests"]) == (2, 2, 2)
+    ray.get(client.actor.received.remote(777, np.empty(0, np.int64)))
+    ray.get(client.actor.received.remote(777, np.empty(0, np.int64)))  # a repeated receipt changes nothing
+    led = client.ledger()
+    assert (led["taken"], led["retired"], led["in_delivery"], led["lost_in_delivery"]) == (2, 2, 0, 0)
     # With payloads: the owner's admission, repeated, is counted once too.
     client.put([10], 1, payloads=[payload(10)])
     slot, _ = ray.get(client.actor.owner_for.remote(ray.get_runtime_context().get_node_id()))

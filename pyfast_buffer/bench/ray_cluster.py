@@ -13,6 +13,7 @@ would end them all).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,11 +25,12 @@ from typing import Any, Dict, List
 
 LOOPBACK = "127.0.0.1"
 #: Environment of the node processes: no usage report, no token auth, and health checks patient enough for
-#: a machine whose cores are shared with other work (a node missing heartbeats for ~2 minutes is dead).
+#: a machine whose cores are shared with other work: a live node is declared dead only after 24 checks in a
+#: row each got no answer within 30 s, a node whose raylet is gone (checks refused at once) after ~24 s.
 CLUSTER_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_AUTH_MODE": "disabled",
-    "RAY_health_check_period_ms": "5000",
+    "RAY_health_check_period_ms": "1000",
     "RAY_health_check_timeout_ms": "30000",
     "RAY_health_check_failure_threshold": "24",
     # Nodes of a multi-node cluster (the launcher below keeps them on loopback), even when this process was
@@ -86,73 +88,111 @@ class LocalCluster:
         self.port = _free_port()
         self.address = f"{LOOPBACK}:{self.port}"
         self.nodes = nodes
+        self._cpus_per_node = cpus_per_node
+        self._object_store_bytes = object_store_bytes
+        #: Node index -> pids of the processes its ``ray start`` left running (raylet, log monitor, ...); the
+        #: node's workers and agents are their children.
+        self._node_roots: Dict[int, List[int]] = {}
+        try:
+            for i in range(nodes):
+                self.start_node(i)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_node(self, i: int) -> None:
+        """Starts node ``i`` (the head for 0; else joining the head) with its custom resource ``node{i}``.
+
+        Also how a node killed with ``kill_node(i)`` is replaced: the new node has a new node id.
+        """
         common = [
             "--node-ip-address",
             LOOPBACK,
             "--num-cpus",
-            str(cpus_per_node),
+            str(self._cpus_per_node),
             "--object-store-memory",
-            str(object_store_bytes),
+            str(self._object_store_bytes),
             "--disable-usage-stats",
         ]
         env = {**os.environ, **CLUSTER_ENV}
-        try:
-            for i in range(nodes):
-                where = (
-                    ["--head", "--port", str(self.port), "--include-dashboard", "false"]
-                    if i == 0
-                    else [
-                        "--address",
-                        self.address,
-                    ]
-                )
-                # Each node gets its own ports, picked free now (two nodes on one machine must not share them).
-                ports = [
-                    "--node-manager-port",
-                    str(_free_port()),
-                    "--object-manager-port",
-                    str(_free_port()),
-                    "--min-worker-port",
-                    "0",
-                    "--max-worker-port",
-                    "0",
-                    "--dashboard-agent-listen-port",
-                    str(_free_port()),
-                    "--dashboard-agent-grpc-port",
-                    str(_free_port()),
-                    "--runtime-env-agent-port",
-                    str(_free_port()),
-                    "--metrics-export-port",
-                    str(_free_port()),
-                ]
-                if i == 0:
-                    ports += ["--ray-client-server-port", str(_free_port())]
-                resources = f'{{"node{i}": 1000}}'
-                out = subprocess.run(
-                    [
-                        sys.executable,
-                        "-c",
-                        _LOOPBACK_RAY_START,
-                        "start",
-                        *where,
-                        *common,
-                        *ports,
-                        "--resources",
-                        resources,
-                        "--temp-dir",
-                        self.temp_dir,
-                    ],
-                    capture_output=True,
-                    text=True,
-                    env=env,
-                    cwd=tempfile.gettempdir(),  # workers keep this as their working directory (see connect)
-                    timeout=int(os.environ.get("PFB_RAY_START_TIMEOUT", "300")),
-                )
-                if out.returncode:
-                    raise RuntimeError(f"ray start of node {i} failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
-        except BaseException:
-            self.stop()
-            raise
+        head = ["--head", "--port", str(self.port), "--include-dashboard", "false"]
+        where = head if i == 0 else ["--address", self.address]
+        # Each node gets its own ports, picked free now (two nodes on one machine must not share them).
+        ports = [
+            "--node-manager-port",
+            str(_free_port()),
+            "--object-manager-port",
+            str(_free_port()),
+            "--min-worker-port",
+            "0",
+            "--max-worker-port",
+            "0",
+            "--dashboard-agent-listen-port",
+            str(_free_port()),
+            "--dashboard-agent-grpc-port",
+            str(_free_port()),
+            "--runtime-env-agent-port",
+            str(_free_port()),
+            "--metrics-export-port",
+            str(_free_port()),
+        ]
+        if i == 0:
+            ports += ["--ray-client-server-port", str(_free_port())]
+        resources = f'{{"node{i}": 1000}}'
+        before = {p.pid for p in self._processes()}
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _LOOPBACK_RAY_START,
+                "start",
+                *where,
+                *common,
+                *ports,
+                "--resources",
+                resources,
+                "--temp-dir",
+                self.temp_dir,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tempfile.gettempdir(),  # workers keep this as their working directory (see connect)
+            timeout=int(os.environ.get("PFB_RAY_START_TIMEOUT", "300")),
+        )
+        if out.returncode:
+            raise RuntimeError(f"ray start of node {i} failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+        started = {p.pid: p for p in self._processes(children=False) if p.pid not in before}
+        # The node's own daemons, not a worker another node's raylet happened to spawn meanwhile.
+        self._node_roots[i] = sorted(pid for pid, p in started.items() if _parent(p) not in before | set(started))
+
+    def node_processes(self, i: int) -> List[Any]:
+        """The live processes of node ``i``: what its ``ray start`` left running and all their children."""
+        import psutil
+
+        found: Dict[int, Any] = {}
+        for pid in self._node_roots.get(i, []):
+            try:
+                root = psutil.Process(pid)
+                found[pid] = root
+                found.update((child.pid, child) for child in root.children(recursive=True))
+            except psutil.Error:
+                continue
+        return list(found.values())
+
+    def kill_node(self, i: int) -> List[int]:
+        """SIGKILLs every process of node ``i`` at once (a machine lost, not a drain); returns their pids."""
+        import psutil
+
+        procs = self.node_processes(i)
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                continue
+        psutil.wait_procs(procs, timeout=30)
+        self._node_roots.pop(i, None)
+        return [p.pid for p in procs]
 
     def connect(self, **kwargs: Any) -> None:
         """``ray.init`` of this driver into the cluster (from the temp directory: see init_local_cluster)."""
@@ -178,6 +218,21 @@ class LocalCluster:
                 raise RuntimeError(f"only {len(ray.nodes())} of {self.nodes} Ray nodes came up")
             time.sleep(0.2)
 
+    def wait_for_nodes(self, timeout_s: float = 180.0) -> None:
+        """Waits until exactly one live node carries each ``node{i}`` (a killed node declared dead by Ray)."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = [n for n in ray.nodes() if n["Alive"]]
+            if sorted(r for n in alive for r in n["Resources"] if re.fullmatch(r"node\d+", r)) == [
+                f"node{i}" for i in range(self.nodes)
+            ]:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not settle on {self.nodes} live nodes: {len(alive)} alive")
+            time.sleep(0.5)
+
     def node_ids(self) -> List[str]:
         """Node ids in the order the nodes started (index i carries the custom resource ``node{i}``)."""
         import ray
@@ -190,7 +245,7 @@ class LocalCluster:
                         by_resource[i] = node["NodeID"]
         return [by_resource[i] for i in sorted(by_resource)]
 
-    def _processes(self) -> List[Any]:
+    def _processes(self, children: bool = True) -> List[Any]:
         import psutil
 
         mine = []
@@ -201,7 +256,7 @@ class LocalCluster:
             except psutil.Error:
                 continue
         found = {p.pid: p for p in mine}
-        for proc in mine:
+        for proc in mine if children else ():
             try:
                 for child in proc.children(recursive=True):
                     found[child.pid] = child
@@ -233,6 +288,15 @@ class LocalCluster:
             except psutil.Error:
                 continue
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _parent(proc: Any) -> int:
+    import psutil
+
+    try:
+        return int(proc.ppid())
+    except psutil.Error:
+        return -1
 
 
 def object_store_stats() -> Dict[str, Dict[str, int]]:

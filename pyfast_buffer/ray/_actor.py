@@ -16,7 +16,7 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import ray
@@ -24,31 +24,33 @@ from ray.exceptions import RayActorError
 
 from ..buffer import StalenessBuffer, packed_state
 from ..config import BufferConfig
-from ..errors import BufferFullError
 from ..released import RELEASE_REASONS, Released, default_release_bound
 from . import _effects, _journal
-from ._calls import ADMISSION_GROUP, BLOCKING_GROUP, DEFER
+from ._admission import REMEMBERED_PUTS, AdmissionCalls
+from ._calls import ADMISSION_GROUP, BLOCKING_GROUP
+from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S, Deliveries, DeliveryCalls
 from ._ring_replay import CoreReplay
 
 __all__ = ["ADMISSION_GROUP", "BLOCKING_GROUP", "BufferActor"]
 
 _RETIRED, _DROPPED_STALE, _EVICTED = (RELEASE_REASONS.index(r) for r in ("retired", "dropped_stale", "evicted"))
-#: Request ids of puts/completes the index remembers (a retry older than this many calls is applied again).
-REMEMBERED_PUTS = 16384
 #: Takes whose replies the index remembers, so that a retried take returns the same batch.
 REMEMBERED_TAKES = 64
-#: Longest wait of a blocked call between two looks at the core (it is also woken by every change).
-RECHECK_S = 0.1
 #: Counters of the remote buffer kept next to the core's ledger (see docs/ray.md, "What survives what").
-EXTRA_COUNTERS = ("payload_lost", "lost_in_restart", "index_restarts", "duplicate_requests", "evicted_bytes")
-_NO_WAIT = 1e-9  # the core's take/put "timeout" that never blocks but applies the blocking call's rules
+#: Ids taken but never delivered: out of ``retired`` and ``taken`` in the ledger, each under its reason.
+UNDELIVERED = ("payload_lost", "lost_in_restart", "lost_in_delivery")
+EXTRA_COUNTERS = (*UNDELIVERED, "late_receipts", "index_restarts", "duplicate_requests", "evicted_bytes")
 
 
-class BufferActor:
+class BufferActor(AdmissionCalls, DeliveryCalls):
     """Hosts the index: a StalenessBuffer over trajectory ids, which owner holds each payload, and the journal."""
 
     def __init__(
-        self, buffer_kwargs: Dict[str, Any], capacity_bytes: Optional[int], journal: Union[str, bool, None]
+        self,
+        buffer_kwargs: Dict[str, Any],
+        capacity_bytes: Optional[int],
+        journal: Union[str, bool, None],
+        receipt_timeout_s: float = DEFAULT_RECEIPT_TIMEOUT_S,
     ) -> None:
         self._user_config = BufferConfig(**buffer_kwargs)
         self._buf = StalenessBuffer(**{**buffer_kwargs, "track_released": True}, pin_memory=False)
@@ -66,6 +68,7 @@ class BufferActor:
         self._done_puts: collections.OrderedDict[int, None] = _effects.LoggedOrderedDict()
         self._done_takes: collections.OrderedDict[int, Tuple[Any, ...]] = _effects.LoggedOrderedDict()
         self._extra = dict.fromkeys(EXTRA_COUNTERS, 0)
+        self._deliveries = Deliveries(receipt_timeout_s)  # answered takes whose client has not confirmed receipt
         self._owner_nodes: List[str] = []  # slot -> node id ("" once that owner died)
         self._owners: List[Any] = []
         context = ray.get_runtime_context()
@@ -107,6 +110,7 @@ class BufferActor:
                 "report_ids": report.ids,
                 "report_reasons": report.reasons.astype(np.int64),
                 "report_overflow": self._report.overflow,
+                "deliveries": self._deliveries.capture(),
             }
             _effects.start_logs(*self._tables())  # the next record holds what changes after this snapshot
             return snap
@@ -118,6 +122,7 @@ class BufferActor:
             "max_age": self._buf.max_age,
             "extra": dict(self._extra),
             "owner_nodes": list(self._owner_nodes),
+            "deliveries": self._deliveries.capture(),  # whole: a few open takes and the bounded lost table
             **_effects.take_logs(*self._tables()),
         }
 
@@ -125,10 +130,12 @@ class BufferActor:
         """The state after the snapshot and its records, in the layout ``_restore`` loads."""
         core = CoreReplay(snap["core"])
         tables = _effects.TablesReplay(snap, REMEMBERED_PUTS, REMEMBERED_TAKES, self._report.bound)
+        deliveries = snap.get("deliveries")
         for record in records:
             core.apply(record["core"])
             tables.apply(record)
-        return {**tables.snapshot(), "buffer": packed_state(self._buf.config, core.export())}
+            deliveries = record.get("deliveries", deliveries)
+        return {**tables.snapshot(), "buffer": packed_state(self._buf.config, core.export()), "deliveries": deliveries}
 
     def _restore(self, snap: Dict[str, Any]) -> None:
         """Loads the last snapshot; ids that left the ring in a call that never answered are counted, not lost."""
@@ -155,6 +162,7 @@ class BufferActor:
                 gone[slot].append(k)
                 self._extra["lost_in_restart"] += 1
         self._report.overflow = int(snap["report_overflow"])
+        self._deliveries.restore(snap.get("deliveries"))  # takes answered before the death, awaiting receipts
         if len(snap["report_ids"]):
             self._report.add(Released(np.asarray(snap["report_ids"]), np.asarray(snap["report_reasons"], np.int8)))
         # Owners may hold payloads of ids the index let go of before its notice reached them: they let go now.
@@ -225,10 +233,16 @@ class BufferActor:
 
     # -- admission ---------------------------------------------------------------------------------------------------
     def dispatch(
-        self, request: int, prompt_ids: np.ndarray, step: int, lease: Optional[float], timeout: Optional[float]
+        self,
+        request: int,
+        prompt_ids: np.ndarray,
+        step: int,
+        lease: Optional[float],
+        timeout: Optional[float],
+        source: Union[int, np.ndarray, None] = None,
     ) -> None:
         if timeout is None:
-            self._apply(request, lambda: self._buf.dispatch(prompt_ids, step, lease))
+            self._apply(request, lambda: self._buf.dispatch(prompt_ids, step, lease, source=source))
             return
         with self._lock:
             repeat = request in self._done_puts
@@ -236,7 +250,7 @@ class BufferActor:
             # A paced wait for admission blocks in the core (GIL released, woken by take/fail/expiry/close) in the
             # admission group's thread, without the index lock: every other call goes on meanwhile, and the core
             # counts one wait per waiting dispatch. The call is journaled once it is admitted.
-            self._buf.dispatch(prompt_ids, step, lease, timeout)
+            self._buf.dispatch(prompt_ids, step, lease, timeout, source=source)
         self._apply(request, lambda: None)
 
     def admissible(self, step: int) -> int:
@@ -252,187 +266,6 @@ class BufferActor:
     def fail(self, request: int, prompt_ids: np.ndarray) -> None:
         self._apply(request, lambda: self._buf.fail(prompt_ids))
 
-    def reserve(self, request: int, nbytes: int, timeout: Optional[float]) -> None:
-        """Holds room for ``nbytes`` of payload before the owner writes them (the byte budget, ``on_full``)."""
-        if self._capacity_bytes is None:
-            return
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            while not self._reserve_now(request, nbytes, timeout):
-                left = deadline - time.monotonic() if deadline is not None else 0.0
-                if left <= 0:
-                    raise TimeoutError(
-                        f"no room for {nbytes} payload bytes within the timeout: the buffer holds "
-                        f"{self._bytes_held} of capacity_bytes={self._capacity_bytes}; take faster or raise it"
-                    )
-                self._changed.wait(min(left, RECHECK_S))
-
-    def _reserve_now(self, request: int, nbytes: int, timeout: Optional[float]) -> bool:
-        """Reserves room now (True), raises what ``on_full`` says, or returns False: wait for room and retry
-        (on_full="block" with a timeout). Under the lock."""
-        if self._capacity_bytes is None or request in self._reserved or request in self._done_puts:
-            return True
-        if nbytes > self._capacity_bytes:
-            raise ValueError(
-                f"one call carries {nbytes} payload bytes, more than capacity_bytes={self._capacity_bytes}; "
-                "send fewer payloads per call or raise capacity_bytes"
-            )
-        on_full = self._user_config.on_full
-        while self._bytes_held + sum(self._reserved.values()) + nbytes > self._capacity_bytes:
-            if on_full == "evict_oldest" and self._evict_oldest_bytes(nbytes):
-                continue
-            if on_full != "block" or timeout is None:
-                raise BufferFullError(
-                    f"the buffer holds {self._bytes_held} payload bytes and this call brings {nbytes}, past "
-                    f"capacity_bytes={self._capacity_bytes}; take or evict first, or put with a timeout "
-                    "under on_full='block'"
-                )
-            return False
-        self._reserved[request] = nbytes
-        return True
-
-    def _evict_oldest_bytes(self, nbytes: int) -> bool:
-        """Evicts the oldest whole groups (one core call each, no rebuild) until ``nbytes`` more fit the byte
-        budget; False if the ring had nothing to evict."""
-        over = self._bytes_held + sum(self._reserved.values()) + nbytes - int(self._capacity_bytes or 0)
-        gone: List[Released] = []
-        freed = 0
-        while freed < over and self._buf.evict_oldest(1):
-            gone.append(self._buf.released())
-            freed += sum(self._sizes.get(k, 0) for k in gone[-1].ids[gone[-1].reasons == _EVICTED].tolist())
-        if not gone:
-            return False
-        self._extra["evicted_bytes"] += freed
-        self._settle(Released(np.concatenate([r.ids for r in gone]), np.concatenate([r.reasons for r in gone])))
-        return True
-
-    def admit(self, request: int, call: Dict[str, Any], sizes: Optional[np.ndarray], slot: int) -> None:
-        """Puts (``call["kind"] == "put"``) or completes ids whose payloads ``slot``'s owner now holds."""
-        run, record, on_repeat = self._admission(request, call, sizes, slot)
-        try:
-            self._apply(request, run, record=record, timeout=call.get("timeout"), blocking=True, on_repeat=on_repeat)
-        except BaseException:
-            with self._lock:
-                self._unreserve(request)
-            raise
-
-    def register(self, items: List[Tuple[Any, ...]]) -> List[Any]:
-        """Reservations ``("reserve", request, nbytes, timeout)`` and admissions ``("admit", request, call,
-        sizes, slot)`` of many puts (a payload owner's group commit), tried in order without waiting, under one
-        lock hold and one journal write. One outcome per item: None (done), the exception it raised (its alone),
-        or ``DEFER``: it would wait, nothing of it was applied, and its owner sends it to ``reserve``/``admit``."""
-        outcomes: List[Any] = []
-        admitted = False
-        with self._lock:
-            for kind, request, *args in items:
-                try:
-                    if kind == "reserve":
-                        outcomes.append(None if self._reserve_now(request, *args) else DEFER)
-                    else:
-                        outcomes.append(self._admit_now(request, *args))
-                        admitted = admitted or outcomes[-1] is None
-                except Exception as exc:  # this item's own error, handed back to its put
-                    outcomes.append(exc)
-            version = self._journal.mark() if admitted else 0
-        self._journal.wait(version)
-        return outcomes
-
-    def _admit_now(self, request: int, call: Dict[str, Any], sizes: Optional[np.ndarray], slot: int) -> Any:
-        """``admit`` without waiting and without the journal wait (under the lock): None, or DEFER if it would
-        wait for room within its timeout; raises its error, with its reserved room freed."""
-        run, record, on_repeat = self._admission(request, call, sizes, slot)
-        timed = call.get("timeout") is not None  # then a full ring waits: tried once now (timeout 0), else DEFER
-        try:
-            self._apply(request, run, record, 0.0 if timed else None, True, on_repeat, wait_journal=False)
-        except BaseException as exc:
-            if timed and isinstance(exc, (TimeoutError, BufferFullError)):
-                return DEFER  # it would wait: admit() waits for it, within its timeout
-            self._unreserve(request)
-            raise
-        return None
-
-    def _admission(
-        self, request: int, call: Dict[str, Any], sizes: Optional[np.ndarray], slot: int
-    ) -> Tuple[Callable[[Optional[float]], None], Callable[[], None], Callable[[], None]]:
-        """The core call of one put/complete, what it records once applied, and what a repeat of it changes."""
-        kind, trajs = call["kind"], call["traj_ids"]
-        if kind == "put":
-
-            def run(wait: Optional[float]) -> None:
-                self._buf.put(trajs, call["sample_step"], call["group_ids"], wait, finish_step=call.get("finish_step"))
-        else:
-
-            def run(wait: Optional[float]) -> None:
-                self._buf.complete(trajs, call["prompt_ids"], timeout=wait, finish_step=call.get("finish_step"))
-
-        def record() -> None:
-            self._reserved.pop(request, None)
-            if sizes is not None:
-                for k, n in zip(trajs.tolist(), sizes.tolist()):
-                    self._where[k], self._sizes[k] = slot, n
-                    self._bytes_held += n
-
-        def on_repeat() -> None:
-            if sizes is not None:  # a retry after the first owner died: the new owner holds the payloads
-                for k in trajs.tolist():
-                    if k in self._where:
-                        self._where[k] = slot
-
-        return run, record, on_repeat
-
-    def _unreserve(self, request: int) -> None:
-        """Nothing was admitted: the room reserved for this call's bytes is free again (under the lock)."""
-        if self._reserved.pop(request, None) is not None:
-            self._changed.notify_all()
-
-    def _apply(
-        self,
-        request: Optional[int],
-        run: Callable[..., Any],
-        record: Optional[Callable[[], None]] = None,
-        timeout: Optional[float] = None,
-        blocking: bool = False,
-        on_repeat: Optional[Callable[[], None]] = None,
-        wait_journal: bool = True,
-    ) -> Any:
-        """Runs one change under the lock (at most once per request id), settles it, journals it, then returns
-        (without ``wait_journal``, before its journal write: ``register`` waits once for many)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            if request is not None and request in self._done_puts:
-                self._extra["duplicate_requests"] += 1
-                if on_repeat is not None:
-                    on_repeat()
-                version = self._journal.mark()
-                result = None
-            else:
-                result = self._until(deadline, lambda wait: run(wait) if blocking else run())
-                if record is not None:
-                    record()
-                if request is not None:
-                    self._done_puts[request] = None
-                    while len(self._done_puts) > REMEMBERED_PUTS:
-                        self._done_puts.popitem(last=False)
-                self._settle()
-                version = self._journal.mark()
-                self._changed.notify_all()
-        if wait_journal:
-            self._journal.wait(version)
-        return result
-
-    def _until(self, deadline: Optional[float], attempt: Callable[[Optional[float]], Any]) -> Any:
-        """Runs ``attempt`` without blocking in the core; with a deadline, retries on every change until it passes."""
-        if deadline is None:
-            return attempt(None)
-        while True:
-            try:
-                return attempt(_NO_WAIT)
-            except (TimeoutError, BufferFullError):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                self._changed.wait(min(left, RECHECK_S))
-
     # -- taking ------------------------------------------------------------------------------------------------------
     def take(self, request: int, batch_size: int, current_step: int, timeout: Optional[float]) -> Tuple[Any, ...]:
         """One batch: (columns, metrics, owner slot per id or None, which ids this take retired)."""
@@ -441,6 +274,7 @@ class BufferActor:
             if request in self._done_takes:
                 self._extra["duplicate_requests"] += 1
                 return self._done_takes[request]
+            self._close_overdue()
             batch = self._until(deadline, lambda wait: self._buf.take(batch_size, current_step, wait))
             columns = batch.columns.numpy()
             ids = columns[0]
@@ -449,6 +283,7 @@ class BufferActor:
             if self._where:
                 slots = np.asarray([self._where.get(k, -1) for k in ids.tolist()], np.int64)
                 self._forget(ids[retire], notify=False)  # the owners let go of these at hand-out
+            self._deliveries.open(request, ids[retire], None if slots is None else slots[retire])
             reply = (columns, dict(batch.metrics), slots, retire)
             if not self._settle() and not len(ids):
                 return reply  # nothing changed (an empty take): nothing to journal, and a repeat is harmless
@@ -459,16 +294,6 @@ class BufferActor:
             self._changed.notify_all()
         self._journal.wait(version)
         return reply
-
-    def report_lost(self, request: int, traj_ids: np.ndarray) -> None:
-        """A take's client found no payload for these ids (their owner died): counted as payload_lost."""
-        with self._lock:
-            if request in self._done_puts:
-                return
-            self._done_puts[request] = None
-            self._extra["payload_lost"] += len(traj_ids)
-            version = self._journal.mark()
-        self._journal.wait(version)
 
     def evict_stale(self, current_step: int) -> int:
         return self._apply(None, lambda: self._buf.evict_stale(current_step))
@@ -518,14 +343,18 @@ class BufferActor:
     def ledger(self) -> Dict[str, int]:
         """The core's ledger, with ids that were taken but never delivered moved out of retired into their reasons."""
         with self._lock:
+            self._close_overdue()
             ledger = self._buf.ledger()
-            undelivered = self._extra["payload_lost"] + self._extra["lost_in_restart"]
+            # in_delivery stays inside retired (the core's identity holds at every moment) until it is received
+            # or counted lost_in_delivery.
+            undelivered = sum(self._extra[k] for k in UNDELIVERED)
             ledger["retired"] -= undelivered
             ledger["taken"] -= undelivered
             if "released_overflow" in ledger:
                 ledger["released_overflow"] += self._report.overflow
             for key, value in self._extra.items():
                 ledger[key] = value
+            ledger["in_delivery"] = self._deliveries.in_delivery
             ledger["payload_bytes_held"] = self._bytes_held
             if self._capacity_bytes is not None:
                 ledger["capacity_bytes"] = self._capacity_bytes

@@ -11,18 +11,39 @@ import numpy as np
 import ray
 import torch
 from ray.actor import ActorHandle
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-from .._args import as_count, as_ids, as_lease, as_seconds, as_step, as_steps, as_timeout, same_length
-from .._devices import check_usable
-from ..batch import Batch
+from .._args import (
+    as_count,
+    as_ids,
+    as_lease,
+    as_lengths,
+    as_seconds,
+    as_slots,
+    as_step,
+    as_steps,
+    as_timeout,
+    same_length,
+)
 from ..buffer import Ids
 from ..config import BufferConfig, SourceMaxAge, config_from_arguments, source_max_age_pairs
 from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
 from . import _errors, _wire
 from ._actor import BLOCKING_GROUP, BufferActor
+from ._arguments import PER_TRAJECTORY as _PER_TRAJECTORY
+from ._arguments import fetch_request as _fetch_request
+from ._arguments import finish_steps as _finish_steps
+from ._arguments import new_request as _request
+from ._arguments import payload_list as _payload_list
+from ._arguments import source_tags as _source_tags
+from ._batch import RemoteBatch, read_payloads
 from ._calls import ADMISSION_GROUP, BufferUnavailableError, actor_state, call_index
+from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S
+from ._sending import forget_owner as _forget_owner
+from ._sending import get_owner as _get_owner
+from ._sending import owner_here as _owner_here
+from ._sending import send_to_owner as _send_to_owner
 
 logger = logging.getLogger(__name__)
 
@@ -34,31 +55,6 @@ DEFAULT_BLOCKING_CALLS = 16
 DEFAULT_ADMISSION_CALLS = 16
 #: Restarts of the index actor allowed by default (-1: as many as it takes); it rebuilds from its journal.
 DEFAULT_MAX_RESTARTS = -1
-
-
-class RemoteBatch(Batch):
-    """A Batch taken through the actor; ``payloads[i]`` is the ObjectRef put with ``traj_ids[i]`` (or None).
-
-    ``lost`` holds the ids this take drew whose payload owner had died: they are not in the batch, and the
-    ledger counts them as ``payload_lost`` (not retired).
-    """
-
-    __slots__ = ("lost", "payloads")
-
-    def __init__(
-        self,
-        columns: torch.Tensor,
-        metrics: Dict[str, Any],
-        payloads: Optional[List[Optional[ray.ObjectRef]]] = None,
-        lost: Optional[np.ndarray] = None,
-    ) -> None:
-        super().__init__(columns, metrics)
-        self.payloads = payloads
-        self.lost = np.empty(0, np.int64) if lost is None else lost
-
-    def to(self, *args: Any, **kwargs: Any) -> RemoteBatch:
-        check_usable(args, kwargs)
-        return RemoteBatch(self.columns.to(*args, **kwargs), self.metrics, self.payloads, self.lost)
 
 
 class RemoteBuffer:
@@ -108,6 +104,7 @@ class RemoteBuffer:
         admission_calls: int = DEFAULT_ADMISSION_CALLS,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         journal: Union[str, bool, None] = None,
+        receipt_timeout_s: float = DEFAULT_RECEIPT_TIMEOUT_S,
         actor_options: Optional[Dict[str, Any]] = None,
     ) -> RemoteBuffer:
         """Starts the index actor and returns its client.
@@ -124,6 +121,9 @@ class RemoteBuffer:
         ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve calls with a timeout,
         ``admission_calls`` more serve paced dispatches waiting for admission (so waiting producers never
         starve the trainer's take);
+        a take's ids count as ``in_delivery`` (within ``retired``) until its client confirms it received the
+        batch, and move to ``lost_in_delivery`` if no receipt comes within ``receipt_timeout_s`` (the client
+        died: docs/ray.md);
         ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
         """
         config = config_from_arguments(locals())
@@ -132,6 +132,7 @@ class RemoteBuffer:
         as_count(max_concurrency, "max_concurrency", 1)
         as_count(blocking_calls, "blocking_calls", 1)
         as_count(admission_calls, "admission_calls", 1)
+        receipt_timeout_s = as_seconds(receipt_timeout_s, "receipt_timeout_s", False, "pass seconds > 0")
         if lifetime not in (None, "detached", "non_detached"):
             raise ValueError(f"lifetime={lifetime!r} is unknown; use 'detached' (the default) or None")
         if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < -1:
@@ -158,7 +159,9 @@ class RemoteBuffer:
             options["lifetime"] = lifetime
         if name is not None:
             _reclaim_if_dead(name, namespace)
-        handle = remote_cls.options(**options).remote(dataclasses.asdict(config), capacity_bytes, journal)
+        handle = remote_cls.options(**options).remote(
+            dataclasses.asdict(config), capacity_bytes, journal, receipt_timeout_s
+        )
         client = cls(cast(ActorHandle, handle))
         client.ping()  # surfaces a failed start here, not at the first call
         return client
@@ -189,14 +192,22 @@ class RemoteBuffer:
 
     # -- the StalenessBuffer API ---------------------------------------------------------------------------------
     def dispatch(
-        self, prompt_ids: Ids, step: int, lease: Optional[float] = None, timeout: Optional[float] = None
+        self,
+        prompt_ids: Ids,
+        step: int,
+        lease: Optional[float] = None,
+        timeout: Optional[float] = None,
+        *,
+        source: Union[int, Ids, None] = None,
     ) -> None:
         """Marks prompts as in flight; with ``lease`` (seconds) the buffer fails them if not completed,
         failed or renewed in time, so a producer that died never holds a ``wait`` trainer longer. Under pace
-        with ``timeout`` it waits for admission in one of the actor's ``admission_calls`` threads."""
+        with ``timeout`` it waits for admission in one of the actor's ``admission_calls`` threads.
+        ``source`` tags the prompts (one int in [0, 63] or one per prompt; see StalenessBuffer.dispatch)."""
         prompts, stamp, wait = as_ids(prompt_ids, "prompt_ids"), as_step(step, "step"), as_timeout(timeout)
+        tags = _source_tags(as_slots(source, len(prompts), "prompts"))
         group = ADMISSION_GROUP if wait is not None else None
-        self._call("dispatch", _request(), prompts, stamp, as_lease(lease), wait, timeout_arg=4, group=group)
+        self._call("dispatch", _request(), prompts, stamp, as_lease(lease), wait, tags, timeout_arg=4, group=group)
 
     def admissible(self, step: int) -> int:
         """How many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
@@ -219,13 +230,15 @@ class RemoteBuffer:
         payloads: Optional[Sequence[Any]] = None,
         *,
         finish_step: Union[int, Ids, None] = None,
+        lengths: Optional[Ids] = None,
     ) -> None:
-        """Moves finished trajectories into the ring, with optional payloads (one per trajectory) and finish
-        steps (see StalenessBuffer.complete)."""
+        """Moves finished trajectories into the ring, with optional payloads (one per trajectory), finish
+        steps and response lengths (the bias monitor's; see StalenessBuffer.complete)."""
         trajs, prompts = as_ids(traj_ids, "traj_ids"), as_ids(prompt_ids, "prompt_ids")
         same_length(trajs, "traj_ids", prompts, "prompt_ids")
         call = {"kind": "complete", "traj_ids": trajs, "prompt_ids": prompts, "timeout": as_timeout(timeout)}
         call["finish_step"] = _finish_steps(finish_step, len(trajs))
+        call["lengths"] = as_lengths(lengths, len(trajs))
         self._admit(call, _payload_list(payloads, len(trajs)))
 
     def fail(self, prompt_ids: Ids) -> None:
@@ -241,8 +254,10 @@ class RemoteBuffer:
         payloads: Optional[Sequence[Any]] = None,
         *,
         finish_step: Union[int, Ids, None] = None,
+        source: Union[int, Ids, None] = None,
     ) -> None:
-        """Dispatch + complete in one call, with optional payloads (one per trajectory) and finish steps."""
+        """Dispatch + complete in one call, with optional payloads (one per trajectory), finish steps and
+        source tags (one int or one per trajectory; a group shares one, which the index checks)."""
         trajs = as_ids(traj_ids, "traj_ids")
         steps = as_steps(sample_step, "sample_step", len(trajs))
         stamp: Union[int, np.ndarray] = int(steps[0]) if len(steps) == 1 else steps  # one stamp stays one int
@@ -253,6 +268,7 @@ class RemoteBuffer:
         call: Dict[str, Any] = {"kind": "put", "traj_ids": trajs, "sample_step": stamp, "group_ids": groups}
         call["timeout"] = as_timeout(timeout)
         call["finish_step"] = _finish_steps(finish_step, len(trajs))
+        call["source"] = None if source is None else _source_tags(as_slots(source, len(trajs), "trajectories"))
         self._admit(call, _payload_list(payloads, len(trajs)))
 
     def _admit(self, call: Dict[str, Any], payloads: Optional[List[Any]]) -> None:
@@ -282,7 +298,7 @@ class RemoteBuffer:
             for key in ("prompt_ids", "group_ids"):
                 if part.get(key) is not None:
                     part[key] = call[key][start:stop]
-            for key in ("sample_step", "finish_step"):  # one per trajectory: cut with them; one int: shared
+            for key in _PER_TRAJECTORY:  # one per trajectory: cut with them; one int: shared
                 if isinstance(call.get(key), np.ndarray):
                     part[key] = call[key][start:stop]
             flat = [p for cut in pieces[start:stop] for p in cut]
@@ -313,22 +329,67 @@ class RemoteBuffer:
         )
         if not columns.flags.writeable:  # zero-copy from the object store: the caller owns its tensors
             columns = columns.copy()
-        refs, lost = None, None
+        batch = RemoteBatch(torch.from_numpy(columns), metrics)
+        lost = None
         if slots is not None and (slots >= 0).any():
-            refs, lost_mask = self._hand_out(columns[0], np.asarray(slots), np.asarray(retire, bool))
-            if lost_mask.any():
-                lost = columns[0][lost_mask]
-                self._call("report_lost", _request(), lost)
-                logger.warning(
-                    "take: %d trajectories lost their payloads with a dead payload owner (ids %s...); they are "
-                    "counted as payload_lost",
-                    len(lost),
-                    lost[:8].tolist(),
-                )
-                columns = np.ascontiguousarray(columns[:, ~lost_mask])
-                refs = [r for r, gone in zip(refs, lost_mask.tolist()) if not gone]
-                metrics = {**metrics, "payload_lost": len(lost)}
-        return RemoteBatch(torch.from_numpy(columns), metrics, refs, lost)
+            batch.payloads, gone = self._hand_out(columns[0], np.asarray(slots), np.asarray(retire, bool))
+            if gone.any():
+                lost = columns[0][gone]
+                logger.warning("take: %d payloads lost with their owner (ids %s...): payload_lost", len(lost), lost[:8])
+                batch = batch.without(gone)
+        if len(columns[0]):
+            self._receipt(request, lost)
+        return batch
+
+    def _receipt(self, request: int, lost: Optional[np.ndarray]) -> None:
+        """Tells the index this process holds take ``request``'s batch (its ids leave ``in_delivery``).
+
+        Sent without waiting; a batch with lost payloads waits, so that they are counted at once."""
+        gone = np.empty(0, np.int64) if lost is None else lost
+        if len(gone):
+            self._call("received", request, gone)
+            return
+        pending = _RECEIPTS.setdefault(self.actor._actor_id.hex(), {})
+        pending[request] = self.actor.received.remote(request, gone)
+        if len(pending) > MAX_UNSETTLED_RECEIPTS:
+            self._settle_receipts(wait=False)
+
+    def _settle_receipts(self, wait: bool) -> None:
+        """Collects the replies of receipts sent (all of them with ``wait``); one the index died under is sent
+        again (a receipt is idempotent), so a restart never turns a received batch into a lost one."""
+        pending = _RECEIPTS.get(self.actor._actor_id.hex(), {})
+        if not pending:
+            return
+        refs = list(pending.values())
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0, fetch_local=False)
+        finished = set(done)
+        for request, ref in list(pending.items()):
+            if ref not in finished:
+                continue
+            del pending[request]
+            try:
+                _errors.get(ref)
+            except (RayActorError, ActorUnavailableError):
+                self._call("received", request, np.empty(0, np.int64))
+
+    def fetch(self, batch: RemoteBatch, timeout: Optional[float] = None) -> Tuple[RemoteBatch, List[Any]]:
+        """Reads a taken batch's payloads: ``(batch, values)``, ``values[i]`` the payload of ``batch.traj_ids[i]``
+        (None for a trajectory put without one).
+
+        A payload that can no longer be read (its owner, or the owner's node, died after the take handed
+        its ref out: ``OwnerDiedError``/``ObjectLostError``) is dropped from the returned batch and listed in
+        its ``lost``; the index counts it as ``payload_lost``, not ``retired`` (once per batch, however often
+        it is fetched). ``timeout`` bounds the whole read (GetTimeoutError past it; nothing is counted then).
+        """
+        if batch.payloads is None:
+            raise ValueError("this batch has no payloads (it was put without payloads=); read its columns")
+        values, gone = read_payloads(list(batch.payloads), as_timeout(timeout))
+        if not gone.any():
+            return batch, values
+        ids = batch.traj_ids.numpy()
+        self._call("unreadable", _fetch_request(self.actor, ids), ids[gone])
+        logger.warning("fetch: %d payloads gone with their owner (ids %s...): payload_lost", gone.sum(), ids[gone][:8])
+        return batch.without(gone), [v for v, g in zip(values, gone.tolist()) if not g]
 
     def _hand_out(
         self, ids: np.ndarray, slots: np.ndarray, retire: np.ndarray
@@ -378,7 +439,10 @@ class RemoteBuffer:
         return self._call("released")
 
     def ledger(self) -> Dict[str, int]:
-        """The ledger, plus the remote buffer's own counters (payload_lost, lost_in_restart, ...; docs/ray.md)."""
+        """The ledger, plus the remote buffer's own counters (payload_lost, lost_in_restart, ...; docs/ray.md).
+
+        The receipts of this process's takes are settled first, so none of its own batches shows in_delivery."""
+        self._settle_receipts(wait=True)
         return self._call("ledger")
 
     def __len__(self) -> int:
@@ -488,6 +552,7 @@ class RemoteBuffer:
                 ray.kill(owner)
         ray.kill(self.actor, no_restart=True)
         _OWNERS.pop(self.actor._actor_id.hex(), None)
+        _RECEIPTS.pop(self.actor._actor_id.hex(), None)
         _forget_owner(self.actor)
 
     def _call(
@@ -503,40 +568,10 @@ class RemoteBuffer:
 
 #: Per process: index actor id -> handles of its payload owners by slot (refreshed when a take needs more).
 _OWNERS: Dict[str, List[Any]] = {}
-#: Per process: index actor id -> (slot, handle) of the payload owner of this process's node.
-_HERE: Dict[str, Tuple[int, Any]] = {}
-
-
-def _owner_here(actor: ActorHandle) -> Tuple[int, Any]:
-    key = actor._actor_id.hex()
-    if key not in _HERE:
-        node = ray.get_runtime_context().get_node_id()
-        _HERE[key] = call_index(actor, "owner_for", node)
-    return _HERE[key]
-
-
-def _forget_owner(actor: ActorHandle) -> None:
-    _HERE.pop(actor._actor_id.hex(), None)
-
-
-def _get_owner(ref: Union[ray.ObjectRef, List[ray.ObjectRef]]) -> Any:
-    return _errors.get(ref)
-
-
-def _send_to_owner(
-    owner: Any, request: int, call: Dict[str, Any], headers: List[Any], refs: List[Any], pieces: List[bytes]
-) -> None:
-    """One store call at the owner; pieces past what one call carries inline (a payload over CALL_BYTES) are
-    staged first, in calls of their own, so that no byte goes through an argument object in the store."""
-    chunks = _wire.chunk_pieces(pieces)
-    if len(chunks) > 1:
-        _get_owner([owner.stage.remote(request, first, *run) for first, run in chunks[:-1]])
-    _get_owner(owner.store.remote(request, call, headers, refs, *chunks[-1][1]))
-
-
-def _request() -> int:
-    """A fresh request id (63 random bits): a retry of the same call reuses it, so it is applied once."""
-    return int.from_bytes(os.urandom(8), "little") >> 1  # not random.random: producers often seed it alike
+#: Per process: index actor id -> {take request id: reply of its receipt} not yet collected.
+_RECEIPTS: Dict[str, Dict[int, ray.ObjectRef]] = {}
+#: Receipts a process leaves uncollected before it looks which are done (they are collected by ledger()).
+MAX_UNSETTLED_RECEIPTS = 64
 
 
 def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
@@ -547,24 +582,6 @@ def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
         return
     if actor_state(old) == "DEAD":
         ray.kill(old, no_restart=True)
-
-
-def _finish_steps(finish_step: Union[int, Ids, None], n: int) -> Union[int, np.ndarray, None]:
-    """The checked finish steps of a put/complete: one int stays one int (shared), else one per trajectory."""
-    if finish_step is None:
-        return None
-    steps = as_steps(finish_step, "finish_step", n)
-    return int(steps[0]) if len(steps) == 1 else steps
-
-
-def _payload_list(payloads: Optional[Sequence[Any]], n: int) -> Optional[List[Any]]:
-    if payloads is None:
-        return None
-    if isinstance(payloads, (str, bytes, np.ndarray, torch.Tensor)) or not hasattr(payloads, "__len__"):
-        raise TypeError(f"payloads must be a list with one object (or ObjectRef) per trajectory, not {type(payloads)}")
-    if len(payloads) != n:
-        raise ValueError(f"payloads has {len(payloads)} entries but traj_ids has {n}; pass one per trajectory")
-    return list(payloads)
 
 
 __all__ = ["BufferUnavailableError", "RemoteBatch", "RemoteBuffer"]

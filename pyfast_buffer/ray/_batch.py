@@ -1,0 +1,65 @@
+"""RemoteBatch: a Batch taken through the index actor, with the payload refs of its trajectories."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import ray
+import torch
+from ray.exceptions import GetTimeoutError, ObjectLostError
+
+from .._devices import check_usable
+from ..batch import Batch
+
+
+class RemoteBatch(Batch):
+    """A Batch taken through the actor; ``payloads[i]`` is the ObjectRef put with ``traj_ids[i]`` (or None).
+
+    ``lost`` holds the ids this take drew whose payload owner had died: they are not in the batch, and the
+    ledger counts them as ``payload_lost`` (not retired).
+    """
+
+    __slots__ = ("lost", "payloads")
+
+    def __init__(
+        self,
+        columns: torch.Tensor,
+        metrics: Dict[str, Any],
+        payloads: Optional[List[Optional[ray.ObjectRef]]] = None,
+        lost: Optional[np.ndarray] = None,
+    ) -> None:
+        super().__init__(columns, metrics)
+        self.payloads = payloads
+        self.lost = np.empty(0, np.int64) if lost is None else lost
+
+    def without(self, gone: np.ndarray) -> RemoteBatch:
+        """This batch without the trajectories ``gone`` marks (their payloads are lost): listed in ``lost``."""
+        columns = self.columns.numpy()
+        keep = (~gone).tolist()
+        metrics = {**self.metrics, "payload_lost": int(self.metrics.get("payload_lost", 0)) + int(gone.sum())}
+        refs = None if self.payloads is None else [r for r, k in zip(self.payloads, keep) if k]
+        kept = torch.from_numpy(np.ascontiguousarray(columns[:, ~gone]))
+        return RemoteBatch(kept, metrics, refs, np.concatenate([self.lost, columns[0][gone]]))
+
+    def to(self, *args: Any, **kwargs: Any) -> RemoteBatch:
+        check_usable(args, kwargs)
+        return RemoteBatch(self.columns.to(*args, **kwargs), self.metrics, self.payloads, self.lost)
+
+
+def read_payloads(refs: List[Optional[ray.ObjectRef]], timeout: Optional[float]) -> Tuple[List[Any], np.ndarray]:
+    """Reads each ref within ``timeout`` (GetTimeoutError past it): the values (None for a trajectory put
+    without a payload or whose object is gone) and a mask of those gone for good (owner or node dead)."""
+    present = [r for r in refs if r is not None]
+    _, waiting = ray.wait(present, num_returns=len(present), timeout=timeout, fetch_local=True)
+    if waiting:
+        raise GetTimeoutError(f"{len(waiting)} of {len(refs)} payloads were not readable within {timeout} s")
+    values: List[Any] = []
+    gone = np.zeros(len(refs), bool)
+    for i, ref in enumerate(refs):
+        try:
+            values.append(None if ref is None else ray.get(ref, timeout=timeout))
+        except ObjectLostError:  # OwnerDiedError too: the object is gone for good
+            values.append(None)
+            gone[i] = True
+    return values, gone
