@@ -75,6 +75,15 @@ class PromptAttempts {
     return r.since_trained;
   }
 
+  /// Returns what on_dispatch(prompt_id, ...) would return now, changing nothing: the dispatches since
+  /// `prompt_id` was last trained, counting one more (1 for a prompt without a record).
+  int32_t peek_untrained_run(int64_t prompt_id) const {
+    auto it = map_.find(prompt_id);
+    if (it == map_.end()) return 1;
+    const int32_t run = it->second.rec.since_trained;
+    return run < INT32_MAX ? run + 1 : run;
+  }
+
   /// Records that a group of `prompt_id` entered the ring (complete).
   void on_complete(int64_t prompt_id) {
     auto it = map_.find(prompt_id);

@@ -36,12 +36,14 @@ LOG_FORMAT = (
     "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d "
     "trained_over_age=%d admitted=%d admission_refused=%d admission_waits=%d"
     " retried=%d starved=%d regenerations=%d"
+    " protected_admitted=%d admitted_ahead=%d"
 )
 
 # (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight,
 #  sampled_total, max_age, expired, trained_over_age, span_sum, span_max, admitted, admission_refused,
-#  admission_waits, attempts, sources): attempts is ATTEMPT_FIELDS in order; sources holds (source, taken,
-#  dropped) of each source this call took or dropped from (-1: untagged), once any is tagged.
+#  admission_waits, attempts, sources, protected_admitted, admitted_ahead): attempts is ATTEMPT_FIELDS in order;
+#  sources holds (source, taken, dropped) of each source this call took or dropped from (-1: untagged), once any
+#  is tagged; the last two are the running pace counters of protected (max_attempts) admissions.
 Stats = Tuple[Any, ...]  # the fields above, in that order (typed one by one in _core.pyi's _Stats)
 #: The prompt-attempt counters of every take (docs/data-bias.md): retries and prompts_retried, regenerations
 #: (trajectories of lost attempts whose prompt was dispatched again), protected groups (max_attempts), the
@@ -71,6 +73,8 @@ _NAMES = (
     "admission_refused",
     "admission_waits",
     *ATTEMPT_FIELDS,
+    "protected_admitted",
+    "admitted_ahead",
 )
 _prefix = DEFAULT_METRICS_PREFIX
 _keys = tuple(_prefix + n for n in _NAMES)
@@ -127,6 +131,8 @@ def log_record(stats: Stats) -> None:
             attempts[1],
             attempts[4],
             attempts[2],
+            stats[21],
+            stats[22],
         )
 
 
@@ -153,6 +159,8 @@ def metrics_from_stats(stats: Stats) -> Dict[str, float]:
         refused,
         waits,
         *stats[19],
+        stats[21],
+        stats[22],
     )
     metrics = dict(zip(_keys, values))
     for source, source_taken, source_dropped in stats[20]:
