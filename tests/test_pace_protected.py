@@ -59,6 +59,14 @@ class Producer(threading.Thread):
             self.events.append((self.label, outcome))
 
 
+def start_waiting(buf, log, name, prompts, step, timeout, until):
+    """Starts a Producer and returns it once the buffer shows `until` (calls waiting, of them protected)."""
+    producer = Producer(buf, name, prompts, step, timeout, *log)
+    producer.start()
+    wait_for(lambda: waiting(buf) == until, f"the {name} dispatch to wait")
+    return producer
+
+
 def test_a_protected_dispatch_is_admitted_before_an_unprotected_one_waiting_longer(impl):
     buf = paced(impl)  # admits 2 prompt groups
     lose_first_attempt(buf, 7)
@@ -66,12 +74,9 @@ def test_a_protected_dispatch_is_admitted_before_an_unprotected_one_waiting_long
     buf.complete([10], [1])
     assert buf.admissible(1) == 0
     events, lock = [], threading.Lock()
-    unprotected = Producer(buf, "unprotected", [3], 1, PATIENCE_S, events, lock)
-    unprotected.start()
-    wait_for(lambda: waiting(buf) == (1, 0), "the unprotected dispatch to wait")
-    protected = Producer(buf, "protected", [7], 1, PATIENCE_S, events, lock)
-    protected.start()
-    wait_for(lambda: waiting(buf) == (2, 1), "the protected dispatch to wait too")
+    log = (events, lock)
+    unprotected = start_waiting(buf, log, "unprotected", [3], 1, PATIENCE_S, until=(1, 0))
+    protected = start_waiting(buf, log, "protected", [7], 1, PATIENCE_S, until=(2, 1))
 
     buf.take(1, current_step=0)  # frees one slot: the protected call takes it although the other waited first
     protected.join(PATIENCE_S)
@@ -100,9 +105,9 @@ def test_an_unprotected_dispatch_that_fits_is_refused_while_a_protected_one_wait
     buf.dispatch([1], step=0)  # one slot left; the protected call below (prompts 7 and 8) needs two
     assert buf.admissible(0) == 1
     events, lock = [], threading.Lock()
-    protected = Producer(buf, "protected", [7, 8], 0, PATIENCE_S, events, lock)  # mixed: counts as protected
-    protected.start()
-    wait_for(lambda: waiting(buf) == (1, 1), "the protected dispatch to wait")
+    log = (events, lock)
+    # Prompts 7 (protected) and 8 (a first attempt): a mixed call counts as protected.
+    protected = start_waiting(buf, log, "protected", [7, 8], 0, PATIENCE_S, until=(1, 1))
 
     before = buf.ledger()
     with pytest.raises(pfb.AdmissionError, match=r"1 protected \(max_attempts\) dispatch.*waiting.*timeout="):
@@ -135,7 +140,8 @@ def test_unprotected_waiters_are_woken_when_the_protected_one_times_out_or_is_cl
     lose_first_attempt(buf, 7)
     buf.dispatch([1], step=0)  # one slot left
     events, lock = [], threading.Lock()
-    protected = Producer(buf, "protected", [7, 8], 0, 0.5, events, lock)  # cannot fit: it times out
+    log = (events, lock)
+    protected = Producer(buf, "protected", [7, 8], 0, 1.5, events, lock)  # cannot fit: it times out
     protected.start()
     wait_for(lambda: waiting(buf) == (1, 1), "the protected dispatch to wait")
     behind = Producer(buf, "behind", [3], 0, PATIENCE_S, events, lock)
@@ -150,12 +156,8 @@ def test_unprotected_waiters_are_woken_when_the_protected_one_times_out_or_is_cl
     assert (led["protected_admitted"], led["admitted_ahead"], led["admitted"]) == (0, 0, 3)
 
     events.clear()  # prompts 1 and 3 in flight fill the limit
-    protected = Producer(buf, "protected", [7], 0, PATIENCE_S, events, lock)
-    protected.start()
-    wait_for(lambda: waiting(buf) == (1, 1), "the protected dispatch to wait")
-    behind = Producer(buf, "behind", [4], 0, PATIENCE_S, events, lock)
-    behind.start()
-    wait_for(lambda: waiting(buf) == (2, 1), "the unprotected dispatch to wait behind it")
+    protected = start_waiting(buf, log, "protected", [7], 0, PATIENCE_S, until=(1, 1))
+    behind = start_waiting(buf, log, "behind", [4], 0, PATIENCE_S, until=(2, 1))
     buf.close()
     protected.join(PATIENCE_S)
     behind.join(PATIENCE_S)
@@ -225,3 +227,22 @@ def test_max_attempts_two_under_pace_generates_no_prompt_more_than_twice(impl):
     assert led["dropped_stale"] == 0 and led["expired"] == len(slow) and led["dispatched"] == len(fast) + 8
     assert led["protected_admitted"] == len(slow) and buf.data_metrics()["buffer/protected"] == len(slow)
     assert buf.starved() == {}
+
+
+def test_the_log_line_carries_the_protected_counters_and_audit_reads_them(impl, tmp_path, caplog):
+    import logging
+
+    from pyfast_buffer.workflow.audit import audit, format_result
+
+    caplog.set_level(logging.INFO, logger="pyfast_buffer")
+    buf = paced(impl)
+    lose_first_attempt(buf, 7)
+    buf.dispatch([7, 8], step=0)  # prompt 7 protected, 8 a first attempt
+    buf.complete([70, 80], [7, 8])
+    buf.take(2, current_step=0)
+    assert caplog.records[-1].getMessage().endswith(" protected_admitted=1 admitted_ahead=0")
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(r.getMessage() for r in caplog.records) + "\n")
+    result = audit([str(log)])
+    assert result.balanced and result.segments[0].pace["protected_admitted"] == 1
+    assert "protected_admitted=1 admitted_ahead=0" in format_result(result)
