@@ -105,7 +105,8 @@ bool StalenessRing::wait_for_admission(const StepCounts& groups, int64_t total, 
   if (!timeout) {
     ledger_.admission_refused += total;
     if (!protected_call && protected_waiting_ > 0)
-      throw AdmissionFull(concat(call, ": ", total, " prompt groups not admitted under pace: ",
+      throw AdmissionFull(concat(call, ": ", total, call == std::string("put") ? " groups" : " prompts",
+                                 " not admitted under pace: ",
                                  protected_waiting_message(), " (a prompt at its max_attempts-th untrained attempt "
                                  "is admitted before any other); pass timeout= to wait behind it, or take (train) "
                                  "to free slots"));

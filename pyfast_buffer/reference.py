@@ -717,7 +717,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._counts["admission_refused"] += len(stamps)
             if not protected_call and self._protected_waiting:
                 raise AdmissionError(
-                    f"{call}: {len(stamps)} prompt groups not admitted under pace: "
+                    f"{call}: {len(stamps)} {'groups' if call == 'put' else 'prompts'} not admitted under pace: "
                     f"{self._protected_waiting_message()} (a prompt at its max_attempts-th untrained attempt is "
                     "admitted before any other); pass timeout= to wait behind it, or take (train) to free slots"
                 )
