@@ -49,6 +49,9 @@ Stats = Tuple[Any, ...]  # the fields above, in that order (typed one by one in 
 #: (trajectories of lost attempts whose prompt was dispatched again), protected groups (max_attempts), the
 #: prompts starved now (>= 2 attempts, nothing trained) and the records forgotten at the table's bound.
 ATTEMPT_FIELDS = ("retries", "prompts_retried", "regenerations", "protected", "prompts_starved", "attempts_forgotten")
+#: The ledger's running counts of protected (max_attempts) admissions under pace, last in the stats and the log
+#: line: protected prompts admitted, and protected calls admitted while an unprotected call waited.
+PROTECTED_ADMISSION_FIELDS = ("protected_admitted", "admitted_ahead")
 #: Names of the ``blocked_by`` codes: ``metrics[prefix + "blocked_by"]`` is an index into this tuple.
 BLOCKED_BY = ("none", "too_few_ready", "in_flight_at_max_age")
 _BLOCKED_CODE = {name: code for code, name in enumerate(BLOCKED_BY)}
@@ -73,8 +76,7 @@ _NAMES = (
     "admission_refused",
     "admission_waits",
     *ATTEMPT_FIELDS,
-    "protected_admitted",
-    "admitted_ahead",
+    *PROTECTED_ADMISSION_FIELDS,
 )
 _prefix = DEFAULT_METRICS_PREFIX
 _keys = tuple(_prefix + n for n in _NAMES)

@@ -246,3 +246,11 @@ def test_the_log_line_carries_the_protected_counters_and_audit_reads_them(impl, 
     result = audit([str(log)])
     assert result.balanced and result.segments[0].pace["protected_admitted"] == 1
     assert "protected_admitted=1 admitted_ahead=0" in format_result(result)
+
+
+def test_data_metrics_carry_the_protected_admissions(impl):
+    buf = paced(impl)
+    lose_first_attempt(buf, 7)
+    buf.dispatch([7], step=0)
+    m = buf.data_metrics()
+    assert (m["buffer/protected_admitted"], m["buffer/admitted_ahead"]) == (1, 0)
