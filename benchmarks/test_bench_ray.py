@@ -47,7 +47,7 @@ def targets():
         logging_level=logging.ERROR,
         namespace="pyfast_buffer_bench_tests",
     )
-    # The index journals its ring before answering each change: a ring of 2^16, not 2^20 (docs/ray.md).
+    # A ring of 2^16: the size of the docs' tables (the journal's cost per call no longer depends on it).
     remote = RemoteBuffer.create(1 << 16, max_age=10, num_cpus=0)
     try:
         yield {

@@ -211,6 +211,49 @@ std::unique_ptr<PyRing> make_ring(int64_t capacity, int64_t max_age, const std::
   return out;
 }
 
+// The dict of a RingState (export_state, export_delta): numpy columns, the ledger, the scalars.
+py::dict state_dict_of(pfb::RingState&& s) {
+  py::dict d;
+  d["traj_id"] = to_numpy(std::move(s.traj_id)), d["group_id"] = to_numpy(std::move(s.group_id));
+  d["sample_step"] = to_numpy(std::move(s.sample_step));
+  d["policy_version"] = to_numpy(std::move(s.policy_version));
+  d["dispatch_ns"] = to_numpy(std::move(s.dispatch_ns));
+  d["complete_ns"] = to_numpy(std::move(s.complete_ns));
+  d["uses"] = to_numpy(std::move(s.uses)), d["group_len"] = to_numpy(std::move(s.group_len));
+  d["finish_step"] = to_numpy(std::move(s.finish_step));
+  d["next_take"] = s.next_take;
+  d["meta"] = to_numpy(std::move(s.meta));
+  d["in_flight_meta"] = to_numpy(std::move(s.in_flight_meta));
+  std::vector<int64_t> ids, attempts, trained, pending, slot, lost, flags, since;
+  for (const pfb::AttemptRecord& r : s.attempts) {
+    ids.push_back(r.prompt_id), attempts.push_back(r.attempts), trained.push_back(r.trained);
+    pending.push_back(r.pending), slot.push_back(r.slot), lost.push_back(r.lost_trajs);
+    flags.push_back(int64_t{r.last_lost} | int64_t{r.retried} << 1), since.push_back(r.since_trained);
+  }
+  py::dict att;
+  att["prompt_id"] = to_numpy(std::move(ids)), att["attempts"] = to_numpy(std::move(attempts));
+  att["trained"] = to_numpy(std::move(trained)), att["pending"] = to_numpy(std::move(pending));
+  att["slot"] = to_numpy(std::move(slot)), att["lost_trajs"] = to_numpy(std::move(lost));
+  att["flags"] = to_numpy(std::move(flags)), att["since_trained"] = to_numpy(std::move(since));
+  d["attempts"] = att;
+  const pfb::AttemptCounters& a = s.attempt_counters;
+  py::dict counters;
+  counters["retries"] = a.retries, counters["prompts_retried"] = a.prompts_retried;
+  counters["regenerations"] = a.regenerations, counters["protected"] = a.protected_groups;
+  counters["forgotten"] = a.forgotten;
+  d["attempt_counters"] = counters;
+  d["source_counts"] = source_counts_array(s.source_counts);
+  d["in_flight_prompt"] = to_numpy(std::move(s.in_flight_prompt));
+  d["in_flight_step"] = to_numpy(std::move(s.in_flight_step));
+  d["in_flight_dispatch_ns"] = to_numpy(std::move(s.in_flight_dispatch_ns));
+  d["in_flight_lease_left_ns"] = to_numpy(std::move(s.in_flight_lease_left_ns));
+  d["in_flight_held_ns"] = to_numpy(std::move(s.in_flight_held_ns));
+  d["ledger"] = ledger_dict(s.ledger);
+  d["clock"] = s.clock;
+  d["evicted_unreported"] = s.evicted_unreported;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -376,49 +419,19 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("borrows_columns", [](const PyRing& self) { return self.ring->borrows_columns(); })
       .def("close", [](PyRing& self) { self.ring->close(); })
       .def("__repr__", [](const PyRing& self) { return self.ring->debug_string(); })
-      .def("export_state",
-           [](PyRing& self) {
-             pfb::RingState s = self.ring->export_state();
-             py::dict d;
-             d["traj_id"] = to_numpy(std::move(s.traj_id)), d["group_id"] = to_numpy(std::move(s.group_id));
-             d["sample_step"] = to_numpy(std::move(s.sample_step));
-             d["policy_version"] = to_numpy(std::move(s.policy_version));
-             d["dispatch_ns"] = to_numpy(std::move(s.dispatch_ns));
-             d["complete_ns"] = to_numpy(std::move(s.complete_ns));
-             d["uses"] = to_numpy(std::move(s.uses)), d["group_len"] = to_numpy(std::move(s.group_len));
-             d["finish_step"] = to_numpy(std::move(s.finish_step));
-             d["next_take"] = s.next_take;
-             d["meta"] = to_numpy(std::move(s.meta));
-             d["in_flight_meta"] = to_numpy(std::move(s.in_flight_meta));
-             std::vector<int64_t> ids, attempts, trained, pending, slot, lost, flags, since;
-             for (const pfb::AttemptRecord& r : s.attempts) {
-               ids.push_back(r.prompt_id), attempts.push_back(r.attempts), trained.push_back(r.trained);
-               pending.push_back(r.pending), slot.push_back(r.slot), lost.push_back(r.lost_trajs);
-               flags.push_back(int64_t{r.last_lost} | int64_t{r.retried} << 1), since.push_back(r.since_trained);
-             }
-             py::dict att;
-             att["prompt_id"] = to_numpy(std::move(ids)), att["attempts"] = to_numpy(std::move(attempts));
-             att["trained"] = to_numpy(std::move(trained)), att["pending"] = to_numpy(std::move(pending));
-             att["slot"] = to_numpy(std::move(slot)), att["lost_trajs"] = to_numpy(std::move(lost));
-             att["flags"] = to_numpy(std::move(flags)), att["since_trained"] = to_numpy(std::move(since));
-             d["attempts"] = att;
-             const pfb::AttemptCounters& a = s.attempt_counters;
-             py::dict counters;
-             counters["retries"] = a.retries, counters["prompts_retried"] = a.prompts_retried;
-             counters["regenerations"] = a.regenerations, counters["protected"] = a.protected_groups;
-             counters["forgotten"] = a.forgotten;
-             d["attempt_counters"] = counters;
-             d["source_counts"] = source_counts_array(s.source_counts);
-             d["in_flight_prompt"] = to_numpy(std::move(s.in_flight_prompt));
-             d["in_flight_step"] = to_numpy(std::move(s.in_flight_step));
-             d["in_flight_dispatch_ns"] = to_numpy(std::move(s.in_flight_dispatch_ns));
-             d["in_flight_lease_left_ns"] = to_numpy(std::move(s.in_flight_lease_left_ns));
-             d["in_flight_held_ns"] = to_numpy(std::move(s.in_flight_held_ns));
-             d["ledger"] = ledger_dict(s.ledger);
-             d["clock"] = s.clock;
-             d["evicted_unreported"] = s.evicted_unreported;
+      .def("export_state", [](PyRing& self) { return state_dict_of(self.ring->export_state()); })
+      .def("export_delta",
+           [](PyRing& self, bool full) {
+             pfb::RingDelta delta = self.ring->export_delta(full);
+             py::dict d = state_dict_of(std::move(delta.rows));
+             d["front"] = delta.front, d["keep_from"] = delta.keep_from, d["keep"] = delta.keep;
+             d["in_flight_all"] = delta.in_flight_all, d["in_flight_gone"] = to_numpy(std::move(delta.in_flight_gone));
+             d["attempts_all"] = delta.attempts_all, d["attempts_moved"] = delta.attempts_moved;
+             d["attempts_gone"] = to_numpy(std::move(delta.attempts_gone));
+             d["now_ns"] = delta.now_ns;
              return d;
-           })
+           },
+           py::arg("full"))
       .def("import_state", [](PyRing& self, const py::dict& d) {
         pfb::RingState s;
         s.traj_id = from_numpy<int64_t>(d, "traj_id"), s.group_id = from_numpy<int64_t>(d, "group_id");

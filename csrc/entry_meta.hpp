@@ -13,9 +13,6 @@ constexpr int kMetaSlotShift = 32;
 constexpr int64_t kMetaProtected = int64_t{1} << 40;
 constexpr int64_t kMetaObserved = int64_t{1} << 41;
 
-/// Entries of the per-entry cutoff table: indexed by slot | protected << 8 (bits 32-40 of meta).
-constexpr int kCutoffEntries = 512;
-
 /// Returns the meta of an entry with `length` (< 0: none), source slot `slot`, and the two flags.
 inline int64_t make_meta(int64_t length, int32_t slot, bool protect, bool observed) {
   return (length < 0 ? kNoLength : length) | (static_cast<int64_t>(slot) << kMetaSlotShift) |
@@ -31,7 +28,7 @@ inline int64_t meta_length(int64_t meta) {
 /// Returns the source slot in `meta` (0: untagged).
 inline int32_t meta_slot(int64_t meta) { return static_cast<int32_t>((meta >> kMetaSlotShift) & 0xFF); }
 
-/// Returns the cutoff-table index of `meta`: its slot, plus 256 when protected.
+/// Returns what decides the bound of an entry with `meta`: its slot, plus 256 when protected (bits 32-40).
 inline int32_t meta_cut_index(int64_t meta) { return static_cast<int32_t>((meta >> kMetaSlotShift) & 0x1FF); }
 
 /// Returns true iff the entry came through dispatch and complete.

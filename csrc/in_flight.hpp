@@ -7,9 +7,11 @@
 #include <map>
 #include <set>
 #include <tuple>
-#include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "change_marks.hpp"
+#include "flat_id_map.hpp"
 
 namespace pyfast_buffer {
 
@@ -25,37 +27,40 @@ struct InFlightPrompt {
   int64_t meta = 0xFFFFFFFFll;     // source slot and protected flag for its entries (entry_meta.hpp), no length
 };
 
-/// Hash table of in-flight prompts plus an ordered count of their steps, so the oldest is O(1), and the
+/// Hash table of in-flight prompts (a FlatIdMap: no node per prompt) plus an ordered count of their steps, so the oldest is O(1), and the
 /// leased prompts ordered by deadline, so the earliest is O(1) and prompts without a lease cost nothing.
 class InFlightTable {
  public:
   /// Returns true iff `prompt_id` is in flight.
-  bool contains(int64_t prompt_id) const { return prompts_.count(prompt_id) != 0; }
+  bool contains(int64_t prompt_id) const { return prompts_.contains(prompt_id); }
 
   /// Returns the record of `prompt_id`; the caller has checked that it is in flight.
-  const InFlightPrompt& at(int64_t prompt_id) const { return prompts_.at(prompt_id); }
+  const InFlightPrompt& at(int64_t prompt_id) const { return *prompts_.find(prompt_id); }
 
   /// Records `prompt_id` as in flight; the caller has checked that it is not yet.
   void insert(int64_t prompt_id, InFlightPrompt record) {
-    prompts_.emplace(prompt_id, record);
+    prompts_.insert(prompt_id, record);
+    changes_.add(prompt_id);
     ++step_counts_[record.sample_step];
     if (record.deadline_ns != kNoLease) leases_.emplace(record.deadline_ns, prompt_id);
   }
 
   /// Removes `prompt_id`; the caller has checked that it is in flight.
   void erase(int64_t prompt_id) {
-    auto it = prompts_.find(prompt_id);
-    auto count = step_counts_.find(it->second.sample_step);
+    const InFlightPrompt& rec = *prompts_.find(prompt_id);
+    auto count = step_counts_.find(rec.sample_step);
     if (--count->second == 0) step_counts_.erase(count);
-    if (it->second.deadline_ns != kNoLease) leases_.erase({it->second.deadline_ns, prompt_id});
-    prompts_.erase(it);
+    if (rec.deadline_ns != kNoLease) leases_.erase({rec.deadline_ns, prompt_id});
+    prompts_.erase(prompt_id);
+    changes_.add(prompt_id);
   }
 
   /// Sets the lease deadline of `prompt_id` (kNoLease: none); the caller has checked that it is in flight.
   void set_deadline(int64_t prompt_id, int64_t deadline_ns) {
-    InFlightPrompt& rec = prompts_.at(prompt_id);
+    InFlightPrompt& rec = *prompts_.find(prompt_id);
     if (rec.deadline_ns != kNoLease) leases_.erase({rec.deadline_ns, prompt_id});
     rec.deadline_ns = deadline_ns;
+    changes_.add(prompt_id);
     if (deadline_ns != kNoLease) leases_.emplace(deadline_ns, prompt_id);
   }
 
@@ -72,8 +77,9 @@ class InFlightTable {
   /// Returns the prompts dispatched at lease-clock time <= `since_ns`, by dispatch time then prompt id.
   std::vector<int64_t> dispatched_by(int64_t since_ns) const {
     std::vector<std::pair<int64_t, int64_t>> found;
-    for (const auto& [id, rec] : prompts_)
+    prompts_.for_each([&](int64_t id, const InFlightPrompt& rec) {
       if (rec.since_ns <= since_ns) found.emplace_back(rec.since_ns, id);
+    });
     std::sort(found.begin(), found.end());
     std::vector<int64_t> ids;
     ids.reserve(found.size());
@@ -86,7 +92,11 @@ class InFlightTable {
     prompts_.clear();
     step_counts_.clear();
     leases_.clear();
+    changes_.add_all();
   }
+
+  /// Returns the prompts inserted, removed or re-leased since the journal's last export.
+  ChangedIds& changes() { return changes_; }
 
   /// Returns the smallest sample_step in flight, or INT64_MAX when nothing is in flight.
   int64_t oldest_step() const {
@@ -96,9 +106,9 @@ class InFlightTable {
   /// Returns true iff `pred(sample_step, meta)` holds for some in-flight prompt (one pass over them all).
   template <class Pred>
   bool any_of(Pred pred) const {
-    for (const auto& [id, rec] : prompts_)
-      if (pred(rec.sample_step, rec.meta)) return true;
-    return false;
+    bool found = false;
+    prompts_.for_each([&](int64_t, const InFlightPrompt& rec) { found = found || pred(rec.sample_step, rec.meta); });
+    return found;
   }
 
   /// Returns how many prompts are in flight per sample_step, oldest step first.
@@ -110,8 +120,9 @@ class InFlightTable {
   /// Returns (prompt_id, sample_step) of every prompt with sample_step <= `step`, oldest first.
   std::vector<std::pair<int64_t, int64_t>> at_or_before(int64_t step) const {
     std::vector<std::pair<int64_t, int64_t>> found;
-    for (const auto& [id, rec] : prompts_)
+    prompts_.for_each([&](int64_t id, const InFlightPrompt& rec) {
       if (rec.sample_step <= step) found.emplace_back(id, rec.sample_step);
+    });
     std::sort(found.begin(), found.end(),
               [](const auto& a, const auto& b) { return std::tie(a.second, a.first) < std::tie(b.second, b.first); });
     return found;
@@ -119,15 +130,18 @@ class InFlightTable {
 
   /// Returns every in-flight prompt as (prompt_id, record), sorted by prompt id.
   std::vector<std::pair<int64_t, InFlightPrompt>> sorted_items() const {
-    std::vector<std::pair<int64_t, InFlightPrompt>> items(prompts_.begin(), prompts_.end());
+    std::vector<std::pair<int64_t, InFlightPrompt>> items;
+    items.reserve(prompts_.size());
+    prompts_.for_each([&](int64_t id, const InFlightPrompt& rec) { items.emplace_back(id, rec); });
     std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     return items;
   }
 
  private:
-  std::unordered_map<int64_t, InFlightPrompt> prompts_;
+  FlatIdMap<InFlightPrompt> prompts_;
   std::map<int64_t, int64_t> step_counts_;
   std::set<std::pair<int64_t, int64_t>> leases_;  // (deadline_ns, prompt_id) of leased prompts
+  ChangedIds changes_;
 };
 
 }  // namespace pyfast_buffer

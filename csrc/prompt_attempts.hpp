@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "change_marks.hpp"
+#include "flat_id_map.hpp"
 
 namespace pyfast_buffer {
 
@@ -45,20 +47,21 @@ struct AttemptRecord {
 
 /// Records per prompt id, least recently touched first; past `bound` records the least recently touched
 /// is forgotten (counted in AttemptCounters::forgotten): a forgotten prompt starts again at attempt 1.
-/// Not thread-safe: the ring calls it under its lock.
+/// Storage is flat: the records sit in one array (a slab, never more than `bound` long) threaded by an
+/// index-linked recency list, and a FlatIdMap (open addressing, backward-shift deletion) maps a prompt id
+/// to its position in the slab. A record leaves only when the
+/// table is at its bound and a new prompt arrives, and the newcomer takes the leaver's slab slot, so the
+/// table allocates only while it grows towards the bound. Not thread-safe: the ring calls it under its lock.
 class PromptAttempts {
  public:
   /// Builds an empty table keeping at most `bound` (> 0) records.
   explicit PromptAttempts(int64_t bound) : bound_(bound) {}
-  PromptAttempts(const PromptAttempts&) = delete;  // the recency list points into the map's nodes
-  PromptAttempts& operator=(const PromptAttempts&) = delete;
 
   /// Records a dispatch of `prompt_id` from source slot `slot`; counts a retry when its latest finished
   /// attempt left untrained; returns the number of dispatches since it was last trained, this one included
   /// (1 for a first attempt, and for the first after a training: max_attempts caps regenerations, not epochs).
   int32_t on_dispatch(int64_t prompt_id, int32_t slot) {
-    Entry& e = touch(prompt_id, slot);
-    AttemptRecord& r = e.rec;
+    AttemptRecord& r = touch(prompt_id, slot);
     if (r.attempts > 0 && r.last_lost) {
       ++counters_.retries;
       counters_.regenerations += r.lost_trajs;
@@ -75,34 +78,36 @@ class PromptAttempts {
     return r.since_trained;
   }
 
-  /// Returns what on_dispatch(prompt_id, ...) would return now, changing nothing: the dispatches since
-  /// `prompt_id` was last trained, counting one more (1 for a prompt without a record).
+  /// Returns what on_dispatch(`prompt_id`, any slot) would return now, changing nothing: the number of
+  /// dispatches since the prompt was last trained, counting that dispatch (1 for a prompt not kept).
   int32_t peek_untrained_run(int64_t prompt_id) const {
-    auto it = map_.find(prompt_id);
-    if (it == map_.end()) return 1;
-    const int32_t run = it->second.rec.since_trained;
+    const int64_t at = find(prompt_id);
+    if (at < 0) return 1;
+    const int32_t run = nodes_[static_cast<size_t>(at)].rec.since_trained;
     return run < INT32_MAX ? run + 1 : run;
   }
 
   /// Records that a group of `prompt_id` entered the ring (complete).
   void on_complete(int64_t prompt_id) {
-    auto it = map_.find(prompt_id);
-    if (it == map_.end()) return;  // forgotten while in flight: nothing to attribute
-    ++it->second.rec.pending;
-    move_to_back(&it->second);
+    const int64_t at = find(prompt_id);
+    if (at < 0) return;  // forgotten while in flight: nothing to attribute
+    ++nodes_[static_cast<size_t>(at)].rec.pending;
+    move_to_back(at);
+    moved_.add(prompt_id);
   }
 
   /// Records that an in-flight attempt of `prompt_id` failed or expired (it produced nothing).
   void on_failed(int64_t prompt_id) {
-    auto it = map_.find(prompt_id);
-    if (it != map_.end()) it->second.rec.last_lost = true;
+    const int64_t at = find(prompt_id);
+    if (at >= 0) nodes_[static_cast<size_t>(at)].rec.last_lost = true, updated_.add(prompt_id);
   }
 
   /// Records that a completed group of `prompt_id` was taken for the first time.
   void on_trained(int64_t prompt_id) {
-    auto it = map_.find(prompt_id);
-    if (it == map_.end() || it->second.rec.pending == 0) return;
-    AttemptRecord& r = it->second.rec;
+    const int64_t at = find(prompt_id);
+    if (at < 0 || nodes_[static_cast<size_t>(at)].rec.pending == 0) return;
+    AttemptRecord& r = nodes_[static_cast<size_t>(at)].rec;
+    updated_.add(prompt_id);
     const bool was_starved = starved(r);
     --r.pending;
     if (r.trained < INT32_MAX) ++r.trained;
@@ -113,9 +118,10 @@ class PromptAttempts {
 
   /// Records that a completed group of `prompt_id` with `trajs` entries left untrained (dropped, evicted).
   void on_lost(int64_t prompt_id, int64_t trajs) {
-    auto it = map_.find(prompt_id);
-    if (it == map_.end() || it->second.rec.pending == 0) return;
-    AttemptRecord& r = it->second.rec;
+    const int64_t at = find(prompt_id);
+    if (at < 0 || nodes_[static_cast<size_t>(at)].rec.pending == 0) return;
+    AttemptRecord& r = nodes_[static_cast<size_t>(at)].rec;
+    updated_.add(prompt_id);
     --r.pending;
     r.last_lost = true;
     r.lost_trajs += trajs;
@@ -128,8 +134,8 @@ class PromptAttempts {
   /// trained, by prompt id.
   std::vector<std::pair<int64_t, int64_t>> starved_prompts(int64_t min_attempts) const {
     std::vector<std::pair<int64_t, int64_t>> out;
-    for (const auto& [id, e] : map_)
-      if (e.rec.attempts >= min_attempts && e.rec.trained == 0) out.emplace_back(id, e.rec.attempts);
+    for (const Node& n : nodes_)  // every slab slot holds a kept record
+      if (n.rec.attempts >= min_attempts && n.rec.trained == 0) out.emplace_back(n.rec.prompt_id, n.rec.attempts);
     std::sort(out.begin(), out.end());
     return out;
   }
@@ -144,65 +150,118 @@ class PromptAttempts {
   }
 
   /// Returns true iff no prompt was ever recorded.
-  bool empty() const { return map_.empty() && counters_.forgotten == 0; }
+  bool empty() const { return nodes_.empty() && counters_.forgotten == 0; }
 
   /// Returns every record, least recently touched first.
   std::vector<AttemptRecord> export_records() const {
     std::vector<AttemptRecord> out;
-    out.reserve(map_.size());
-    for (const Entry* e = oldest_; e != nullptr; e = e->newer) out.push_back(e->rec);
+    out.reserve(nodes_.size());
+    for (int64_t at = oldest_; at >= 0; at = nodes_[static_cast<size_t>(at)].newer)
+      out.push_back(nodes_[static_cast<size_t>(at)].rec);
     return out;
   }
 
   /// Replaces the table with `records` (least recently touched first; the last `bound` are kept) and the
   /// cumulative counters with `counters` (the starved gauges are recomputed).
   void import_records(const std::vector<AttemptRecord>& records, const AttemptCounters& counters) {
-    map_.clear();
-    oldest_ = newest_ = nullptr;
+    nodes_.clear();
+    index_.clear();
+    oldest_ = newest_ = -1;
     counters_ = counters;
     counters_.starved = 0;
     counters_.starved_by_slot.fill(0);
     const size_t skip = records.size() > static_cast<size_t>(bound_) ? records.size() - bound_ : 0;
     for (size_t i = skip; i < records.size(); ++i) {
       const AttemptRecord& r = records[i];
-      auto [it, fresh] = map_.try_emplace(r.prompt_id);
-      it->second.rec = r;
-      if (fresh)
-        link_back(&it->second);
-      else
-        move_to_back(&it->second);
+      int64_t at = find(r.prompt_id);
+      if (at >= 0) {  // a repeated id (an edited state): the later record wins, as the latest touch
+        move_to_back(at);
+      } else {
+        at = append_node(r.prompt_id);
+        link_back(at);
+      }
+      nodes_[static_cast<size_t>(at)].rec = r;
     }
-    for (const auto& [id, e] : map_)
-      if (starved(e.rec)) add_starved(e.rec.slot, +1);
+    for (const Node& n : nodes_)
+      if (starved(n.rec)) add_starved(n.rec.slot, +1);
+    moved_.add_all();
   }
 
-  /// Reserves room for min(bound, `records`) records, so a growing table does not rehash on the hot path.
-  void reserve(int64_t records) { map_.reserve(static_cast<size_t>(std::min(bound_, records))); }
+  /// What changed since the journal's last export (the first call starts tracking and says `all`).
+  struct Changes {
+    bool all = false;                    // every record: `moved` holds the whole table, oldest first
+    std::vector<AttemptRecord> moved;    // the records touched (moved to the back), oldest first: the table's tail
+    std::vector<AttemptRecord> updated;  // other records changed in place
+    std::vector<int64_t> gone;           // prompts whose record was dropped at the bound
+  };
+
+  /// Makes the next take_changes() return the whole table.
+  void mark_all() { moved_.add_all(); }
+
+  /// Returns the changes since the last call and begins a new interval.
+  Changes take_changes() {
+    Changes out;
+    if (!moved_.on() || moved_.all()) {
+      out.all = true;
+      out.moved = export_records();
+      moved_.start(), updated_.start(), gone_.start();
+      return out;
+    }
+    std::vector<AttemptRecord> tail;
+    for (int64_t at = newest_; at >= 0 && static_cast<int64_t>(tail.size()) < moved_.size();
+         at = nodes_[static_cast<size_t>(at)].older)
+      tail.push_back(nodes_[static_cast<size_t>(at)].rec);
+    out.moved.assign(tail.rbegin(), tail.rend());
+    for (int64_t id : updated_.ids()) {
+      const int64_t at = find(id);
+      if (at >= 0 && !moved_.contains(id)) out.updated.push_back(nodes_[static_cast<size_t>(at)].rec);
+    }
+    out.gone = gone_.ids();
+    moved_.clear(), updated_.clear(), gone_.clear();
+    return out;
+  }
+
+  /// Reserves room for min(bound, `records`) records, so a growing table does not reallocate on the hot path.
+  void reserve(int64_t records) {
+    const int64_t n = std::min(bound_, records);
+    nodes_.reserve(static_cast<size_t>(n));
+    index_.reserve(static_cast<size_t>(n));
+  }
 
   /// Returns the bound on kept records.
   int64_t bound() const { return bound_; }
 
  private:
-  // The recency order is a list threaded through the map's own nodes (unordered_map never moves them), so
-  // a record costs one allocation, not two.
-  struct Entry {
+  struct Node {
     AttemptRecord rec;
-    Entry* older = nullptr;
-    Entry* newer = nullptr;
+    int64_t older = -1;  // slab positions in the recency list; -1 at either end
+    int64_t newer = -1;
   };
-  void link_back(Entry* e) {
-    e->older = newest_, e->newer = nullptr;
-    (newest_ ? newest_->newer : oldest_) = e;
-    newest_ = e;
+  int64_t find(int64_t key) const {
+    const int64_t* at = index_.find(key);
+    return at ? *at : -1;
   }
-  void unlink(Entry* e) {
-    (e->older ? e->older->newer : oldest_) = e->newer;
-    (e->newer ? e->newer->older : newest_) = e->older;
+  int64_t append_node(int64_t key) {
+    const int64_t at = static_cast<int64_t>(nodes_.size());
+    nodes_.emplace_back();
+    index_.insert(key, at);
+    return at;
   }
-  void move_to_back(Entry* e) {
-    if (e == newest_) return;
-    unlink(e);
-    link_back(e);
+  Node& node(int64_t at) { return nodes_[static_cast<size_t>(at)]; }
+  void link_back(int64_t at) {
+    node(at).older = newest_, node(at).newer = -1;
+    (newest_ >= 0 ? node(newest_).newer : oldest_) = at;
+    newest_ = at;
+  }
+  void unlink(int64_t at) {
+    const int64_t older = node(at).older, newer = node(at).newer;
+    (older >= 0 ? node(older).newer : oldest_) = newer;
+    (newer >= 0 ? node(newer).older : newest_) = older;
+  }
+  void move_to_back(int64_t at) {
+    if (at == newest_) return;
+    unlink(at);
+    link_back(at);
   }
   static bool starved(const AttemptRecord& r) { return r.attempts >= 2 && r.trained == 0; }
   void add_starved(int32_t slot, int64_t delta) {
@@ -213,30 +272,40 @@ class PromptAttempts {
     counters_.starved_by_slot[static_cast<size_t>(from)] -= 1;
     counters_.starved_by_slot[static_cast<size_t>(to)] += 1;
   }
-  Entry& touch(int64_t prompt_id, int32_t slot) {
-    auto [it, fresh] = map_.try_emplace(prompt_id);
-    Entry* e = &it->second;
-    if (!fresh) {
-      move_to_back(e);
-      return *e;
+  AttemptRecord& touch(int64_t prompt_id, int32_t slot) {
+    moved_.add(prompt_id);
+    int64_t at = find(prompt_id);
+    if (at >= 0) {
+      move_to_back(at);
+      return node(at).rec;
     }
-    e->rec.prompt_id = prompt_id;
-    e->rec.slot = slot;
-    link_back(e);
-    if (static_cast<int64_t>(map_.size()) > bound_) {  // forget the least recently touched
-      Entry* old = oldest_;
-      if (starved(old->rec)) add_starved(old->rec.slot, -1);
-      unlink(old);
-      map_.erase(old->rec.prompt_id);
+    if (static_cast<int64_t>(nodes_.size()) >= bound_) {
+      // At the bound: forget the least recently touched, and the newcomer takes its slab slot.
+      at = oldest_;
+      const AttemptRecord& old = node(at).rec;
+      if (starved(old)) add_starved(old.slot, -1);
+      unlink(at);
+      moved_.drop(old.prompt_id), updated_.drop(old.prompt_id), gone_.add(old.prompt_id);
+      index_.erase(old.prompt_id);
+      index_.insert(prompt_id, at);
       ++counters_.forgotten;
+    } else {
+      at = append_node(prompt_id);
     }
-    return *e;
+    AttemptRecord& r = node(at).rec;
+    r = AttemptRecord{};
+    r.prompt_id = prompt_id;
+    r.slot = slot;
+    link_back(at);
+    return r;
   }
 
   int64_t bound_;
-  std::unordered_map<int64_t, Entry> map_;
-  Entry* oldest_ = nullptr;  // the recency list, least recently touched first
-  Entry* newest_ = nullptr;
+  std::vector<Node> nodes_;   // the slab: every element a kept record
+  FlatIdMap<int64_t> index_;  // prompt id -> its position in the slab
+  int64_t oldest_ = -1;       // the recency list, least recently touched first
+  int64_t newest_ = -1;
+  ChangedIds moved_, updated_, gone_;  // since the journal's last export (take_changes)
   AttemptCounters counters_;
 };
 

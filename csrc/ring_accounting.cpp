@@ -24,38 +24,57 @@ inline int64_t latency_us(const ColumnPointers& c, int64_t p) {
 }  // namespace
 
 void StalenessRing::observe_walked(int64_t walked, int64_t current_step, bool first_use_always, TakeStats& stats) {
-  // One pass over the walked prefix, group by group (uses already counted by this take): per-source counts,
-  // the monitor's trained and lost sketches, and each observed group's prompt record.
+  // One pass over the walked prefix (uses already counted by this take): per-source counts, the monitor's
+  // trained and lost sketches, and each observed group's prompt record. Put entries (never a monitored
+  // rollout) are counted entry by entry over contiguous rows, without group bookkeeping; an observed group
+  // is handled whole.
   const ColumnPointers& c = columns_.get();
   const bool per_entry = per_entry_cutoffs();
-  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
-                                                              : std::numeric_limits<int64_t>::min();
-  std::array<std::array<int64_t, 2>, kSourceSlots> by_slot{};  // (taken, dropped) by this call
+  const int64_t* const stamps = per_entry ? expiry_.data() : age_steps();
+  const int64_t cut = per_entry ? expiry_cut_
+                      : config_.strategy == Strategy::kDrop ? current_step - max_age_
+                                                            : std::numeric_limits<int64_t>::min();
+  // Per slot, by this call: taken, dropped, trained, and the dropped put entries (source_counts_ not yet told).
+  std::array<std::array<int64_t, 4>, kSourceSlots> by_slot{};
+  const int64_t cap = config_.capacity;
   for (int64_t i = 0; i < walked;) {
     const int64_t p = phys(i);
-    const int64_t len = c.group_len[p], m = c.meta[p];
-    const auto slot = static_cast<size_t>(meta_slot(m));
-    const bool stale = per_entry ? stale_at(p) : age_steps()[p] < cutoff;
-    if (stale) {
-      by_slot[slot][1] += len;
-      observe_lost_group(p, false);
+    const int64_t run = std::min(walked - i, cap - p);
+    int64_t k = 0;
+    for (; k < run; ++k) {
+      const int64_t m = c.meta[p + k];
+      if (meta_observed(m)) break;
+      std::array<int64_t, 4>& n = by_slot[static_cast<size_t>(meta_slot(m))];
+      const int64_t stale = stamps[p + k] < cut;
+      n[static_cast<size_t>(stale)] += 1;
+      n[2] += (1 - stale) & static_cast<int64_t>(first_use_always || c.uses[p + k] == 1);
+      n[3] += stale;
+    }
+    i += k;
+    if (k == run) continue;
+    const int64_t q = p + k;  // an observed group starts here
+    const int64_t len = c.group_len[q], m = c.meta[q];
+    std::array<int64_t, 4>& n = by_slot[static_cast<size_t>(meta_slot(m))];
+    if (stamps[q] < cut) {
+      n[1] += len;
+      observe_lost_group(q, false);
     } else {
-      by_slot[slot][0] += len;
-      source_counts_[slot].taken += len;
-      if (first_use_always || c.uses[p] == 1) {  // its first take: trained
-        source_counts_[slot].trained += len;
-        if (meta_observed(m)) {
-          add_group(Fate::kTrained, p, len);
-          attempts_.on_trained(c.group_id[p]);
-        }
+      n[0] += len;
+      if (first_use_always || c.uses[q] == 1) {  // its first take: trained
+        n[2] += len;
+        add_group(Fate::kTrained, q, len);
+        attempts_.on_trained(c.group_id[q]);
       }
     }
     i += len;
   }
-  if (tagged_)
-    for (int slot = 0; slot < kSourceSlots; ++slot)
-      if (by_slot[slot][0] || by_slot[slot][1])
-        stats.sources.push_back({slot, by_slot[slot][0], by_slot[slot][1]});
+  for (int slot = 0; slot < kSourceSlots; ++slot) {
+    const std::array<int64_t, 4>& n = by_slot[static_cast<size_t>(slot)];
+    if (!(n[0] | n[1])) continue;
+    SourceCounts& counts = source_counts_[static_cast<size_t>(slot)];
+    counts.taken += n[0], counts.trained += n[2], counts.dropped += n[3];
+    if (tagged_) stats.sources.push_back({slot, n[0], n[1]});
+  }
 }
 
 void StalenessRing::observe_lost(int64_t count, bool evicted) {
@@ -100,6 +119,7 @@ void StalenessRing::set_source_max_age(int32_t slot, int64_t max_age) {
     if (own == max_age) return;
     overrides_ += (max_age >= 0) - (own >= 0);
     own = max_age;
+    expiry_valid_ = false;  // every entry of that source has a new stale-before step
   }
   ready_cv_.notify_all();  // under wait, a raised bound may unblock a waiting take
 }

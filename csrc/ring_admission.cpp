@@ -147,6 +147,9 @@ void StalenessRing::pace_restore_order() {
   std::vector<int64_t> rows(static_cast<size_t>(size_));  // physical rows in ring order, then in stamp order
   for (int64_t i = 0; i < size_; ++i) rows[i] = phys(i);
   std::stable_sort(rows.begin(), rows.end(), [ages](int64_t a, int64_t b) { return ages[a] < ages[b]; });
+  int64_t first_moved = 0;
+  while (first_moved < size_ && rows[first_moved] == phys(first_moved)) ++first_moved;
+  marks_.touched(first_moved, size_);
   std::vector<int64_t> wide(static_cast<size_t>(size_));
   for (int64_t* col :
        {c.traj_id, c.group_id, c.sample_step, c.finish_step, c.dispatch_ns, c.complete_ns, c.meta}) {
@@ -159,6 +162,7 @@ void StalenessRing::pace_restore_order() {
     for (int64_t i = 0; i < size_; ++i) col[phys(i)] = narrow[i];
   }
   sorted_ = true;
+  expiry_valid_ = false;  // rows moved: the next per-entry walk rebuilds the stale-before column
 }
 
 void StalenessRing::pace_count_ready() {

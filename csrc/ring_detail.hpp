@@ -90,7 +90,18 @@ inline void StalenessRing::note_prefix_left(int64_t count, ReleaseReason reason)
   for (int64_t i = 0; i < count; ++i) note_left(traj_id[phys(i)], reason);
 }
 
+// Appends one in-flight prompt to an export, its lease left and time in flight measured at `now`.
+inline void append_in_flight(RingState& s, int64_t prompt, const InFlightPrompt& rec, int64_t now) {
+  s.in_flight_prompt.push_back(prompt);
+  s.in_flight_step.push_back(rec.sample_step);
+  s.in_flight_dispatch_ns.push_back(rec.dispatch_ns);
+  s.in_flight_meta.push_back(rec.meta);
+  s.in_flight_lease_left_ns.push_back(rec.deadline_ns == kNoLease ? -1 : std::max<int64_t>(rec.deadline_ns - now, 0));
+  s.in_flight_held_ns.push_back(std::max<int64_t>(now - rec.since_ns, 0));
+}
+
 inline void StalenessRing::remove_prefix(int64_t n) {
+  marks_.removed_front(n);
   head_ = phys(n);
   size_ -= n;
   if (size_ == 0) head_ = 0, sorted_ = true, spans_ = false, plain_meta_ = !tagged_;

@@ -13,51 +13,17 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   expire_due();
   check_clock(current_step);
   advance_clock_by_trainer(current_step);
-  const int64_t cutoff = current_step - max_age_;
-  int64_t removed = 0;
+  // Per-source bounds or protected entries: stale entries are not a prefix, and the key is the stale-before
+  // column against current_step (evict_stale applies the bounds under either strategy); the compaction below
+  // keeps groups whole because a group shares one key.
+  const bool per_entry = per_entry_cutoffs();
+  if (per_entry) fill_cutoffs(current_step, true);
   const int64_t* const ages = age_steps();
+  const int64_t* const keys = per_entry ? expiry_.data() : ages;
+  const int64_t cutoff = per_entry ? current_step : current_step - max_age_;
+  int64_t removed = 0;
   const bool observe = bias_ || tagged_;
-  if (per_entry_cutoffs()) {
-    // Per-source bounds or protected entries: stale entries are not a prefix; one scalar compaction pass,
-    // each group against its own cutoff (evict_stale applies the bounds under either strategy).
-    fill_cutoffs(current_step);
-    if (config_.strategy == Strategy::kWait)  // under wait fill_cutoffs drops nothing: use the bounds here
-      for (int slot = 0; slot < kSourceSlots; ++slot) {
-        const int64_t own = source_max_age_[static_cast<size_t>(slot)];
-        cutoffs_[static_cast<size_t>(slot)] = current_step - (own >= 0 ? own : max_age_);
-      }
-    const ColumnPointers c = columns_.get();
-    const int64_t cap = config_.capacity, total = size_;
-    int64_t write = head_, kept = 0;
-    for (int64_t i = 0; i < total;) {
-      const int64_t p0 = phys(i), len = c.group_len[p0];
-      const bool stale = stale_at(p0);
-      if (stale) {
-        if (observe) observe_lost_group(p0, false);
-        if (leave_hooks())
-          for (int64_t j = 0; j < len; ++j) note_left(c.traj_id[phys(i + j)], ReleaseReason::kDroppedStale);
-      }
-      for (int64_t j = 0; j < len && !stale; ++j) {
-        const int64_t r = phys(i + j);
-        if (r != write) {
-          c.traj_id[write] = c.traj_id[r], c.group_id[write] = c.group_id[r], c.sample_step[write] = c.sample_step[r];
-          c.finish_step[write] = c.finish_step[r], c.dispatch_ns[write] = c.dispatch_ns[r];
-          c.complete_ns[write] = c.complete_ns[r], c.meta[write] = c.meta[r];
-          c.uses[write] = c.uses[r], c.group_len[write] = c.group_len[r];
-        }
-        write = write + 1 == cap ? 0 : write + 1;
-        ++kept;
-      }
-      i += len;
-    }
-    bool sorted = true;
-    for (int64_t i = 1; i < kept && sorted; ++i) sorted = ages[phys(i)] >= ages[phys(i - 1)];
-    removed = size_ - kept;
-    size_ = kept;
-    sorted_ = sorted;
-    if (size_ == 0) head_ = 0, spans_ = false, plain_meta_ = !tagged_;
-    if (paced()) pace_count_ready();
-  } else if (sorted_) {
+  if (!per_entry && sorted_) {
     // Stamps are non-decreasing in ring order: the stale entries are a prefix. The geometry is in locals, so
     // the search reloads nothing per probe.
     const int64_t* const steps = ages;
@@ -76,21 +42,22 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   } else {
     // One branch-free pass: every row is copied to the write cursor, which advances only for fresh
     // rows; where neither cursor is near the wrap point, eight rows at a time with AVX-512 if present.
+    marks_.all();  // a compaction moves rows and shortens the ring
     const ColumnPointers c = columns_.get();  // local copies: column stores cannot alias them
     const int64_t cap = config_.capacity, total = size_;
     if (leave_hooks())  // report the stale ids before the compaction (scalar or SIMD) overwrites them
       for (int64_t i = 0; i < total; ++i)
-        if (ages[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);
+        if (keys[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);
     if (observe)  // likewise the data accounting, group by group
       for (int64_t i = 0; i < total; i += c.group_len[phys(i)])
-        if (ages[phys(i)] < cutoff) observe_lost_group(phys(i), false);
+        if (keys[phys(i)] < cutoff) observe_lost_group(phys(i), false);
     const bool simd = simd_compaction_available();
     int64_t read = head_, write = head_, kept = 0;
     for (int64_t done = 0; done < total;) {
       if (simd) {
         const int64_t span = std::min({total - done, cap - read, cap - write}) / 8 * 8;
         if (span > 0) {
-          const int64_t n_kept = compact_rows_simd(c, ages, read, write, span, cutoff);
+          const int64_t n_kept = compact_rows_simd(c, keys, read, write, span, cutoff);
           kept += n_kept, done += span, read += span, write += n_kept;
           read -= (read == cap) ? cap : 0;
           write -= (write == cap) ? cap : 0;
@@ -101,7 +68,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
       // meta is the same (put-only rings), where moving it would change nothing.
       auto rows = [&](auto with_meta) {
         for (const int64_t stop = std::min(total, done + 64); done < stop; ++done) {
-          const int64_t keep = ages[read] >= cutoff;
+          const int64_t keep = keys[read] >= cutoff;
           c.traj_id[write] = c.traj_id[read];
           c.group_id[write] = c.group_id[read];
           c.sample_step[write] = c.sample_step[read];
@@ -131,6 +98,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
       p = p + 1 == cap ? 0 : p + 1;
     }
     removed = size_ - kept;
+    if (removed > 0) expiry_valid_ = false;  // rows moved, the column did not: the next per-entry walk rebuilds it
     size_ = kept;
     sorted_ = sorted;
     if (size_ == 0) head_ = 0, spans_ = false, plain_meta_ = !tagged_;

@@ -35,6 +35,7 @@ void StalenessRing::set_max_age(int64_t max_age) {
   MutexLock lock(mutex_);
   if (max_age == max_age_) return;
   max_age_ = max_age;
+  expiry_valid_ = false;  // the stale-before steps of entries without their own bound move with it
   ++ledger_.max_age_changes;
   lock.unlock();
   ready_cv_.notify_all();  // under wait, a raised bound may unblock a waiting take
@@ -67,6 +68,17 @@ void StalenessRing::close() {
   admit_cv_.notify_all();
 }
 
+void StalenessRing::export_scalars(RingState& s) const {
+  s.ledger = ledger_;
+  s.ledger.in_flight = in_flight_.size();
+  s.ledger.buffer_left = size_;
+  s.clock = clock_;
+  s.evicted_unreported = evicted_unreported_;
+  s.next_take = next_take_;
+  s.attempt_counters = attempts_.counters();
+  s.source_counts = source_counts_;
+}
+
 RingState StalenessRing::export_state() {
   MutexLock lock(mutex_);
   expire_due();
@@ -86,23 +98,9 @@ RingState StalenessRing::export_state() {
   for (size_t i = 0; i < s.sample_step.size(); ++i)
     s.policy_version[i] = config_.parameter_sync_step > 0 ? s.sample_step[i] / config_.parameter_sync_step : -1;
   const int64_t now = lease_now();
-  for (const auto& [prompt, rec] : in_flight_.sorted_items()) {
-    s.in_flight_prompt.push_back(prompt);
-    s.in_flight_step.push_back(rec.sample_step);
-    s.in_flight_dispatch_ns.push_back(rec.dispatch_ns);
-    s.in_flight_meta.push_back(rec.meta);
-    s.in_flight_lease_left_ns.push_back(rec.deadline_ns == kNoLease ? -1 : std::max<int64_t>(rec.deadline_ns - now, 0));
-    s.in_flight_held_ns.push_back(std::max<int64_t>(now - rec.since_ns, 0));
-  }
-  s.ledger = ledger_;
-  s.ledger.in_flight = in_flight_.size();
-  s.ledger.buffer_left = size_;
-  s.clock = clock_;
-  s.evicted_unreported = evicted_unreported_;
-  s.next_take = next_take_;
+  for (const auto& [prompt, rec] : in_flight_.sorted_items()) append_in_flight(s, prompt, rec, now);
+  export_scalars(s);
   s.attempts = attempts_.export_records();
-  s.attempt_counters = attempts_.counters();
-  s.source_counts = source_counts_;
   return s;
 }
 
@@ -209,6 +207,7 @@ void StalenessRing::import_state(const RingState& s) {
   }
   head_ = 0;
   size_ = n;
+  marks_.all();
   sorted_ = sorted;
   spans_ = false;
   note_spans(0, n);
@@ -230,6 +229,7 @@ void StalenessRing::import_state(const RingState& s) {
   attempts_.import_records(s.attempts, s.attempt_counters);
   source_counts_ = s.source_counts;
   protected_seen_ = protect;
+  expiry_valid_ = false;  // new rows: the next per-entry walk rebuilds the stale-before column
   tagged_ = tagged;
   plain_meta_ = std::all_of(s.meta.begin(), s.meta.end(), [](int64_t m) { return m == kPutMeta; }) && !tagged;
   bool observed = m > 0 || !s.attempts.empty();

@@ -6,6 +6,10 @@
 namespace pyfast_buffer {
 
 namespace {
+// Stamps per branch-free block of the walk's scans: 32 is the smallest at which GCC 12 vectorises the
+// reduction loop (at 8 it unrolls it fully and leaves it scalar).
+constexpr int kScanBlock = 32;
+
 // The refusal of a take whose walk reached a fresh group larger than the batch.
 InvalidArgument group_too_big(int64_t batch_size, int64_t group_id, int64_t len) {
   return InvalidArgument(concat("batch_size=", batch_size, " is smaller than group ", group_id, " of ", len,
@@ -44,68 +48,61 @@ std::string StalenessRing::wait_blocked_message(int64_t current_step) const {
   return out.str();
 }
 
-int64_t StalenessRing::skip_stale(int64_t i, int64_t cutoff) const {
-  // Scans contiguous physical runs without per-entry index arithmetic or dependent loads.
-  const int64_t* steps = age_steps();
+// Inlined into plan_take, its one caller: a stale run of one or two entries must not pay for a call.
+[[gnu::always_inline]] inline int64_t StalenessRing::skip_stale(const int64_t* stamps, int64_t i, int64_t cutoff) const {
+  // Scans contiguous physical runs without per-entry index arithmetic or dependent loads. A stamp (>= 0) was
+  // below cutoff, so cutoff > 0 and no stamp - cutoff overflows: its sign bit says stale.
   while (i < size_) {
     const int64_t p = phys(i);
     const int64_t run = std::min(size_ - i, config_.capacity - p);
-    const int64_t* s = steps + p;
+    const int64_t* s = stamps + p;
     int64_t k = 0;
-    while (k < run && s[k] < cutoff) ++k;
+    // Scalar first: a short stale run (one source's entries among fresh ones) ends here at little cost.
+    const int64_t warm = std::min<int64_t>(run, 8);
+    while (k < warm && s[k] < cutoff) ++k;
+    if (k == 8) {
+      // A long run goes on kScanBlock stamps at a time, branch-free: the AND of (stamp - cutoff) is negative
+      // iff all are stale. GCC vectorises this loop at the baseline ISA (SSE2 psubq/pand; -fopt-info-vec).
+      while (run - k >= kScanBlock) {
+        uint64_t all = ~uint64_t{0};
+        for (int j = 0; j < kScanBlock; ++j) all &= static_cast<uint64_t>(s[k + j]) - static_cast<uint64_t>(cutoff);
+        if ((all >> 63) == 0) break;
+        k += kScanBlock;
+      }
+      while (k < run && s[k] < cutoff) ++k;
+    }
     i += k;
     if (k < run) break;
   }
   return i;
 }
 
-void StalenessRing::fill_cutoffs(int64_t current_step) const {
-  // Per cut index (slot | protected << 8): the step below which an entry is stale; protected entries and
-  // every entry under wait never are. Only the slots that exist are written.
-  constexpr int64_t never = std::numeric_limits<int64_t>::min();
-  const bool drop = config_.strategy == Strategy::kDrop;
-  for (int slot = 0; slot < kSourceSlots; ++slot) {
-    const int64_t own = source_max_age_[static_cast<size_t>(slot)];
-    cutoffs_[static_cast<size_t>(slot)] = drop ? current_step - (own >= 0 ? own : max_age_) : never;
-    cutoffs_[static_cast<size_t>(slot | 256)] = never;
-  }
+int64_t StalenessRing::expiry_of(int64_t p) const {
+  const int64_t meta = columns_.get().meta[p];
+  if (meta & kMetaProtected) return std::numeric_limits<int64_t>::max();
+  const int64_t own = source_max_age_[static_cast<size_t>(meta_slot(meta))];
+  // stamp + bound (both >= 0), saturating at INT64_MAX: a sum past every step is never below one.
+  const int64_t stamp = age_steps()[p], bound = own >= 0 ? own : max_age_;
+  return stamp > std::numeric_limits<int64_t>::max() - bound ? std::numeric_limits<int64_t>::max() : stamp + bound;
 }
 
-bool StalenessRing::stale_at(int64_t p) const {
-  const ColumnPointers& c = columns_.get();
-  return age_steps()[p] < cutoffs_[static_cast<size_t>(meta_cut_index(c.meta[p]))];
+void StalenessRing::ensure_expiry() const {
+  if (expiry_valid_) return;
+  if (expiry_.empty()) expiry_.resize(static_cast<size_t>(config_.capacity));
+  for (int64_t i = 0, p = head_; i < size_; ++i, p = p + 1 == config_.capacity ? 0 : p + 1)
+    expiry_[static_cast<size_t>(p)] = expiry_of(p);
+  expiry_valid_ = true;
 }
 
-void StalenessRing::plan_take_per_entry(int64_t batch_size, TakePlan& plan) const {
-  // Each group against its own source's cutoff (or none, when protected): one pass over whole groups, every
-  // comparison a load from the small cutoff table indexed by the group's meta bits.
-  const ColumnPointers& c = columns_.get();
-  const int64_t* __restrict steps = age_steps();
-  const int64_t* __restrict meta = c.meta;
-  const int32_t* __restrict group_len = c.group_len;
-  const int64_t* __restrict cut = cutoffs_.data();
-  const int64_t size = size_, cap = config_.capacity;
-  int64_t i = 0, taken = 0, p = head_, span_start = -1;
-  while (i < size) {
-    const int64_t len = group_len[p];
-    if (steps[p] < cut[meta_cut_index(meta[p])]) {
-      if (span_start >= 0) plan.spans.push_back({span_start, i - span_start}), span_start = -1;
-      plan.dropped += len;
-    } else {
-      if (len > batch_size) throw group_too_big(batch_size, c.group_id[p], len);
-      if (taken + len > batch_size) {
-        plan.full = true;
-        break;
-      }
-      if (span_start < 0) span_start = i;
-      taken += len;
-    }
-    i += len;
-    p = p + len >= cap ? p + len - cap : p + len;
-    plan.full = taken == batch_size;  // a stale group leaves taken as it was, below batch_size
-    if (plan.full) break;
-  }
-  finish_plan(plan, span_start, i, taken);
+void StalenessRing::stamp_expiry(int64_t first, int64_t count) {
+  if (!expiry_valid_) return;  // not kept (no per-entry bound) or due for a rebuild anyway
+  for (int64_t i = first; i < first + count; ++i) expiry_[static_cast<size_t>(phys(i))] = expiry_of(phys(i));
+}
+
+void StalenessRing::fill_cutoffs(int64_t current_step, bool any_strategy) const {
+  ensure_expiry();
+  expiry_cut_ = any_strategy || config_.strategy == Strategy::kDrop ? current_step
+                                                                     : std::numeric_limits<int64_t>::min();
 }
 
 void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const {
@@ -117,19 +114,18 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
     plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
     return;
   }
-  if (per_entry_cutoffs()) {
-    fill_cutoffs(current_step);
-    plan_take_per_entry(batch_size, plan);
-    apply_pace_gate(plan, current_step);
-    return;
-  }
-  // Under drop, stale entries are skipped one by one: a group shares one stamp, so a stale group
-  // is skipped whole and every fresh entry reached starts a group.
-  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
-                                                              : std::numeric_limits<int64_t>::min();
+  // Under drop, stale entries are skipped in contiguous scans: a group shares one stamp (and one source and
+  // protection), so a stale group is skipped whole and every fresh entry reached starts a group. With
+  // per-source bounds or protected entries the walk is the same over the stale-before column: an entry is
+  // stale iff expiry_[p] < current_step, one scalar for every source.
+  const bool per_entry = per_entry_cutoffs();
+  if (per_entry) fill_cutoffs(current_step, false);
+  const int64_t cutoff = per_entry ? expiry_cut_
+                         : config_.strategy == Strategy::kDrop ? current_step - max_age_
+                                                               : std::numeric_limits<int64_t>::min();
   const int32_t* group_len = columns_.get().group_len;
   const int64_t* group_id = columns_.get().group_id;
-  const int64_t* steps = age_steps();
+  const int64_t* steps = per_entry ? expiry_.data() : age_steps();
   const int64_t size = size_, cap = config_.capacity;
   int64_t i = 0, taken = 0;
   int64_t p = head_;          // phys(i), advanced with i
@@ -137,7 +133,7 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
   while (i < size) {
     if (steps[p] < cutoff) {  // a stale run: close the span, skip the run in contiguous scans
       if (span_start >= 0) plan.spans.push_back({span_start, i - span_start}), span_start = -1;
-      const int64_t fresh = skip_stale(i, cutoff);
+      const int64_t fresh = skip_stale(steps, i, cutoff);
       plan.dropped += fresh - i;
       i = fresh;
       if (i == size) break;
@@ -151,18 +147,19 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
       // Scalar first: a short run (fresh entries among stale ones) ends here at little cost.
       const int64_t warm = std::min<int64_t>(limit, 8);
       while (k < warm && group_len[p + k] == 1 && steps[p + k] >= cutoff) ++k;
-      // A long run goes on eight at a time, branch-free: the OR of (stamp - cutoff) is negative iff one
-      // stamp is stale. With cutoff <= 0 every stamp (>= 0) is fresh; above it no difference overflows.
+      // A long run goes on kScanBlock at a time, branch-free (a vectorised loop, like skip_stale's): the OR
+      // of (stamp - cutoff) is negative iff one stamp is stale. With cutoff <= 0 every stamp (>= 0) is
+      // fresh; above it no difference overflows.
       const int64_t floor = cutoff > 0 ? cutoff : 0;
-      while (k >= 8 && limit - k >= 8) {
+      while (k >= 8 && limit - k >= kScanBlock) {
         uint64_t below = 0;
         uint32_t not_one = 0;
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < kScanBlock; ++j) {
           below |= static_cast<uint64_t>(steps[p + k + j]) - static_cast<uint64_t>(floor);
           not_one |= static_cast<uint32_t>(group_len[p + k + j] ^ 1);
         }
         if ((below >> 63) != 0 || not_one != 0) break;
-        k += 8;
+        k += kScanBlock;
       }
       while (k < limit && group_len[p + k] == 1 && steps[p + k] >= cutoff) ++k;
       taken += k, i += k, p += k;
@@ -331,6 +328,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   stats.age_max = age_max;
   stats.trained_over_age = over_age;
   ledger_.trained_over_age += over_age;
+  marks_.touched(0, plan.walked);  // uses changed; survivors move within the walked prefix
   if (survivors > 0) {
     // Reused entries keep their place: move them, in order, to the end of the walked prefix.
     const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
@@ -346,6 +344,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
       c.finish_step[q] = c.finish_step[p], c.dispatch_ns[q] = c.dispatch_ns[p];
       c.complete_ns[q] = c.complete_ns[p], c.uses[q] = c.uses[p], c.group_len[q] = c.group_len[p];
       if (!plain_meta_) c.meta[q] = c.meta[p];
+      if (per_entry) expiry_[static_cast<size_t>(q)] = expiry_[static_cast<size_t>(p)];
     }
   }
   remove_prefix(plan.walked - survivors);

@@ -166,6 +166,7 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
     for (int64_t j = 0; j < len; ++j) c.finish_step[phys(size_ + j)] = finish_steps[members ? members[j] : j];
   }
   if (n_finish > 0 || config_.age_from == AgeFrom::kFinish) note_spans(size_, len);
+  stamp_expiry(size_, len);
   size_ += len;
   if (config_.unique_ids)
     for (int64_t j = 0; j < len; ++j) live_ids_.insert(traj_ids[order ? order[j] : j]);
@@ -229,6 +230,7 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
     }
   }
   if (n_finish > 0) note_spans(size_, n);
+  stamp_expiry(size_, n);
   size_ += n;
   if (config_.unique_ids)
     for (int64_t j = 0; j < n; ++j) live_ids_.insert(traj_ids[j]);

@@ -8,6 +8,7 @@ set(PFB_CORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/ring_take.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_evict.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_state.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/ring_delta.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_admission.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_accounting.cpp
   ${CMAKE_CURRENT_LIST_DIR}/compact_rows.cpp)

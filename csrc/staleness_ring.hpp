@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "admission.hpp"
+#include "change_marks.hpp"
 #include "entry_meta.hpp"
 #include "errors.hpp"
 #include "in_flight.hpp"
@@ -152,6 +153,20 @@ struct RingState {
   std::array<SourceCounts, kSourceSlots> source_counts{};
 };
 
+/// What changed since the previous export_delta (the Ray index's journal, docs/ray.md): the ready entries
+/// are `rows`' first `front` entries, then the previous export's [keep_from, keep_from + keep), then the rest of
+/// `rows`; in-flight prompts and attempt records as changed rows and removed ids; every scalar and counter whole.
+struct RingDelta {
+  RingState rows;  // entries, in-flight prompts and attempts as described above; scalars and counters whole
+  int64_t front = 0, keep_from = 0, keep = 0;
+  bool in_flight_all = false;           // rows.in_flight_* is the whole in-flight table
+  std::vector<int64_t> in_flight_gone;  // prompts no longer in flight
+  bool attempts_all = false;            // rows.attempts is the whole table
+  int64_t attempts_moved = 0;           // rows.attempts[0:attempts_moved] is the table's new tail, oldest first
+  std::vector<int64_t> attempts_gone;   // prompts whose attempts record was dropped
+  int64_t now_ns = 0;                   // the lease clock the in-flight rows' lease_left/held are measured at
+};
+
 /// Thread-safe staleness-aware ring buffer; every public method takes the one internal lock.
 class StalenessRing {
  public:
@@ -274,6 +289,10 @@ class StalenessRing {
   /// Returns a copy of the whole state, ready entries oldest first (after failing prompts whose lease passed).
   RingState export_state() PFB_EXCLUDES(mutex_);
 
+  /// Returns what changed since the previous call (everything on the first call, or with `full`) and begins a
+  /// new interval; expires nothing. Tracking the in-flight and attempts tables starts with the first call.
+  RingDelta export_delta(bool full) PFB_EXCLUDES(mutex_);
+
   /// Replaces the whole state; throws InvalidArgument, changing nothing, if it is inconsistent or does not fit.
   void import_state(const RingState& state) PFB_EXCLUDES(mutex_);
 
@@ -326,6 +345,8 @@ class StalenessRing {
   void note_left(int64_t id, ReleaseReason reason) PFB_REQUIRES(mutex_);  // one id leaves
   void note_prefix_left(int64_t count, ReleaseReason reason) PFB_REQUIRES(mutex_);  // the oldest `count` leave
   void note_walked(int64_t walked, int64_t current_step) PFB_REQUIRES(mutex_);  // a take's walked prefix leaves
+  // ring_state.cpp: the ledger, clock, pace step, attempt counters and source counts into an export.
+  void export_scalars(RingState& s) const PFB_REQUIRES(mutex_);
 
   // ring_in_flight.cpp: the lease clock and expiry.
   int64_t lease_now() const PFB_REQUIRES(mutex_);
@@ -353,7 +374,8 @@ class StalenessRing {
   // ring_take.cpp: planning and committing a batch.
   bool wait_blocked(int64_t current_step) const PFB_REQUIRES(mutex_);
   std::string wait_blocked_message(int64_t current_step) const PFB_REQUIRES(mutex_);
-  int64_t skip_stale(int64_t i, int64_t cutoff) const PFB_REQUIRES(mutex_);
+  // The first ring index >= i whose stamp in `stamps` (age stamps or expiry_) is not below `cutoff`.
+  int64_t skip_stale(const int64_t* stamps, int64_t i, int64_t cutoff) const PFB_REQUIRES(mutex_);
   void plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const PFB_REQUIRES(mutex_);
   // Closes a walk's open span at `walked` and records its totals (touches only `plan`).
   static void finish_plan(TakePlan& plan, int64_t span_start, int64_t walked, int64_t taken);
@@ -393,9 +415,13 @@ class StalenessRing {
   // ring_accounting.cpp: what the bound does to the data (docs/data-bias.md).
   bool per_entry_cutoffs() const PFB_REQUIRES(mutex_) { return overrides_ > 0 || protected_seen_; }
   void check_slots(const int32_t* slots, int64_t n_slots, int64_t n, const char* what) const;
-  void fill_cutoffs(int64_t current_step) const PFB_REQUIRES(mutex_);  // cutoffs_ for this step and strategy
-  bool stale_at(int64_t p) const PFB_REQUIRES(mutex_);  // row p against its own cutoff (fill_cutoffs first)
-  void plan_take_per_entry(int64_t batch_size, TakePlan& plan) const PFB_REQUIRES(mutex_);
+  // Makes expiry_ current and sets the step stale_at compares with: current_step under drop or when
+  // `any_strategy` (evict_stale applies the bounds under either strategy), else none (wait keeps everything).
+  void fill_cutoffs(int64_t current_step, bool any_strategy) const PFB_REQUIRES(mutex_);
+  bool stale_at(int64_t p) const PFB_REQUIRES(mutex_) { return expiry_[static_cast<size_t>(p)] < expiry_cut_; }
+  int64_t expiry_of(int64_t p) const PFB_REQUIRES(mutex_);  // row p's stale-before step, from its stamp and meta
+  void ensure_expiry() const PFB_REQUIRES(mutex_);          // rebuilds expiry_ (O(ready)) unless it is current
+  void stamp_expiry(int64_t first, int64_t count) PFB_REQUIRES(mutex_);  // appended entries, if expiry_ is kept
   // Counts a take's walked prefix (uses already counted) per source, in the monitor and the attempt table.
   void observe_walked(int64_t walked, int64_t current_step, bool first_use_always, TakeStats& stats)
       PFB_REQUIRES(mutex_);
@@ -410,6 +436,7 @@ class StalenessRing {
   MonotonicCondition room_cv_;        // producers: room freed, or closed
   int64_t head_ PFB_GUARDED_BY(mutex_) = 0;
   int64_t size_ PFB_GUARDED_BY(mutex_) = 0;
+  RingChangeMarks marks_ PFB_GUARDED_BY(mutex_);  // the entries changed since export_delta
   bool sorted_ PFB_GUARDED_BY(mutex_) = true;  // age stamps (age_steps()) non-decreasing in ring order
   bool spans_ PFB_GUARDED_BY(mutex_) = false;  // a ready entry has finish_step != sample_step (else no span sums)
   bool closed_ PFB_GUARDED_BY(mutex_) = false;
@@ -440,7 +467,14 @@ class StalenessRing {
   bool tagged_ PFB_GUARDED_BY(mutex_) = false;          // a tagged entry or prompt may exist
   bool plain_meta_ PFB_GUARDED_BY(mutex_) = true;  // every ready entry's meta is kPutMeta: moving it is skippable
   std::array<SourceCounts, kSourceSlots> source_counts_ PFB_GUARDED_BY(mutex_){};
-  mutable std::array<int64_t, kCutoffEntries> cutoffs_ PFB_GUARDED_BY(mutex_){};  // a cache fill_cutoffs writes
+  // The per-entry stale-before column (docs/design.md, "The take walk"): expiry_[p] is row p's age stamp plus its
+  // own source's max_age (saturating), INT64_MAX when protected, so an entry is stale at step s iff
+  // expiry_[p] < s and the tagged walk compares one column with one scalar, as the untagged walk does. Allocated
+  // at the first per-entry take; kept current by every append and move while expiry_valid_, which a changed bound,
+  // a load or a reorder clears (the next walk rebuilds it in one pass).
+  mutable std::vector<int64_t> expiry_ PFB_GUARDED_BY(mutex_);
+  mutable bool expiry_valid_ PFB_GUARDED_BY(mutex_) = false;
+  mutable int64_t expiry_cut_ PFB_GUARDED_BY(mutex_) = 0;  // what stale_at compares with (fill_cutoffs)
 };
 
 }  // namespace pyfast_buffer

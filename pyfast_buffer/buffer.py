@@ -341,29 +341,12 @@ class StalenessBuffer(BufferBase, AccountingMethods):
 
     def state_dict(self) -> Dict[str, Any]:
         """Returns the whole state (entries, in-flight prompts, ledger, clock) as torch tensors."""
-        s = self._ring.export_state()
-        entries = {k: s[k] for k in state.ENTRY_COLUMNS + state.LATER_ENTRY_COLUMNS}
-        in_flight = {
-            "prompt_id": s["in_flight_prompt"],
-            "sample_step": s["in_flight_step"],
-            "dispatch_ns": s["in_flight_dispatch_ns"],
-            "lease_left_ns": s["in_flight_lease_left_ns"],
-            "held_ns": s["in_flight_held_ns"],
-            "meta": s["in_flight_meta"],
-        }
-        entries["meta"] = s["meta"]
-        return state.pack(
-            self.config,
-            entries,
-            in_flight,
-            s["ledger"],
-            s["clock"],
-            s["evicted_unreported"],
-            s["next_take"],
-            attempts=s["attempts"],
-            attempt_counters=s["attempt_counters"],
-            source_counts=s["source_counts"],
-        )
+        return packed_state(self.config, self._ring.export_state())
+
+    def _journal_delta(self, full: bool = False) -> Dict[str, Any]:
+        """What changed since the previous call, as numpy columns (the Ray index's journal, ``ray/_ring_replay``):
+        everything on the first call or with ``full``. Expires nothing."""
+        return self._ring.export_delta(full)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Replaces the contents and ledger with a state_dict's; this buffer keeps its own configuration."""
@@ -389,3 +372,28 @@ class StalenessBuffer(BufferBase, AccountingMethods):
             next_take=s["next_take"],
         )
         self._ring.import_state(flat)
+
+
+def packed_state(config: Any, s: Dict[str, Any]) -> Dict[str, Any]:
+    """The state_dict of the core's flat export (``export_state``, or a journal replay's)."""
+    entries = {k: s[k] for k in state.ENTRY_COLUMNS + state.LATER_ENTRY_COLUMNS}
+    in_flight = {
+        "prompt_id": s["in_flight_prompt"],
+        "sample_step": s["in_flight_step"],
+        "dispatch_ns": s["in_flight_dispatch_ns"],
+        "lease_left_ns": s["in_flight_lease_left_ns"],
+        "held_ns": s["in_flight_held_ns"],
+        "meta": s["in_flight_meta"],
+    }
+    return state.pack(
+        config,
+        entries,
+        in_flight,
+        s["ledger"],
+        s["clock"],
+        s["evicted_unreported"],
+        s["next_take"],
+        attempts=s["attempts"],
+        attempt_counters=s["attempt_counters"],
+        source_counts=s["source_counts"],
+    )

@@ -109,3 +109,15 @@ def test_the_pace_cycle_row_compares_pace_with_drop_and_the_floor():
     paced = [r for r in rows if r["order"] == "pace"]
     assert paced and all(r["x_drop"] > 0 and r["x_floor"] > 0 for r in paced)
     assert "the same cycle under drop" in report._cells(paced[0])[3]
+
+
+def test_the_sources_row_compares_tagged_with_untagged_numpy_and_the_floor():
+    rows = CASES["take_sources"](TINY, {})
+    report.add_ratios(rows)
+    assert {r["order"] for r in rows} == {"tagged", "untagged", "numpy", "floor"}
+    tagged = [r for r in rows if r["order"] == "tagged"]
+    assert tagged and all(r["x_untagged"] > 0 and r["x_floor"] > 0 and r["x_numpy"] > 0 for r in tagged)
+    # The same ring under the four bounds returns a full batch, as the numpy mask does.
+    by_order = {r["order"]: r for r in rows}
+    assert by_order["tagged"]["returned_mean"] == by_order["numpy"]["returned_mean"] == TINY.batches[0]
+    assert "the untagged walk" in report._cells(tagged[0])[3]

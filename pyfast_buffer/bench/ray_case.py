@@ -22,6 +22,8 @@ import numpy as np
 from .._core import BATCH_COLUMNS
 from .plan import CURRENT_STEP, Plan
 from .ray_cluster import init_local_cluster
+from .ray_journal import journal_rows
+from .ray_journal import markdown as journal_table
 from .timing import median, percentile
 
 PRODUCERS = (1, 2, 4)
@@ -29,8 +31,10 @@ PRODUCERS = (1, 2, 4)
 OURS, QUEUE, LOCAL, FLOOR = "pyfast_buffer", "ray Queue", "pyfast_buffer in-process", "ray actor call (floor)"
 #: The buffer actor without its journal (``journal=False``: no restarts), to show what the journal costs.
 OURS_NO_JOURNAL = "pyfast_buffer, journal=False"
-#: Ring of the buffer actors: the journal rewrites the ring per group of calls, so it is a realistic size.
+#: Ring of the buffer actors (the journal's cost per call does not depend on it: ``ray_journal``).
 RING = 1 << 16
+#: Rings of the journal rows (take and put cost by ring size, ``ray_journal``).
+JOURNAL_SIZES = (4096, 1 << 16)
 PAYLOAD_BYTES = 4096  # a small trajectory (1k int32 tokens): inlined by Ray, the per-object cost dominates
 CASE = "ray"  # every row; ``op`` says which measurement: put/<n>p, take, wake
 
@@ -305,6 +309,7 @@ def ray_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         rows += _puts(tuple(plan.batches), plan.throughput_seconds, producers, sink, client, unjournaled)
         rows += _takes(tuple(plan.batches), max(plan.repeat, 20), sink, client, queue)
         rows += _wakes(max(20, plan.wake_rounds // 3), producers[0], client, queue)
+        rows += journal_rows(JOURNAL_SIZES[:1] if plan.batches == Plan.quick().batches else JOURNAL_SIZES)
         client.kill()
         unjournaled.kill()
         queue.shutdown()
@@ -362,6 +367,8 @@ def markdown(rows: List[Dict]) -> str:
         for r in rows
         if r["op"] == "wake"
     ]
+    if any(r["op"].startswith("journal/") for r in rows):
+        out += ["", journal_table(rows)]
     if any("nodes" in r for r in rows):
         from .ray_payloads import markdown as payload_table
 

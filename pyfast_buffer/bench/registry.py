@@ -22,6 +22,7 @@ from .cases import (
 )
 from .plan import Plan
 from .ray_case import ray_case
+from .sources_case import sources_case
 from .verl_case import summary, verl_case
 
 #: A case: runs on a plan, records why it left a contender out in ``skipped``, returns its rows.
@@ -38,6 +39,7 @@ CASES: Dict[str, Case] = {
     "bulk": bulk_case,
     "overhead": overhead_case,
     "pace_cycle": pace_case,
+    "take_sources": sources_case,
     "ray": ray_case,
 }
 

@@ -36,9 +36,16 @@ def add_ratios(rows: List[Dict]) -> None:
             floor = same.get("floor")
             if "drop" in same and r.get("order") == "pace":
                 r["x_drop"] = r["median_s"] / same["drop"]["median_s"]
+        if r["case"] == "take_sources":  # tagged vs untagged vs numpy, and the floor, measured in the same run
+            same = {f["order"]: f for f in rows if f["case"] == "take_sources" and f.get("batch") == r.get("batch")}
+            floor = same.get("floor")
+            if r.get("order") == "tagged" and "untagged" in same:
+                r["x_untagged"] = r["median_s"] / same["untagged"]["median_s"]
+            if r.get("order") in ("tagged", "untagged") and "numpy" in same:
+                r["x_numpy"] = same["numpy"]["median_s"] / r["median_s"]
         if (
             floor
-            and r["case"] in ("put", "take", "bulk", "pace_cycle")
+            and r["case"] in ("put", "take", "bulk", "pace_cycle", "take_sources")
             and "lap" not in str(r.get("order"))
             and r.get("order") != "construct"
             and floor is not r
@@ -235,6 +242,10 @@ def _cells(r: Dict) -> Tuple[str, str, str, str]:
         )
         if "x_drop" in r:
             extra += f", {r['x_drop']:.2f}x the same cycle under drop"
+        if "x_untagged" in r:
+            extra += f", {r['x_untagged']:.2f}x the untagged walk"
+        if "x_numpy" in r:
+            extra += f", {r['x_numpy']:.1f}x faster than the numpy mask"
     elif "ns_per_entry" in r:
         extra = f"{r['ns_per_entry']:.2f} ns/entry"
     elif "x_memcpy" in r:

@@ -22,13 +22,13 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
-from ..buffer import StalenessBuffer
+from ..buffer import StalenessBuffer, packed_state
 from ..config import BufferConfig
 from ..errors import BufferFullError
 from ..released import RELEASE_REASONS, Released, default_release_bound
-from . import _journal
+from . import _effects, _journal
 from ._calls import ADMISSION_GROUP, BLOCKING_GROUP
-from ._report import ReleasedReport
+from ._ring_replay import CoreReplay
 
 __all__ = ["ADMISSION_GROUP", "BLOCKING_GROUP", "BufferActor"]
 
@@ -54,17 +54,17 @@ class BufferActor:
         self._buf = StalenessBuffer(**{**buffer_kwargs, "track_released": True}, pin_memory=False)
         self._max_uses = self._buf.config.max_uses
         self._capacity_bytes = capacity_bytes
-        self._report = ReleasedReport(
+        self._report = _effects.JournaledReport(
             self._user_config.release_bound or default_release_bound(self._user_config.capacity)
         )
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
-        self._where: Dict[int, int] = {}  # traj id -> owner slot
-        self._sizes: Dict[int, int] = {}  # traj id -> payload bytes
+        self._where: Dict[int, int] = _effects.LoggedDict()  # traj id -> owner slot
+        self._sizes: Dict[int, int] = _effects.LoggedDict()  # traj id -> payload bytes
         self._bytes_held = 0
         self._reserved: Dict[int, int] = {}  # request id -> bytes reserved before the owner's ray.put
-        self._done_puts: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self._done_takes: collections.OrderedDict[int, Tuple[Any, ...]] = collections.OrderedDict()
+        self._done_puts: collections.OrderedDict[int, None] = _effects.LoggedOrderedDict()
+        self._done_takes: collections.OrderedDict[int, Tuple[Any, ...]] = _effects.LoggedOrderedDict()
         self._extra = dict.fromkeys(EXTRA_COUNTERS, 0)
         self._owner_nodes: List[str] = []  # slot -> node id ("" once that owner died)
         self._owners: List[Any] = []
@@ -75,20 +75,27 @@ class BufferActor:
         if journal is False:
             return
         path = journal if isinstance(journal, str) else os.path.join(_journal_dir(), f"{self._name}.pfb")
-        restored = _journal.read(path) if context.was_current_actor_reconstructed else None
-        if restored is not None:
-            self._restore(restored)
-        self._journal = _journal.Journal(path, self._capture)
+        found = _journal.read(path) if context.was_current_actor_reconstructed else None
+        if found is not None:
+            self._restore(self._replayed(*found[:2]))
+        _effects.start_logs(*self._tables())
+        self._journal = _journal.Journal(
+            path, lambda: self._lock, self._capture, self._record, seq=found[2] if found is not None else 0
+        )
         if context.was_current_actor_reconstructed:
             self._journal.commit()  # the restart itself is counted durably
 
     # -- journal ---------------------------------------------------------------------------------------------------
+    def _tables(self) -> Tuple[Any, ...]:
+        return self._where, self._sizes, self._done_puts, self._done_takes, self._report
+
     def _capture(self) -> Dict[str, Any]:
+        """The whole state, for a snapshot (under the lock; the journal writes it in the background)."""
         with self._lock:
             ids = np.fromiter(self._where.keys(), np.int64, len(self._where))
             report = self._report.peek()
-            return {
-                "buffer": self._buf.state_dict(),
+            snap = {
+                "core": self._buf._journal_delta(full=True),
                 "max_age": self._buf.max_age,
                 "payload_ids": ids,
                 "payload_slots": np.fromiter(self._where.values(), np.int64, len(ids)),
@@ -101,6 +108,27 @@ class BufferActor:
                 "report_reasons": report.reasons.astype(np.int64),
                 "report_overflow": self._report.overflow,
             }
+            _effects.start_logs(*self._tables())  # the next record holds what changes after this snapshot
+            return snap
+
+    def _record(self) -> Dict[str, Any]:
+        """One change's record (under the lock): the core's delta, the tables' logs, the small counters whole."""
+        return {
+            "core": self._buf._journal_delta(),
+            "max_age": self._buf.max_age,
+            "extra": dict(self._extra),
+            "owner_nodes": list(self._owner_nodes),
+            **_effects.take_logs(*self._tables()),
+        }
+
+    def _replayed(self, snap: Dict[str, Any], records: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """The state after the snapshot and its records, in the layout ``_restore`` loads."""
+        core = CoreReplay(snap["core"])
+        tables = _effects.TablesReplay(snap, REMEMBERED_PUTS, REMEMBERED_TAKES, self._report.bound)
+        for record in records:
+            core.apply(record["core"])
+            tables.apply(record)
+        return {**tables.snapshot(), "buffer": packed_state(self._buf.config, core.export())}
 
     def _restore(self, snap: Dict[str, Any]) -> None:
         """Loads the last snapshot; ids that left the ring in a call that never answered are counted, not lost."""
@@ -519,7 +547,7 @@ class BufferActor:
         self._journal.wait(version)
 
     def journal_stats(self) -> Dict[str, Any]:
-        return {"path": self._journal.path, "writes": self._journal.writes, "write_s": self._journal.write_s}
+        return self._journal.stats()
 
     def pid(self) -> int:
         return os.getpid()

@@ -1,47 +1,193 @@
-"""The index actor's durable state: a snapshot written after every change and before the change is answered.
+"""The index actor's durable state: an append-only log of effects, and a snapshot written now and then.
 
-What only the index knows (in-flight prompts and their leases, the ledger, the entries without payloads,
-the request ids it applied, which owner holds which id) is written as one checkpoint file
-(``checkpoint.save_state``: atomic and checksummed; not fsynced, since it has to survive the death of
-this process, not of the machine, whose loss takes the file too) before the call that changed it returns. Calls
-that arrive while a snapshot is being written share the next one (group commit), so the cost per call falls
-as the call rate rises. A restarted index loads the file and so continues with every answered call applied.
+Layout, for ``journal=path``: ``path`` is the latest snapshot (``checkpoint.save_state``: atomic and
+checksummed, never pickle) of the whole state and the sequence number of the last record it includes; the
+records after it are in ``path.<first seq>.log`` segments. Each change appends one record, before the call
+that made it answers: a frame of ``length (u32) | crc32 (u32) | seq (u64)`` and a payload of a JSON tree
+with the record's arrays after it (the checkpoint module's tree encoding: reading runs no code). What a
+record holds is the caller's ``delta()``: effects (rows added, ids that left, counters' new values), never a
+call to run again, since the calls stamp wall-clock times and leases expire by time. Records that arrive
+while a write is under way share the next write (group commit). Nothing is fsynced: the log must survive
+the death of this process, not of the machine, whose loss takes the file too.
+
+A snapshot is taken in a thread of its own once the log since the last one is as large as that snapshot
+(at least ``snapshot_bytes``), so writing snapshots costs at most about as much as the log, and a restart
+replays at most about one snapshot's worth. It captures the state under the caller's lock (a copy) and
+writes it without it: no call waits for the write. New records then go to a new segment, and the older
+segments are deleted once the snapshot file is in place.
+
+``read`` returns the snapshot and the records after it up to the first that is missing, torn (the process
+died while appending it, so its call never answered) or fails its checksum; the restarted owner loads that,
+writes a fresh snapshot, and the log goes on from there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import json
 import os
+import struct
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+import zlib
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
-from ..checkpoint import load_state, save_state
+import numpy as np
+
+from ..checkpoint import CheckpointError, _decode, _encode, load_state, save_state
+
+#: Smallest log, in bytes, written between two snapshots (the bound grows with the snapshot's size).
+SNAPSHOT_BYTES = 4 << 20
+_FRAME = struct.Struct("<IIQ")  # payload length, crc32 of seq + payload, seq
+_SEQ = struct.Struct("<Q")
+_JSON_LEN = struct.Struct("<I")
+
+
+def encode_record(record: Dict[str, Any]) -> bytes:
+    """The payload of one record: a u32 JSON length, the JSON tree, then the bytes of its arrays in order."""
+    arrays: List[np.ndarray] = []
+    tree = _encode(record, "record", arrays)
+    specs = [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in arrays]
+    head = json.dumps({"tree": tree, "arrays": specs}, separators=(",", ":")).encode()
+    return b"".join([_JSON_LEN.pack(len(head)), head, *(a.tobytes() for a in arrays)])
+
+
+def decode_record(payload: bytes, where: str) -> Dict[str, Any]:
+    (n,) = _JSON_LEN.unpack_from(payload)
+    head = json.loads(payload[_JSON_LEN.size : _JSON_LEN.size + n])
+    arrays, at = [], _JSON_LEN.size + n
+    for spec in head["arrays"]:
+        dtype = np.dtype(spec["dtype"])
+        count = int(np.prod(spec["shape"], dtype=np.int64))
+        arrays.append(np.frombuffer(payload, dtype, count, at).reshape(spec["shape"]).copy())
+        at += count * dtype.itemsize
+    return _decode(where, head["tree"], arrays)
+
+
+def frame(seq: int, payload: bytes) -> bytes:
+    """One record as written: its frame header, then its payload."""
+    return _FRAME.pack(len(payload), zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq))), seq) + payload
+
+
+def frames(path: str) -> Tuple[List[Tuple[int, bytes]], bool]:
+    """The (seq, payload) of every whole record of a segment up to the first torn or corrupt one, and whether
+    the segment ended there cleanly (False: a torn or corrupt record follows)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    out, at = [], 0
+    while at + _FRAME.size <= len(data):
+        length, crc, seq = _FRAME.unpack_from(data, at)
+        end = at + _FRAME.size + length
+        if end > len(data):
+            break  # torn: the process died while appending it
+        payload = data[at + _FRAME.size : end]
+        if zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq))) != crc:
+            break
+        out.append((seq, payload))
+        at = end
+    return out, at == len(data)
+
+
+def segment_path(path: str, first_seq: int) -> str:
+    return f"{path}.{first_seq:016d}.log"
+
+
+def segments(path: str) -> List[Tuple[int, str]]:
+    """The log segments of ``path``, as (first seq, file), oldest first."""
+    found = []
+    for name in glob.glob(glob.escape(path) + ".*.log"):
+        middle = name[len(path) + 1 : -len(".log")]
+        if middle.isdigit():
+            found.append((int(middle), name))
+    return sorted(found)
+
+
+def read(path: str) -> Optional[Tuple[Dict[str, Any], List[Dict[str, Any]], int]]:
+    """The snapshot at ``path``, the records after it (until one is missing, torn or corrupt) and the last
+    record's seq; None if there is no snapshot (a first start)."""
+    if not os.path.exists(path):
+        return None
+    snap = load_state(path)
+    expect = int(snap["seq"]) + 1
+    records: List[Dict[str, Any]] = []
+    for first, name in segments(path):
+        if first > expect:
+            break  # a gap: the records in between were never written whole
+        found, clean = frames(name)
+        for seq, payload in found:
+            if seq < expect:
+                continue
+            if seq != expect:
+                return snap["state"], records, expect - 1
+            try:
+                records.append(decode_record(payload, name))
+            except (ValueError, KeyError, TypeError, CheckpointError):
+                return snap["state"], records, expect - 1
+            expect += 1
+        if not clean:
+            break
+    return snap["state"], records, expect - 1
 
 
 class Journal:
-    """Writes ``capture()`` to ``path`` in a thread of its own; ``commit()`` returns once a snapshot has the change."""
+    """Appends ``delta()`` records to the log of ``path`` and takes ``capture()`` snapshots now and then.
 
-    def __init__(self, path: str, capture: Callable[[], Dict[str, Any]]) -> None:
+    ``lock`` is the owner's lock: ``mark`` is called with it held (records are made and numbered in the
+    order of the changes) and a snapshot's ``capture`` runs with it held (it sees no change half made).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        lock: Callable[[], ContextManager[Any]],
+        capture: Callable[[], Dict[str, Any]],
+        delta: Callable[[], Dict[str, Any]],
+        seq: int = 0,
+        snapshot_bytes: int = SNAPSHOT_BYTES,
+    ) -> None:
         self.path = path
-        self._capture = capture
+        self._lock, self._capture, self._delta = lock, capture, delta
+        self._snapshot_bytes = snapshot_bytes
         self._cv = threading.Condition()
-        self._wanted = 0
-        self._written = 0
+        self._snapshotting = threading.Lock()
+        self._seq = self._written = seq
+        self._pending: List[Tuple[int, bytes]] = []
         self._failure: Optional[BaseException] = None
-        self.writes = 0
-        self.write_s = 0.0
+        self._since_snapshot = 0
+        self._snapshot_due = False
+        self._last_snapshot_bytes = 0
+        self.records = self.bytes = self.writes = self.snapshots = 0
+        self.write_s = self.snapshot_s = 0.0
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        threading.Thread(target=self._run, name="pyfast_buffer-journal", daemon=True).start()
+        with lock():
+            state = capture()
+        self._save(state, seq)  # the first snapshot (a start or a restart), before any record
+        for _first, name in segments(path):  # all redundant now, a torn record of the previous run included
+            os.unlink(name)
+        self._segment_first = seq + 1
+        self._fd = self._open(seq + 1)
+        self._rotate_at: Optional[int] = None
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._run, name="pyfast_buffer-journal", daemon=True),
+            threading.Thread(target=self._snapshots, name="pyfast_buffer-journal-snapshot", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
+    # -- the caller's side ---------------------------------------------------------------------------------------
     def mark(self) -> int:
-        """Notes a change (call it while the change is visible to ``capture``); returns its version."""
+        """Appends the record of a change (call it with the owner's lock held, the change applied); returns its seq."""
+        payload = encode_record(self._delta())
         with self._cv:
-            self._wanted += 1
+            self._seq += 1
+            self._pending.append((self._seq, frame(self._seq, payload)))
             self._cv.notify_all()
-            return self._wanted
+            return self._seq
 
     def wait(self, version: int) -> None:
-        """Returns once a snapshot including ``version`` is on disk; raises OSError if writing failed."""
+        """Returns once the record ``version`` is written; raises OSError if writing failed."""
         with self._cv:
             while self._written < version and self._failure is None:
                 self._cv.wait()
@@ -51,33 +197,116 @@ class Journal:
     def commit(self) -> None:
         self.wait(self.mark())
 
+    def close(self) -> None:
+        """Writes what is pending, lets a snapshot under way finish, and stops both threads."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        for thread in self._threads:
+            thread.join()
+        os.close(self._fd)
+
+    def stats(self) -> Dict[str, Any]:
+        return {
+            "path": self.path,
+            "records": self.records,
+            "bytes": self.bytes,
+            "writes": self.writes,
+            "write_s": self.write_s,
+            "snapshots": self.snapshots,
+            "snapshot_s": self.snapshot_s,
+            "snapshot_bytes": self._last_snapshot_bytes,
+        }
+
+    # -- the writer ----------------------------------------------------------------------------------------------
+    def _open(self, first_seq: int) -> int:
+        return os.open(segment_path(self.path, first_seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+
     def _run(self) -> None:
         while True:
             with self._cv:
-                while self._wanted == self._written:
+                while not self._pending and not self._closed:
                     self._cv.wait()
-                target = self._wanted
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending, []
+                switch = self._rotate_at if self._rotate_at is not None else batch[-1][0] + 1
             try:
                 start = time.perf_counter()
-                save_state(self._capture(), self.path, fsync=False)
+                _write_all(self._fd, b"".join(f for s, f in batch if s < switch))
+                later = b"".join(f for s, f in batch if s >= switch)
+                if later:  # a snapshot was captured: its later records start a new segment
+                    if self._segment_first < switch:
+                        os.close(self._fd)
+                        self._fd, self._segment_first = self._open(switch), switch
+                    _write_all(self._fd, later)
+                size = sum(len(f) for _, f in batch)
                 self.write_s += time.perf_counter() - start
                 self.writes += 1
+                self.records += len(batch)
+                self.bytes += size
             except BaseException as exc:  # reported to every waiting call
                 with self._cv:
                     self._failure = exc
                     self._cv.notify_all()
                 return
             with self._cv:
-                self._written = target
+                self._written = batch[-1][0]
+                self._since_snapshot += size
+                if self._since_snapshot >= max(self._snapshot_bytes, self._last_snapshot_bytes):
+                    self._snapshot_due = True
                 self._cv.notify_all()
+
+    # -- snapshots -----------------------------------------------------------------------------------------------
+    def _snapshots(self) -> None:
+        while True:
+            with self._cv:
+                while not self._snapshot_due and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                self._snapshot_due = False
+                self._since_snapshot = 0
+            try:
+                self.snapshot()
+            except BaseException as exc:
+                with self._cv:
+                    self._failure = exc
+                    self._cv.notify_all()
+                return
+
+    def snapshot(self) -> None:
+        """Captures the state (under the owner's lock), writes it, and drops the segments it makes redundant."""
+        with self._snapshotting:  # one at a time: an older snapshot must never replace a newer one
+            start = time.perf_counter()
+            with self._lock():
+                state = self._capture()
+                with self._cv:
+                    seq = self._seq
+                    self._rotate_at = seq + 1  # later records go to a new segment
+            self._save(state, seq)
+            for first, name in segments(self.path):
+                if first <= seq:  # every record in it is in the snapshot (an open one is written on, then dropped)
+                    with contextlib.suppress(OSError):
+                        os.unlink(name)
+            self.snapshots += 1
+            self.snapshot_s += time.perf_counter() - start
+
+    def _save(self, state: Dict[str, Any], seq: int) -> None:
+        save_state({"seq": seq, "state": state}, self.path, fsync=False)
+        self._last_snapshot_bytes = os.path.getsize(self.path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class NoJournal:
     """``journal=False``: nothing is written, and the index is created without restarts (it never comes back empty)."""
 
     path = ""
-    writes = 0
-    write_s = 0.0
 
     def mark(self) -> int:
         return 0
@@ -88,9 +317,5 @@ class NoJournal:
     def commit(self) -> None:
         return None
 
-
-def read(path: str) -> Optional[Dict[str, Any]]:
-    """The last snapshot at ``path``, or None if there is none (a first start)."""
-    if not os.path.exists(path):
-        return None
-    return load_state(path)
+    def stats(self) -> Dict[str, Any]:
+        return {"path": "", "records": 0, "bytes": 0, "writes": 0, "write_s": 0.0, "snapshots": 0}

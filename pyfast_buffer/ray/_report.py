@@ -17,7 +17,7 @@ class ReleasedReport:
     def __init__(self, bound: int) -> None:
         self._chunks: Deque[Released] = collections.deque()
         self._size = 0
-        self._bound = bound
+        self.bound = bound
         self.overflow = 0
         self._lock = threading.Lock()
 
@@ -25,9 +25,9 @@ class ReleasedReport:
         with self._lock:
             self._chunks.append(released)
             self._size += len(released.ids)
-            while self._size > self._bound:  # discard the oldest records, as the core does
+            while self._size > self.bound:  # discard the oldest records, as the core does
                 head = self._chunks[0]
-                cut = min(len(head.ids), self._size - self._bound)
+                cut = min(len(head.ids), self._size - self.bound)
                 self._chunks[0] = Released(head.ids[cut:], head.reasons[cut:])
                 self._size -= cut
                 self.overflow += cut

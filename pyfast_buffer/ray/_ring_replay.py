@@ -1,0 +1,135 @@
+"""Rebuilds a StalenessBuffer's state from a journal: one whole export, then the deltas after it, loaded once.
+
+A delta (``StalenessBuffer._journal_delta``, csrc/ring_delta.cpp) is an effect, not a call to re-run: the
+entries are its ``front`` rows, then rows ``[keep_from, keep_from + keep)`` of the previous state, then its
+other rows; in-flight prompts and attempt records come as changed rows and removed ids; the ledger and the
+other scalars whole. Applying one costs what it carries: the entries are kept as a deque of row blocks, so
+dropping the front and keeping a run touches only the blocks at the ends.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Deque, Dict, Tuple
+
+import numpy as np
+
+from .. import state
+
+ENTRY_KEYS = state.ENTRY_COLUMNS + state.LATER_ENTRY_COLUMNS  # the columns of the core's export
+_NARROW = ("uses", "group_len")  # int32 in the core's export
+IN_FLIGHT_KEYS = (
+    "in_flight_prompt",
+    "in_flight_step",
+    "in_flight_dispatch_ns",
+    "in_flight_meta",
+    "in_flight_lease_left_ns",
+    "in_flight_held_ns",
+)
+SCALAR_KEYS = ("ledger", "clock", "evicted_unreported", "next_take", "attempt_counters", "source_counts")
+
+
+class _Rows:
+    """The ready entries as blocks of rows (one int64 column per entry key), oldest first."""
+
+    def __init__(self) -> None:
+        self._blocks: Deque[np.ndarray] = collections.deque()
+        self.size = 0
+
+    def keep(self, start: int, count: int) -> None:
+        """Keeps rows [start, start + count) only."""
+        self._drop(start, left=True)
+        self._drop(self.size - count, left=False)
+
+    def _drop(self, n: int, left: bool) -> None:
+        while n > 0:
+            block = self._blocks[0] if left else self._blocks[-1]
+            if len(block) <= n:
+                (self._blocks.popleft if left else self._blocks.pop)()
+                n -= len(block)
+                self.size -= len(block)
+                continue
+            if left:
+                self._blocks[0] = block[n:]
+            else:
+                self._blocks[-1] = block[: len(block) - n]
+            self.size -= n
+            n = 0
+
+    def add(self, block: np.ndarray, left: bool) -> None:
+        if len(block):
+            (self._blocks.appendleft if left else self._blocks.append)(block)
+            self.size += len(block)
+
+    def columns(self) -> Dict[str, np.ndarray]:
+        rows = np.concatenate(list(self._blocks)) if self._blocks else np.empty((0, len(ENTRY_KEYS)), np.int64)
+        out: Dict[str, np.ndarray] = {k: np.ascontiguousarray(rows[:, i]) for i, k in enumerate(ENTRY_KEYS)}
+        for k in _NARROW:
+            out[k] = out[k].astype(np.int32)
+        return out
+
+
+def _row_block(delta: Dict[str, Any], start: int, stop: int) -> np.ndarray:
+    return np.stack([np.asarray(delta[k][start:stop], np.int64) for k in ENTRY_KEYS], axis=1)
+
+
+class CoreReplay:
+    """A buffer's state rebuilt from ``_journal_delta(full=True)`` and the deltas exported after it."""
+
+    def __init__(self, whole: Dict[str, Any]) -> None:
+        self._rows = _Rows()
+        self._in_flight: Dict[int, Tuple[int, ...]] = {}
+        self._attempts: collections.OrderedDict[int, Tuple[int, ...]] = collections.OrderedDict()
+        self._scalars: Dict[str, Any] = {}
+        self.now_ns = 0
+        self.apply(whole)
+
+    def apply(self, delta: Dict[str, Any]) -> None:
+        """Applies one delta (the next one exported after those applied so far)."""
+        front, n = int(delta["front"]), len(delta["traj_id"])
+        self._rows.keep(int(delta["keep_from"]), int(delta["keep"]))
+        self._rows.add(_row_block(delta, 0, front), left=True)
+        self._rows.add(_row_block(delta, front, n), left=False)
+        now = int(delta["now_ns"])
+        if delta["in_flight_all"]:
+            self._in_flight.clear()
+        for prompt in np.asarray(delta["in_flight_gone"]).tolist():
+            self._in_flight.pop(prompt, None)
+        columns = [np.asarray(delta[k]).tolist() for k in IN_FLIGHT_KEYS]
+        for row in zip(*columns):
+            self._in_flight[row[0]] = (*row[1:], now)
+        attempts = delta["attempts"]
+        records = list(zip(*(np.asarray(attempts[k]).tolist() for k in state.ATTEMPT_COLUMNS)))
+        if delta["attempts_all"]:
+            self._attempts.clear()
+        for prompt in np.asarray(delta["attempts_gone"]).tolist():
+            self._attempts.pop(prompt, None)
+        moved = int(delta["attempts_moved"])
+        for i, record in enumerate(records):
+            if i < moved:  # the table's new tail, in order: each goes to the back
+                self._attempts.pop(record[0], None)
+            self._attempts[record[0]] = record
+        self._scalars = {k: delta[k] for k in SCALAR_KEYS}
+        self.now_ns = now
+
+    def export(self) -> Dict[str, Any]:
+        """The state in the core's flat export format, in-flight times measured at the last delta's clock."""
+        out: Dict[str, Any] = self._rows.columns()
+        prompts = sorted(self._in_flight)
+        rows = [self._in_flight[p] for p in prompts]
+        step, dispatch, meta, left, held, at = (np.asarray([r[i] for r in rows], np.int64) for i in range(6))
+        late = self.now_ns - at  # how long before the last delta each row was exported
+        out.update(
+            in_flight_prompt=np.asarray(prompts, np.int64),
+            in_flight_step=step,
+            in_flight_dispatch_ns=dispatch,
+            in_flight_meta=meta,
+            in_flight_lease_left_ns=np.where(left < 0, -1, np.maximum(left - late, 0)),
+            in_flight_held_ns=held + late,
+        )
+        records = list(self._attempts.values())
+        out["attempts"] = {
+            k: np.asarray([r[i] for r in records], np.int64) for i, k in enumerate(state.ATTEMPT_COLUMNS)
+        }
+        out.update(self._scalars)
+        return out

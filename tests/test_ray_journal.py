@@ -1,0 +1,331 @@
+"""The Ray index's append-only journal without Ray: deltas replay to the exact state, torn or corrupt records
+are ignored, and a record's size follows the change, not the ring.
+
+The index always holds a native StalenessBuffer (its journal reads the core's change marks,
+csrc/change_marks.hpp), so these run on the native buffer only; the twin has no journal to test.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pyfast_buffer as pfb
+from pyfast_buffer.buffer import packed_state
+from pyfast_buffer.ray import _journal
+from pyfast_buffer.ray._ring_replay import CoreReplay
+
+OPS = ("put", "put_group", "take", "dispatch", "complete", "fail", "renew", "evict_stale", "expire", "tick", "load")
+
+
+def _same(a, b, where="state"):
+    """Asserts two state_dict trees are equal (tensors element by element)."""
+    if isinstance(a, dict):
+        assert sorted(a) == sorted(b), where
+        for k in a:
+            _same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"{where}: {a} != {b}"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _config(capacity: int, max_uses: int, strategy: str) -> dict:
+    paced = {"prompts_per_step": 64} if strategy == "pace" else {}
+    return dict(capacity=capacity, max_age=3, max_uses=max_uses, strategy=strategy, on_full="evict_oldest", **paced)
+
+
+class _Driver:
+    """Random calls on a native buffer with a frozen lease clock, so a replayed state can equal the live one."""
+
+    def __init__(self, data, capacity: int, max_uses: int, strategy: str) -> None:
+        self.buf = pfb.StalenessBuffer(**_config(capacity, max_uses, strategy), track_released=True, pin_memory=False)
+        self.data, self.now, self.step, self.next_id = data, 10**12, 0, 0
+        self.buf._set_lease_clock(self.now)
+        self.in_flight: list = []
+
+    def ids(self, n: int) -> np.ndarray:
+        out = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        self.next_id += n
+        return out
+
+    def run(self, op: str) -> None:
+        d, buf = self.data, self.buf
+        step = self.step + d.draw(st.integers(0, 2))
+        try:
+            if op == "put":
+                buf.put(self.ids(d.draw(st.integers(1, 6))), d.draw(st.integers(max(0, step - 4), step)))
+            elif op == "put_group":
+                n, g = d.draw(st.integers(1, 3)), d.draw(st.integers(1, 3))
+                buf.put(self.ids(n * g), step, group_ids=np.repeat(self.ids(g), n))
+            elif op == "take":
+                buf.take(d.draw(st.integers(1, 8)), step)
+                self.step = step
+            elif op == "dispatch":
+                prompts = self.ids(d.draw(st.integers(1, 3)))
+                lease = d.draw(st.sampled_from([None, 0.5, 5.0]))
+                buf.dispatch(prompts, step, lease=lease)
+                self.in_flight += prompts.tolist()
+            elif op in ("complete", "fail", "renew") and self.in_flight:
+                prompt = self.in_flight.pop(d.draw(st.integers(0, len(self.in_flight) - 1)))
+                if op == "complete":
+                    n = d.draw(st.integers(1, 3))
+                    buf.complete(self.ids(n), np.full(n, prompt, np.int64), lengths=np.arange(1, n + 1))
+                elif op == "fail":
+                    buf.fail(np.asarray([prompt]))
+                else:
+                    buf.renew(np.asarray([prompt]), 2.0)
+                    self.in_flight.append(prompt)
+            elif op == "evict_stale":
+                buf.evict_stale(step)
+                self.step = step
+            elif op == "expire":
+                buf.expire_in_flight(d.draw(st.sampled_from([0.0, 1.0])))
+            elif op == "tick":
+                self.now += d.draw(st.sampled_from([10**8, 10**9]))
+                buf._set_lease_clock(self.now)
+            elif op == "load":
+                buf.load_state_dict(buf.state_dict())
+        except (ValueError, RuntimeError, TimeoutError):
+            pass  # a refused call changes nothing; the replay must agree with that too
+        self.in_flight = [p for p in self.in_flight if p in set(buf.state_dict()["in_flight"]["prompt_id"].tolist())]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.data(),
+    ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=40),
+    capacity=st.sampled_from([8, 32]),
+    max_uses=st.sampled_from([1, 2]),
+    strategy=st.sampled_from(["drop", "wait", "pace"]),
+)
+def test_deltas_replay_to_the_exact_state(data, ops, capacity, max_uses, strategy):
+    """After any sequence of calls, the first whole export plus every delta rebuilds the buffer's state_dict."""
+    drv = _Driver(data, capacity, max_uses, strategy)
+    drv.run("put")
+    replay = CoreReplay(drv.buf._journal_delta(full=True))
+    for op in ops:
+        drv.run(op)
+        replay.apply(drv.buf._journal_delta())
+        _same(packed_state(drv.buf.config, replay.export()), drv.buf.state_dict())
+    again = pfb.StalenessBuffer(**_config(capacity, max_uses, strategy), pin_memory=False)
+    again.load_state_dict(packed_state(again.config, replay.export()))  # and the core accepts it
+
+
+def _open_journal(path, records, snapshot_bytes=1 << 30):
+    """A journal whose state is the list of record numbers so far (its snapshot copies it)."""
+    lock = threading.RLock()
+    box = {"n": 0}
+    j = _journal.Journal(
+        path,
+        lambda: lock,
+        lambda: {"upto": np.asarray(records, np.int64)},
+        lambda: {"n": box["n"]},
+        snapshot_bytes=snapshot_bytes,
+    )
+    return j, lock, box
+
+
+def _append(j, lock, box, done, i):
+    """One change (record number i) journaled and waited for, as the index does it."""
+    with lock:
+        box["n"] = i
+        done.append(i)
+        seq = j.mark()
+    j.wait(seq)
+    return seq
+
+
+def _state_after(read):
+    snap, recs, last = read
+    return snap["upto"].tolist() + [r["n"] for r in recs], last
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 30), cut=st.floats(0, 1), snapshot_bytes=st.sampled_from([64, 1 << 30]))
+def test_a_torn_last_record_is_ignored(tmp_path_factory, n, cut, snapshot_bytes):
+    """Kill mid-append = truncate the log at any byte: the restart sees exactly the records written whole."""
+    path = str(tmp_path_factory.mktemp("j") / "index.pfb")
+    done: list = []
+    j, lock, box = _open_journal(path, done, snapshot_bytes)
+    for i in range(1, n + 1):
+        with lock:
+            box["n"] = i
+            done.append(i)
+            seq = j.mark()
+        j.wait(seq)
+    j.snapshot() if snapshot_bytes == 64 else None
+    with lock:  # one more record after the last snapshot, so there is a tail to cut
+        box["n"] = n + 1
+        done.append(n + 1)
+        seq = j.mark()
+    j.close()
+    whole, last = _state_after(_journal.read(path))
+    assert whole == list(range(1, n + 2)) and last == seq
+    if not _journal.segments(path):
+        return  # a background snapshot took the last record too: no log left to cut
+    (first, tail), *_ = reversed(_journal.segments(path))
+    size = os.path.getsize(tail)
+    ends = np.cumsum([16 + len(p) for _, p in _journal.frames(tail)[0]])  # where each record of it ends
+    keep = int(cut * size)
+    with open(tail, "r+b") as f:
+        f.truncate(keep)
+    whole_left = int((ends <= keep).sum())  # the records the cut left whole
+    got, last = _state_after(_journal.read(path))
+    assert got == list(range(1, first + whole_left)) and last == first + whole_left - 1
+
+
+def test_a_corrupt_record_ends_the_replay_there(tmp_path):
+    path = str(tmp_path / "index.pfb")
+    done: list = []
+    j, lock, box = _open_journal(path, done)
+    for i in range(1, 6):
+        _append(j, lock, box, [], i)
+    j.close()
+    ((_, seg),) = _journal.segments(path)
+    records, _ = _journal.frames(seg)
+    at = sum(16 + len(p) for _, p in records[:3]) + 20  # a byte inside the fourth record's payload
+    with open(seg, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    got, last = _state_after(_journal.read(path))
+    assert got == [1, 2, 3] and last == 3
+
+
+def test_a_restart_drops_the_torn_tail_and_goes_on(tmp_path):
+    path = str(tmp_path / "index.pfb")
+    done: list = []
+    j, lock, box = _open_journal(path, done)
+    for i in range(1, 4):
+        _append(j, lock, box, done, i)
+    j.close()
+    ((_, seg),) = _journal.segments(path)
+    with open(seg, "ab") as f:
+        f.write(b"\x10\x00\x00\x00partial")  # a record the process died writing
+    got, last = _state_after(_journal.read(path))
+    assert got == [1, 2, 3]
+    lock2 = threading.RLock()
+    box2 = {"n": 3}
+    j2 = _journal.Journal(
+        path, lambda: lock2, lambda: {"upto": np.asarray(got, np.int64)}, lambda: {"n": box2["n"]}, seq=last
+    )
+    with lock2:
+        box2["n"] = 4
+        j2.wait(j2.mark())
+    got, last = _state_after(_journal.read(path))
+    assert got == [1, 2, 3, 4] and last == 4
+
+
+def test_snapshots_bound_the_log_and_keep_the_state(tmp_path):
+    """With a small snapshot bound, snapshots happen in the background and the log is truncated behind them."""
+    path = str(tmp_path / "index.pfb")
+    done: list = []
+    j, lock, box = _open_journal(path, done, snapshot_bytes=256)
+    for i in range(1, 200):
+        _append(j, lock, box, done, i)
+    logged = lambda: sum(os.path.getsize(s) for _, s in _journal.segments(path))  # noqa: E731
+    deadline = time.monotonic() + 30
+    while logged() > j.stats()["bytes"] // 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the snapshot thread catches up in the background
+    assert j.stats()["snapshots"] >= 1
+    assert logged() <= j.stats()["bytes"] // 2  # segments behind a snapshot were deleted
+    got, last = _state_after(_journal.read(path))
+    assert got == list(range(1, 200)) and last == 199
+
+
+@pytest.mark.parametrize("call", ["take", "put"])
+def test_record_bytes_do_not_grow_with_the_ring(call):
+    """A take or put's delta is as large at 16,384 entries as at 1,024: it carries the change, not the ring."""
+    sizes = []
+    for capacity in (1024, 16384):
+        buf = pfb.StalenessBuffer(capacity=capacity, max_age=10, max_uses=2, on_full="evict_oldest", pin_memory=False)
+        buf.put(np.arange(capacity, dtype=np.int64), 0)
+        buf._journal_delta(full=True)
+        per_call = []
+        for i in range(8):
+            if call == "take":
+                buf.take(64, 1)
+            else:
+                buf.put(np.arange(64, dtype=np.int64) + capacity * (i + 2), 1)
+            per_call.append(len(_journal.encode_record({"core": buf._journal_delta()})))
+        sizes.append(max(per_call))
+    small, large = sizes
+    assert abs(large - small) < 64, sizes  # only the digits of larger ids and counters in the JSON tree differ
+    whole = len(_journal.encode_record({"core": buf._journal_delta(full=True)}))
+    assert large * 20 < whole  # and far below the whole ring's
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["hold", "forget", "put_id", "take_id", "report", "drain", "record"]), st.integers(0, 20)
+        ),
+        max_size=60,
+    )
+)
+def test_the_index_tables_replay_from_their_logs(ops):
+    """The index's own tables (owners, sizes, remembered requests and replies, the report) replay exactly."""
+    from pyfast_buffer.ray import _effects
+    from pyfast_buffer.released import Released
+
+    where, sizes = _effects.LoggedDict(), _effects.LoggedDict()
+    puts, takes = _effects.LoggedOrderedDict(), _effects.LoggedOrderedDict()
+    report = _effects.JournaledReport(bound=8)
+    tables = (where, sizes, puts, takes, report)
+    empty = np.empty(0, np.int64)
+    snap = {
+        "payload_ids": empty,
+        "payload_slots": empty,
+        "payload_bytes": empty,
+        "done_puts": empty,
+        "done_takes": [],
+        "report_ids": empty,
+        "report_reasons": empty,
+        "report_overflow": 0,
+        "max_age": 3,
+        "extra": {},
+        "owner_nodes": [],
+    }
+    replay = _effects.TablesReplay(snap, remembered_puts=5, remembered_takes=3, bound=8)
+    _effects.start_logs(*tables)
+
+    def record():
+        payload = _journal.encode_record({"max_age": 3, "extra": {}, "owner_nodes": [], **_effects.take_logs(*tables)})
+        replay.apply(_journal.decode_record(payload, "test"))
+
+    for op, k in ops:
+        if op == "hold":
+            where[k], sizes[k] = k % 3, 100 + k
+        elif op == "forget":
+            where.pop(k, None), sizes.pop(k, 0)
+        elif op == "put_id":
+            puts[k] = None
+            while len(puts) > 5:
+                puts.popitem(last=False)
+        elif op == "take_id":
+            takes[k] = (np.arange(k, dtype=np.int64), {"m": float(k)}, None, np.ones(2, bool))
+            while len(takes) > 3:
+                takes.popitem(last=False)
+        elif op == "report":
+            report.add(Released(np.arange(k, dtype=np.int64), np.zeros(k, np.int8)))
+        elif op == "drain":
+            report.drain()
+        else:
+            record()
+    record()
+    assert replay.where == dict(where) and replay.sizes == dict(sizes)
+    assert list(replay.done_puts) == list(puts) and list(replay.done_takes) == list(takes)
+    for k, reply in takes.items():
+        assert np.array_equal(replay.done_takes[k][0], reply[0]) and replay.done_takes[k][1] == reply[1]
+    got, want = replay.report.peek(), report.peek()
+    assert np.array_equal(got.ids, want.ids) and replay.report.overflow == report.overflow

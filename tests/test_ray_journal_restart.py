@@ -1,0 +1,72 @@
+"""The append-only journal through a real index on the session's two-node cluster: SIGKILL the index after a
+mix of calls (one large enough to start a background snapshot, many small ones after it) and the restarted
+index holds exactly the state it had: every entry column, the in-flight prompts, the ledger, the report.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
+
+from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
+from pyfast_buffer.ray._calls import BufferUnavailableError  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("ray_namespace", "buffers_ended")  # the session's two-node cluster
+
+NAMESPACE = "pyfast_buffer_journal_tests"
+
+
+def _state(client: RemoteBuffer) -> dict:
+    return ray.get(client.actor.state_dict.remote(), timeout=120)
+
+
+def _after_restart(client: RemoteBuffer, pid: int) -> int:
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            new = ray.get(client.actor.pid.remote(), timeout=30)
+            if new != pid:
+                return new
+        except (BufferUnavailableError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        assert time.monotonic() < deadline, "the index did not come back within 180 s"
+        time.sleep(0.5)
+
+
+def test_a_killed_index_comes_back_with_exactly_its_state():
+    client = RemoteBuffer.create(1 << 17, max_age=50, max_uses=2, track_released=True, on_full="evict_oldest")
+    big = np.arange(70_000, dtype=np.int64)
+    client.put(big, 0)  # a ~5 MB record: the log passes the snapshot bound, a snapshot follows in the background
+    client.dispatch(np.asarray([900_000, 900_001, 900_002]), 1, lease=600.0)
+    for i in range(40):  # small records after it, some taking, some putting groups
+        client.put(np.arange(4, dtype=np.int64) + 1_000_000 + 4 * i, 1 + i // 10, group_ids=np.full(4, i))
+        if i % 3 == 0:
+            client.take(8, 2 + i // 10)
+    client.complete(np.asarray([2_000_000, 2_000_001]), np.asarray([900_001, 900_001]))
+    client.fail(np.asarray([900_002]))
+    client.released()  # a drain of the report is journaled too
+    client.take(16, 6)
+    before, ledger, stats = _state(client), client.ledger(), ray.get(client.actor.journal_stats.remote())
+    assert stats["snapshots"] >= 1 and stats["records"] > 40
+    pid = ray.get(client.actor.pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    _after_restart(client, pid)
+    after, again = _state(client), client.ledger()
+    for column, values in before["entries"].items():
+        assert torch.equal(values, after["entries"][column]), column
+    for column in ("prompt_id", "sample_step", "dispatch_ns", "meta"):
+        assert torch.equal(before["in_flight"][column], after["in_flight"][column]), column
+    assert after["in_flight"]["lease_left_ns"].tolist()[0] > 0  # the lease kept the time it had left
+    assert before["attempts"].keys() == after["attempts"].keys()
+    for column, values in before["attempts"].items():
+        assert torch.equal(values, after["attempts"][column]), column
+    assert again.pop("index_restarts") == ledger.pop("index_restarts") + 1
+    assert again == ledger and again["lost_in_restart"] == 0
+    assert torch.equal(before["source_counts"], after["source_counts"])
