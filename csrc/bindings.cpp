@@ -375,6 +375,11 @@ PYBIND11_MODULE(_core, m) {
              }
              return stats_tuple(stats);
            })
+      .def("evict_oldest",
+           [](PyRing& self, int64_t groups) {
+             py::gil_scoped_release release;
+             return self.ring->evict_oldest(groups);
+           })
       .def("ledger", [](PyRing& self) { return ledger_dict(self.ring->ledger()); })
       .def("set_source_max_age",
            [](PyRing& self, int64_t source, int64_t max_age) {

@@ -263,12 +263,30 @@ void StalenessRing::evict_oldest_groups(int64_t need) {
     head += len;
     head -= head >= cap ? cap : 0;
   }
-  if (bias_ || tagged_) observe_lost(evicted, true);
-  if (leave_hooks()) note_prefix_left(evicted, ReleaseReason::kEvicted);
-  if (paced()) pace_forget_prefix(evicted);
-  remove_prefix(evicted);
-  ledger_.evicted += evicted;
-  evicted_unreported_ += evicted;
+  evict_prefix(evicted);
+}
+
+void StalenessRing::evict_prefix(int64_t count) {
+  if (bias_ || tagged_) observe_lost(count, true);
+  if (leave_hooks()) note_prefix_left(count, ReleaseReason::kEvicted);
+  if (paced()) pace_forget_prefix(count);
+  remove_prefix(count);
+  ledger_.evicted += count;
+  evicted_unreported_ += count;
+}
+
+int64_t StalenessRing::evict_oldest(int64_t groups) {
+  if (groups < 0) throw InvalidArgument(concat("groups=", groups, " must be >= 0; pass how many groups to evict"));
+  MutexLock lock(mutex_);
+  check_open();
+  const int32_t* group_len = columns_.get().group_len;
+  int64_t evicted = 0;
+  for (int64_t g = 0; g < groups && evicted < size_; ++g) evicted += group_len[phys(evicted)];
+  if (evicted == 0) return 0;
+  evict_prefix(evicted);
+  room_cv_.notify_all();  // blocked puts under on_full="block" may fit now
+  if (paced()) admit_cv_.notify_all();  // the admission limit counts ready entries: fewer may admit more
+  return evicted;
 }
 
 void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids, int64_t n,

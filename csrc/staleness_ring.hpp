@@ -239,6 +239,10 @@ class StalenessRing {
   /// ring order, else one branch-free compaction pass; returns what it did.
   TakeStats evict_stale(int64_t current_step) PFB_EXCLUDES(mutex_);
 
+  /// Evicts the oldest `groups` whole groups (all if fewer are ready), counted as evicted as on_full does;
+  /// returns how many entries left. Throws InvalidArgument if groups < 0, BufferClosed once closed.
+  int64_t evict_oldest(int64_t groups) PFB_EXCLUDES(mutex_);
+
   /// Returns a consistent copy of the ledger (after failing prompts whose lease passed).
   Ledger ledger() PFB_EXCLUDES(mutex_);
 
@@ -370,6 +374,7 @@ class StalenessRing {
   void note_spans(int64_t first, int64_t count) PFB_REQUIRES(mutex_);  // sets spans_ if an appended entry spans
   void remove_prefix(int64_t n) PFB_REQUIRES(mutex_);  // drops the oldest n entries
   void evict_oldest_groups(int64_t need) PFB_REQUIRES(mutex_);  // whole groups until `need` entries fit
+  void evict_prefix(int64_t count) PFB_REQUIRES(mutex_);  // the oldest `count` entries leave as evicted
 
   // ring_take.cpp: planning and committing a batch.
   bool wait_blocked(int64_t current_step) const PFB_REQUIRES(mutex_);

@@ -277,6 +277,11 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         make_metrics(stats)
         return stats[1]
 
+    def evict_oldest(self, groups: int = 1) -> int:
+        """Evicts the oldest ``groups`` whole groups now (all if fewer are ready), counted as evicted, as
+        ``on_full="evict_oldest"`` does for a put that does not fit; returns how many entries left."""
+        return self._ring.evict_oldest(as_count(groups, "groups", 0))
+
     def released(self) -> Released:
         """Returns every id that left the buffer since the previous call, oldest first, with its reason code
         (see ``RELEASE_REASONS``); needs ``track_released=True`` (ValueError otherwise)."""

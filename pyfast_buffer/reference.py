@@ -611,19 +611,23 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         need = len(records)
         evicted = 0
         while self._size + need > self.config.capacity:  # on_full="evict_oldest": whole groups, oldest first
-            oldest = self._groups.popleft()
-            if self._observing():
-                self._observe_lost(oldest, evicted=True)
-            self._size -= len(oldest)
-            evicted += len(oldest)
-            for rec in oldest:
-                self._note_left(rec["traj_id"], _EVICTED)
+            evicted += self._evict_oldest_group()
         self._counts["evicted"] += evicted
         self._evicted_unreported += evicted
         self._groups.append(records)
         self._size += need
         if self._live is not None:
             self._live.update(rec["traj_id"] for rec in records)
+
+    def _evict_oldest_group(self) -> int:
+        """Removes the oldest group (the caller counts it as evicted); returns its length."""
+        oldest = self._groups.popleft()
+        if self._observing():
+            self._observe_lost(oldest, evicted=True)
+        self._size -= len(oldest)
+        for rec in oldest:
+            self._note_left(rec["traj_id"], _EVICTED)
+        return len(oldest)
 
     # -- pace: admission, the take gate, the stamp order (csrc/ring_admission.cpp) ---------------------------------
     def _paced(self) -> bool:
@@ -1008,6 +1012,17 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         )
 
     # -- evict_stale (csrc/ring_evict.cpp) ---------------------------------------------------------------------------
+    def evict_oldest(self, groups: int = 1) -> int:
+        groups = as_count(groups, "groups", 0)
+        with self._cond:
+            self._check_open()
+            evicted = sum(self._evict_oldest_group() for _ in range(min(groups, len(self._groups))))
+            self._counts["evicted"] += evicted
+            self._evicted_unreported += evicted
+            if evicted:
+                self._cond.notify_all()
+            return evicted
+
     def evict_stale(self, current_step: int) -> int:
         current_step = as_step(current_step, "current_step")
         with self._cond:

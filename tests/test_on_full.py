@@ -22,6 +22,24 @@ def test_evict_oldest_pushes_out_whole_groups_and_counts_them(impl):
     assert buf.take(1, 0).metrics["buffer/evicted"] == 0
 
 
+def test_evict_oldest_call_evicts_the_oldest_whole_groups_in_order_and_counts_them(impl):
+    buf = impl(8, max_age=9, track_released=True)
+    buf.put([1, 2], 0, group_ids=[1, 1])
+    buf.put([3], 0)
+    buf.put([4, 5, 6], 0, group_ids=[2, 2, 2])
+    assert buf.evict_oldest(0) == 0 and len(buf) == 6
+    assert buf.evict_oldest(2) == 3  # group 1 (two entries), then trajectory 3: whole groups, oldest first
+    assert buf.released().ids.tolist() == [1, 2, 3]
+    led = assert_balanced(buf)
+    assert led["evicted"] == 3 and len(buf) == 3
+    assert buf.evict_oldest(5) == 3 and len(buf) == 0  # more groups than held: all of them
+    assert buf.evict_oldest() == 0
+    buf.put([7], 0)
+    assert buf.take(1, 0).metrics["buffer/evicted"] == 6  # reported once, by the next take
+    with pytest.raises(ValueError, match="groups"):
+        buf.evict_oldest(-1)
+
+
 def test_error_raises_buffer_full_and_changes_nothing(impl):
     buf = impl(3, on_full="error")
     buf.put([1, 2], 0)
@@ -34,7 +52,8 @@ def test_error_raises_buffer_full_and_changes_nothing(impl):
     assert buf.ledger() == before and buf.in_flight == 1
 
 
-def test_block_waits_for_room_then_puts(impl):
+@pytest.mark.parametrize("room_from", ["take", "evict_oldest"])
+def test_block_waits_for_room_then_puts(impl, room_from):
     buf = impl(2, max_age=9, on_full="block")
     buf.put([1, 2], 0)
     done = threading.Event()
@@ -47,11 +66,14 @@ def test_block_waits_for_room_then_puts(impl):
     producer.start()
     time.sleep(0.02)
     assert not done.is_set()
-    assert buf.take(1, 0).traj_ids.tolist() == [1]
+    if room_from == "take":
+        assert buf.take(1, 0).traj_ids.tolist() == [1]
+    else:  # an eviction on demand wakes the blocked put as a take does
+        assert buf.evict_oldest(1) == 1
     producer.join(5)
     assert done.is_set()
     assert buf.take(2, 0).traj_ids.tolist() == [2, 3]
-    assert assert_balanced(buf)["evicted"] == 0
+    assert assert_balanced(buf)["evicted"] == (room_from == "evict_oldest")
 
 
 def test_block_times_out_naming_the_room_needed(impl):

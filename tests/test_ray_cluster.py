@@ -65,6 +65,10 @@ class Producer:
         except Exception as exc:
             return type(exc).__name__, time.monotonic() - start, str(exc)
 
+    def put_big(self, client: RemoteBuffer, traj_id: int, words: int) -> None:
+        """One put of one payload of ``words`` int64 (traj_id, traj_id + 1, ...: every byte checkable)."""
+        client.put([traj_id], 0, payloads=[np.arange(traj_id, traj_id + words, dtype=np.int64)])
+
     def make_ref(self, words: int) -> ray.ObjectRef:
         return ray.put(np.arange(words))
 
@@ -285,3 +289,15 @@ def test_one_store_write_per_payload_byte_on_the_producers_node(ray_cluster):
     batch = client.take(n, 5)
     assert [int(v[0]) for v in ray.get(batch.payloads)] == batch.traj_ids.tolist()
     assert client.ledger()["retired"] == n
+    # A payload larger than one call may carry inline (24 MiB, past Ray's 10 MiB per call): sent in several
+    # calls, each byte still written once, by the owner's put, and never as an argument object.
+    words = 3 * 2**20
+    before = object_store_stats()
+    ray.get(producer.put_big.remote(client, 5000, words))
+    after = object_store_stats()
+    written = {node: after[node]["created_bytes"] - before[node]["created_bytes"] for node in (node0, node1)}
+    assert words * 8 <= written[node1] <= words * 8 * 1.05, written
+    assert written[node0] == 0, written
+    batch = client.take(8, 5)  # the big one, and the first put's (which started the owner)
+    value = ray.get(batch.payloads[batch.traj_ids.tolist().index(5000)])
+    assert value.shape == (words,) and int(value[0]) == 5000 and int(value[-1]) == words - 1 + 5000

@@ -197,6 +197,12 @@ class NativeMatchesReference(RuleBasedStateMachine):
         if result:
             assert result[0] == result[1]
 
+    @rule(groups=st.integers(0, 3))
+    def evict_oldest(self, groups):
+        result = self.both(lambda b: b.evict_oldest(groups))
+        if result:
+            assert result[0] == result[1]
+
     @rule(max_age=st.integers(0, 5))
     def set_max_age(self, max_age):
         if self.both(lambda b: setattr(b, "max_age", max_age)) is not None:  # pace refuses max_age < lookahead

@@ -4,8 +4,10 @@ For 64 KiB and 1 MiB payloads, 4 and 8 producers, all on one node or split over 
 payload values for a fixed time while a trainer in the driver takes batches and drops them (the refs
 only: this measures ingest, not the trainer's fetch). The baseline is what a Ray user would write: each
 producer ``ray.put``s its payloads and sends the refs through ``ray.util.queue.Queue``. Per row:
-payloads/s, MB/s, CPU seconds per payload of the index actor (ours) or the queue actor, and store writes
-per payload byte on the producers' nodes, from each raylet's own ``cumulative_created_bytes``.
+payloads/s, MB/s, CPU seconds per payload of the index actor (ours; its takes included) or the queue actor,
+how many puts one index call registered (the payload owners' group commit), and store writes per payload
+byte on the producers' nodes, from each raylet's own ``cumulative_created_bytes``. The trainer takes
+``TAKE_BATCH`` trajectories per call.
 
 ``python -c "from pyfast_buffer.bench.ray_payloads import main; main()" [--quick]`` prints the table.
 """
@@ -26,6 +28,14 @@ SIZES = (64 * 1024, 1024 * 1024)
 PRODUCERS = (4, 8)
 #: Payloads per call: about 1 MiB (64 KiB payloads) or 4 MiB (1 MiB payloads) per round trip.
 PER_CALL = {64 * 1024: 16, 1024 * 1024: 4}
+#: ``--index-bound``: small payloads, one per call, from many producers on one node, so that the index (not
+#: the bytes) is what the puts wait for; its registrations then group, and its CPU per payload falls.
+INDEX_BOUND = {"sizes": (1024,), "producers": (4, 16), "nodes": (1,), "kinds": ("unjournaled", "ours")}
+#: Trajectories per take of the trainer (a training batch; the index's CPU per payload includes its takes).
+TAKE_BATCH = 64
+#: Seconds the trainer's take waits for a full batch: longer than a batch takes to arrive at every rate here,
+#: so it seldom times out (a timeout is an exception through Ray, and a second, non-blocking take).
+TAKE_TIMEOUT_S = 2.0
 OURS, UNJOURNALED, QUEUE = "pyfast_buffer", "pyfast_buffer, journal=False", "ray Queue (producer refs)"
 CASE = "ray"
 
@@ -75,12 +85,19 @@ def _trainer(take: Any, stop: threading.Event) -> None:
 
 
 def _one_row(
-    cluster: LocalCluster, kind: str, size: int, producers: int, nodes: int, seconds: float, state: Dict[str, Any]
+    cluster: LocalCluster,
+    kind: str,
+    size: int,
+    producers: int,
+    nodes: int,
+    seconds: float,
+    state: Dict[str, Any],
+    take_batch: int = TAKE_BATCH,
 ) -> Dict[str, Any]:
     import ray
     from ray.util.queue import Empty
 
-    per_call = PER_CALL[size]
+    per_call = PER_CALL.get(size, 1)
     node_ids = cluster.node_ids()
     workers = state["workers"][:producers] if nodes == 2 else state["workers_node0"][:producers]
     client = state["unjournaled"] if kind == "unjournaled" else state["client"]
@@ -92,9 +109,9 @@ def _one_row(
 
         def take() -> int:  # blocking: an idle trainer does not spin calls on the index
             try:
-                return len(client.take(2 * per_call, 0, timeout=0.5))
+                return len(client.take(take_batch, 0, timeout=TAKE_TIMEOUT_S))
             except TimeoutError:
-                return len(client.take(2 * per_call, 0))
+                return len(client.take(take_batch, 0))
     else:
 
         def cpu() -> Optional[float]:
@@ -114,12 +131,14 @@ def _one_row(
     trainer = threading.Thread(target=_trainer, args=(take, stop))
     trainer.start()
     before = object_store_stats()
+    grouped0 = _registrations(client) if kind != "queue" else None
     cpu0: Optional[float] = cpu()
     began = time.perf_counter()
     sent = sum(ray.get([w.run.remote(target, kind, size, per_call, seconds, _next(state)) for w in workers]))
     elapsed = time.perf_counter() - began
     after = object_store_stats()
     cpu1: Optional[float] = cpu()
+    grouped1 = _registrations(client) if kind != "queue" else None
     stop.set()
     trainer.join()
     while take():
@@ -142,6 +161,8 @@ def _one_row(
         "median_s": elapsed / sent,
         "mb_per_s": offered / elapsed / 1e6,
         "actor_cpu_ms_per_payload": None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1e3 / sent,
+        "take_batch": take_batch,
+        "puts_per_index_call": _grouping(grouped0, grouped1),
         "writes_per_byte_producer_nodes": sum(written[n] for n in producer_nodes) / offered,
         "writes_per_byte_all_nodes": sum(written.values()) / offered,
         "spilled_bytes": sum(s["spilled_bytes"] for s in after.values()),
@@ -149,13 +170,40 @@ def _one_row(
     }
 
 
+def _registrations(client: Any) -> Optional[Tuple[int, int]]:
+    """(index calls, puts registered) summed over the buffer's payload owners; None where owners do not
+    group their registrations (a build before the group commit)."""
+    import ray
+
+    calls = items = 0
+    for owner in ray.get(client.actor.owners.remote(), timeout=60):
+        if owner is None or not hasattr(owner, "registrations"):
+            return None
+        got: Dict[str, int] = ray.get(owner.registrations.remote(), timeout=60)
+        calls, items = calls + got["calls"], items + got["items"]
+    return calls, items
+
+
+def _grouping(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]]) -> Optional[float]:
+    if before is None or after is None or after[0] == before[0]:
+        return None
+    return (after[1] - before[1]) / (after[0] - before[0])
+
+
 def _next(state: Dict[str, Any]) -> int:
     state["next_id"] += 1 << 32  # every producer run gets ids of its own (ids with payloads are unique)
     return int(state["next_id"])
 
 
-def payload_rows(plan: Plan) -> List[Dict[str, Any]]:
-    """Starts a two-node loopback cluster, measures every row (both contenders), stops the cluster."""
+def payload_rows(
+    plan: Plan,
+    take_batch: int = TAKE_BATCH,
+    sizes: Tuple[int, ...] = SIZES,
+    producer_counts: Tuple[int, ...] = PRODUCERS,
+    nodes_list: Tuple[int, ...] = (1, 2),
+    kinds: Tuple[str, ...] = ("ours", "unjournaled", "queue"),
+) -> List[Dict[str, Any]]:
+    """Starts a two-node loopback cluster, measures every row (every contender), stops the cluster."""
     import ray
     from ray.util.queue import Queue
 
@@ -166,8 +214,8 @@ def payload_rows(plan: Plan) -> List[Dict[str, Any]]:
     try:
         cluster.connect(namespace="pyfast_buffer_bench")
         producer_cls = _classes()
-        split = [producer_cls.options(resources={f"node{i % 2}": 1}).remote() for i in range(max(PRODUCERS))]
-        node0 = [producer_cls.options(resources={"node0": 1}).remote() for _ in range(max(PRODUCERS))]
+        split = [producer_cls.options(resources={f"node{i % 2}": 1}).remote() for i in range(max(producer_counts))]
+        node0 = [producer_cls.options(resources={"node0": 1}).remote() for _ in range(max(producer_counts))]
         ray.get([w.ping.remote() for w in split + node0])
         client = RemoteBuffer.create(256, max_age=10, on_full="evict_oldest", num_cpus=0, name="bench-payloads")
         unjournaled = RemoteBuffer.create(256, max_age=10, num_cpus=0, name="bench-payloads-nj", journal=False)
@@ -175,11 +223,11 @@ def payload_rows(plan: Plan) -> List[Dict[str, Any]]:
         state = {"workers": split, "workers_node0": node0, "client": client, "queue": queue, "next_id": 0}
         state["unjournaled"] = unjournaled
         rows = []
-        for size in SIZES:
-            for producers in PRODUCERS:
-                for nodes in (1, 2):
-                    for kind in ("ours", "unjournaled", "queue"):
-                        rows.append(_one_row(cluster, kind, size, producers, nodes, seconds, state))
+        for size in sizes:
+            for producers in producer_counts:
+                for nodes in nodes_list:
+                    for kind in kinds:
+                        rows.append(_one_row(cluster, kind, size, producers, nodes, seconds, state, take_batch))
         client.kill()
         unjournaled.kill()
         queue.shutdown()
@@ -191,9 +239,9 @@ def payload_rows(plan: Plan) -> List[Dict[str, Any]]:
 def markdown(rows: List[Dict[str, Any]]) -> str:
     """The table of docs/ray.md: per row, ours next to the queue, and the second node's speed-up."""
     out = [
-        "| payload | producers | nodes | contender | payloads/s | MB/s | actor CPU per payload | store writes "
-        "per byte (producer nodes / all) | 2 nodes / 1 node |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| payload | producers | nodes | contender | payloads/s | MB/s | actor CPU per payload | puts per index "
+        "call | store writes per byte (producer nodes / all) | 2 nodes / 1 node |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     by_key: Dict[Tuple[int, int, int, str], Dict[str, Any]] = {
         (r["payload_bytes"], r["producers"], r["nodes"], r["contender"]): r for r in rows if "nodes" in r
@@ -202,9 +250,11 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
         one = by_key.get((size, producers, 1, contender))
         scale = f"{r['entries_per_s'] / one['entries_per_s']:.2f}x" if nodes == 2 and one else ""
         cpu = r["actor_cpu_ms_per_payload"]
+        grouped = r.get("puts_per_index_call")
         out.append(
             f"| {size // 1024} KiB | {producers} | {nodes} | {contender} | {r['entries_per_s']:.0f} "
             f"| {r['mb_per_s']:.0f} | {'-' if cpu is None else f'{cpu:.3f} ms'} "
+            f"| {'-' if grouped is None else f'{grouped:.1f}'} "
             f"| {r['writes_per_byte_producer_nodes']:.2f} / {r['writes_per_byte_all_nodes']:.2f} | {scale} |"
         )
     return "\n".join(out)
@@ -213,6 +263,20 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="pyfast_buffer.bench.ray_payloads", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter runs")
+    parser.add_argument("--take-batch", type=int, default=TAKE_BATCH, help="trajectories per take of the trainer")
+    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--index-bound", action="store_true", help="1 KiB payloads from 4 and 16 producers")
     args = parser.parse_args(argv)
-    print(markdown(payload_rows(Plan.quick() if args.quick else Plan())))
+    plan = Plan.quick() if args.quick else Plan()
+    if args.index_bound:
+        bound: Dict[str, Any] = INDEX_BOUND
+        rows = payload_rows(plan, args.take_batch, bound["sizes"], bound["producers"], bound["nodes"], bound["kinds"])
+    else:
+        rows = payload_rows(plan, args.take_batch)
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(markdown(rows))
     return 0

@@ -27,7 +27,7 @@ from ..config import BufferConfig
 from ..errors import BufferFullError
 from ..released import RELEASE_REASONS, Released, default_release_bound
 from . import _effects, _journal
-from ._calls import ADMISSION_GROUP, BLOCKING_GROUP
+from ._calls import ADMISSION_GROUP, BLOCKING_GROUP, DEFER
 from ._ring_replay import CoreReplay
 
 __all__ = ["ADMISSION_GROUP", "BLOCKING_GROUP", "BufferActor"]
@@ -258,23 +258,7 @@ class BufferActor:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            if request in self._reserved or request in self._done_puts:
-                return
-            if nbytes > self._capacity_bytes:
-                raise ValueError(
-                    f"one call carries {nbytes} payload bytes, more than capacity_bytes={self._capacity_bytes}; "
-                    "send fewer payloads per call or raise capacity_bytes"
-                )
-            while self._bytes_held + sum(self._reserved.values()) + nbytes > self._capacity_bytes:
-                on_full = self._user_config.on_full
-                if on_full == "evict_oldest" and self._evict_oldest_bytes(nbytes):
-                    continue
-                if on_full == "error" or (on_full == "block" and timeout is None) or on_full == "evict_oldest":
-                    raise BufferFullError(
-                        f"the buffer holds {self._bytes_held} payload bytes and this call brings {nbytes}, past "
-                        f"capacity_bytes={self._capacity_bytes}; take or evict first, or put with a timeout "
-                        "under on_full='block'"
-                    )
+            while not self._reserve_now(request, nbytes, timeout):
                 left = deadline - time.monotonic() if deadline is not None else 0.0
                 if left <= 0:
                     raise TimeoutError(
@@ -282,36 +266,96 @@ class BufferActor:
                         f"{self._bytes_held} of capacity_bytes={self._capacity_bytes}; take faster or raise it"
                     )
                 self._changed.wait(min(left, RECHECK_S))
-            self._reserved[request] = nbytes
+
+    def _reserve_now(self, request: int, nbytes: int, timeout: Optional[float]) -> bool:
+        """Reserves room now (True), raises what ``on_full`` says, or returns False: wait for room and retry
+        (on_full="block" with a timeout). Under the lock."""
+        if self._capacity_bytes is None or request in self._reserved or request in self._done_puts:
+            return True
+        if nbytes > self._capacity_bytes:
+            raise ValueError(
+                f"one call carries {nbytes} payload bytes, more than capacity_bytes={self._capacity_bytes}; "
+                "send fewer payloads per call or raise capacity_bytes"
+            )
+        on_full = self._user_config.on_full
+        while self._bytes_held + sum(self._reserved.values()) + nbytes > self._capacity_bytes:
+            if on_full == "evict_oldest" and self._evict_oldest_bytes(nbytes):
+                continue
+            if on_full != "block" or timeout is None:
+                raise BufferFullError(
+                    f"the buffer holds {self._bytes_held} payload bytes and this call brings {nbytes}, past "
+                    f"capacity_bytes={self._capacity_bytes}; take or evict first, or put with a timeout "
+                    "under on_full='block'"
+                )
+            return False
+        self._reserved[request] = nbytes
+        return True
 
     def _evict_oldest_bytes(self, nbytes: int) -> bool:
-        """Evicts the oldest whole groups until ``nbytes`` more fit the byte budget; False if nothing can go."""
-        sd = self._buf.state_dict()
-        entries = {k: v.numpy() for k, v in sd["entries"].items()}
-        n = len(entries["traj_id"])
-        if n == 0:
-            return False
+        """Evicts the oldest whole groups (one core call each, no rebuild) until ``nbytes`` more fit the byte
+        budget; False if the ring had nothing to evict."""
         over = self._bytes_held + sum(self._reserved.values()) + nbytes - int(self._capacity_bytes or 0)
-        freed, cut = 0, 0
-        lens = entries["group_len"].tolist()
-        ids = entries["traj_id"].tolist()
-        while cut < n and freed < over:
-            group = lens[cut]
-            freed += sum(self._sizes.get(k, 0) for k in ids[cut : cut + group])
-            cut += group
-        sd["entries"] = {k: sd["entries"][k][cut:] for k in sd["entries"]}
-        sd["ledger"] = {**sd["ledger"], "evicted": sd["ledger"]["evicted"] + cut}
-        self._buf.load_state_dict(sd)
-        self._buf.released()
-        evicted = np.asarray(ids[:cut], np.int64)
-        self._report.add(Released(evicted, np.full(cut, _EVICTED, np.int8)))
+        gone: List[Released] = []
+        freed = 0
+        while freed < over and self._buf.evict_oldest(1):
+            gone.append(self._buf.released())
+            freed += sum(self._sizes.get(k, 0) for k in gone[-1].ids[gone[-1].reasons == _EVICTED].tolist())
+        if not gone:
+            return False
         self._extra["evicted_bytes"] += freed
-        self._forget(evicted, notify=True)
+        self._settle(Released(np.concatenate([r.ids for r in gone]), np.concatenate([r.reasons for r in gone])))
         return True
 
     def admit(self, request: int, call: Dict[str, Any], sizes: Optional[np.ndarray], slot: int) -> None:
         """Puts (``call["kind"] == "put"``) or completes ids whose payloads ``slot``'s owner now holds."""
-        kind, trajs, timeout = call["kind"], call["traj_ids"], call.get("timeout")
+        run, record, on_repeat = self._admission(request, call, sizes, slot)
+        try:
+            self._apply(request, run, record=record, timeout=call.get("timeout"), blocking=True, on_repeat=on_repeat)
+        except BaseException:
+            with self._lock:
+                self._unreserve(request)
+            raise
+
+    def register(self, items: List[Tuple[Any, ...]]) -> List[Any]:
+        """Reservations ``("reserve", request, nbytes, timeout)`` and admissions ``("admit", request, call,
+        sizes, slot)`` of many puts (a payload owner's group commit), tried in order without waiting, under one
+        lock hold and one journal write. One outcome per item: None (done), the exception it raised (its alone),
+        or ``DEFER``: it would wait, nothing of it was applied, and its owner sends it to ``reserve``/``admit``."""
+        outcomes: List[Any] = []
+        admitted = False
+        with self._lock:
+            for kind, request, *args in items:
+                try:
+                    if kind == "reserve":
+                        outcomes.append(None if self._reserve_now(request, *args) else DEFER)
+                    else:
+                        outcomes.append(self._admit_now(request, *args))
+                        admitted = admitted or outcomes[-1] is None
+                except Exception as exc:  # this item's own error, handed back to its put
+                    outcomes.append(exc)
+            version = self._journal.mark() if admitted else 0
+        self._journal.wait(version)
+        return outcomes
+
+    def _admit_now(self, request: int, call: Dict[str, Any], sizes: Optional[np.ndarray], slot: int) -> Any:
+        """``admit`` without waiting and without the journal wait (under the lock): None, or DEFER if it would
+        wait for room within its timeout; raises its error, with its reserved room freed."""
+        run, record, on_repeat = self._admission(request, call, sizes, slot)
+        timed = call.get("timeout") is not None  # then a full ring waits: tried once now (timeout 0), else DEFER
+        try:
+            self._apply(request, run, record, 0.0 if timed else None, True, on_repeat, wait_journal=False)
+        except BaseException as exc:
+            if timed and isinstance(exc, (TimeoutError, BufferFullError)):
+                return DEFER  # it would wait: admit() waits for it, within its timeout
+            self._unreserve(request)
+            raise
+        return None
+
+    def _admission(
+        self, request: int, call: Dict[str, Any], sizes: Optional[np.ndarray], slot: int
+    ) -> Tuple[Callable[[Optional[float]], None], Callable[[], None], Callable[[], None]]:
+        """The core call of one put/complete, what it records once applied, and what a repeat of it changes."""
+        kind, trajs = call["kind"], call["traj_ids"]
         if kind == "put":
 
             def run(wait: Optional[float]) -> None:
@@ -334,13 +378,12 @@ class BufferActor:
                     if k in self._where:
                         self._where[k] = slot
 
-        try:
-            self._apply(request, run, record=record, timeout=timeout, blocking=True, on_repeat=on_repeat)
-        except BaseException:
-            with self._lock:  # nothing was admitted: the room reserved for these bytes is free again
-                if self._reserved.pop(request, None) is not None:
-                    self._changed.notify_all()
-            raise
+        return run, record, on_repeat
+
+    def _unreserve(self, request: int) -> None:
+        """Nothing was admitted: the room reserved for this call's bytes is free again (under the lock)."""
+        if self._reserved.pop(request, None) is not None:
+            self._changed.notify_all()
 
     def _apply(
         self,
@@ -350,8 +393,10 @@ class BufferActor:
         timeout: Optional[float] = None,
         blocking: bool = False,
         on_repeat: Optional[Callable[[], None]] = None,
+        wait_journal: bool = True,
     ) -> Any:
-        """Runs one change under the lock (at most once per request id), settles it, journals it, then returns."""
+        """Runs one change under the lock (at most once per request id), settles it, journals it, then returns
+        (without ``wait_journal``, before its journal write: ``register`` waits once for many)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             if request is not None and request in self._done_puts:
@@ -371,7 +416,8 @@ class BufferActor:
                 self._settle()
                 version = self._journal.mark()
                 self._changed.notify_all()
-        self._journal.wait(version)
+        if wait_journal:
+            self._journal.wait(version)
         return result
 
     def _until(self, deadline: Optional[float], attempt: Callable[[Optional[float]], Any]) -> Any:
@@ -427,6 +473,9 @@ class BufferActor:
     def evict_stale(self, current_step: int) -> int:
         return self._apply(None, lambda: self._buf.evict_stale(current_step))
 
+    def evict_oldest(self, groups: int) -> int:
+        return self._apply(None, lambda: self._buf.evict_oldest(groups))
+
     def _forget(self, traj_ids: np.ndarray, notify: bool) -> None:
         """Drops the payload bookkeeping of ids that left the buffer; with ``notify`` their owners let go too."""
         by_slot: Dict[int, List[int]] = collections.defaultdict(list)
@@ -441,12 +490,12 @@ class BufferActor:
                 if owner is not None:
                     owner.release.remote(ids)  # no wait: a missed notice is caught up after a restart
 
-    def _settle(self) -> bool:
-        """Drains the core's released ids (under the lock): frees untaken payloads, keeps the caller's report.
-
-        Returns whether any id was released.
+    def _settle(self, released: Optional[Released] = None) -> bool:
+        """Drains the core's released ids (or takes ``released``, already drained; under the lock): frees
+        untaken payloads, keeps the caller's report. Returns whether any id was released.
         """
-        released = self._buf.released()
+        if released is None:
+            released = self._buf.released()
         if not len(released.ids):
             return False
         if self._user_config.track_released:

@@ -20,6 +20,8 @@ BLOCKING_GROUP = "blocking"
 #: Concurrency group of paced dispatches waiting for admission: apart from BLOCKING_GROUP, so that producers
 #: blocked at the admission limit can never hold every thread the trainer's blocking take needs to free them.
 ADMISSION_GROUP = "admission"
+#: What the index's ``register`` answers for an item that would wait: send it alone (``reserve``/``admit``).
+DEFER = "defer"
 #: Seconds a call without a timeout waits for a restarting index before it gives up.
 RESTART_WAIT_S = 120.0
 #: Seconds between two liveness checks of a restarting index.

@@ -12,6 +12,7 @@ an owner that died lost its objects, and a new one takes a new slot). The index 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -19,10 +20,13 @@ import ray
 from ray.exceptions import OwnerDiedError
 
 from . import _wire
-from ._calls import call_index
+from ._calls import DEFER, call_index
+from ._group import GroupCall
 
 #: Seconds an owner waits for a producer's ObjectRef payload to be readable before failing the put.
 ADOPT_TIMEOUT_S = 60.0
+#: Seconds staged pieces of a big payload wait for their store call (its producer died meanwhile) before going.
+STAGED_S = 600.0
 
 
 class PayloadOwner:
@@ -35,6 +39,9 @@ class PayloadOwner:
         self._lock = threading.Lock()
         self._held: Dict[int, Tuple[ray.ObjectRef, int]] = {}  # traj id -> (ref, bytes), admitted by the index
         self._pending: Dict[int, Tuple[ray.ObjectRef, int]] = {}  # put here, admission not answered yet
+        self._staged: Dict[int, Tuple[float, Dict[int, Tuple[bytes, ...]]]] = {}  # request -> (when, pieces)
+        # Reservations and admissions of concurrent puts go to the index together, one call at a time.
+        self._group = GroupCall(lambda items: call_index(self._index, "register", items, blocking=True))
 
     def store(
         self,
@@ -46,10 +53,15 @@ class PayloadOwner:
     ) -> None:
         """Puts the payloads of one put/complete call into this node's store, then admits their ids at the index.
 
-        ``headers[i]`` carries payload ``i`` as a value (its bytes in ``pieces``), or is None and ``refs[i]``
-        is a ray.ObjectRef the producer made: that one is read and put again here, so that this owner, not
-        the producer, owns what the buffer hands out.
+        ``headers[i]`` carries payload ``i`` as a value (its bytes in ``pieces``, after those ``stage``d for
+        this request), or is None and ``refs[i]`` is a ray.ObjectRef the producer made: that one is read and
+        put again here, so that this owner, not the producer, owns what the buffer hands out.
         """
+        began = time.monotonic()
+        with self._lock:
+            staged = self._staged.pop(request, None)
+        if staged is not None:
+            pieces = (*(p for _, run in sorted(staged[1].items()) for p in run), *pieces)
         traj_ids: np.ndarray = call["traj_ids"]
         packed = iter(_wire.unpack([h for h in headers if h is not None], pieces))
         given = [r for h, r in zip(headers, refs) if h is None]
@@ -65,21 +77,13 @@ class PayloadOwner:
                 "buffer; ids with payloads must be unique until they leave the buffer (use fresh ids)"
             )
         if self._budget:  # a byte budget: admit the bytes before they are written, so nothing spills
-            call_index(self._index, "reserve", request, int(sum(sizes)), call.get("timeout"), blocking=True)
+            nbytes = int(sum(sizes))
+            self._register(("reserve", request, nbytes, call.get("timeout")), began)
         objects = [ray.put(v) for v in values]
         with self._lock:
             self._pending.update(zip(keys, zip(objects, sizes)))
         try:
-            call_index(
-                self._index,
-                "admit",
-                request,
-                call,
-                np.asarray(sizes, np.int64),
-                self._slot,
-                blocking=True,
-                timeout_arg=None,
-            )
+            self._register(("admit", request, call, np.asarray(sizes, np.int64), self._slot), began)
         except BaseException:
             with self._lock:  # the index did not admit them: hold nothing either
                 for k in keys:
@@ -90,6 +94,37 @@ class PayloadOwner:
                 held = self._pending.pop(k, None)
                 if held is not None:
                     self._held[k] = held
+
+    def stage(self, request: int, first: int, *pieces: bytes) -> None:
+        """Holds pieces ``first``, ``first + 1``, ... of a call too big to send at once, until ``store`` of
+        ``request`` takes them (staged pieces no store came for are dropped after ``STAGED_S``)."""
+        now = time.monotonic()
+        with self._lock:
+            for old in [r for r, (at, _) in self._staged.items() if now - at > STAGED_S]:
+                del self._staged[old]
+            self._staged.setdefault(request, (now, {}))[1][first] = pieces
+
+    def _register(self, item: Tuple[Any, ...], began: float) -> None:
+        """Sends one reservation or admission with those of concurrent puts (one index call for all); one
+        that would wait is sent alone, with what is left of its timeout. Raises the index's error for it."""
+        outcome = self._group.submit(item)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome != DEFER:
+            return
+        kind, request, *args = item
+        if kind == "reserve":
+            nbytes, timeout = args
+            call_index(self._index, "reserve", request, nbytes, _left(timeout, began), blocking=True, timeout_arg=2)
+        else:
+            call, sizes, slot = args
+            call = {**call, "timeout": _left(call.get("timeout"), began)}
+            call_index(self._index, "admit", request, call, sizes, slot, blocking=True)
+
+    def registrations(self) -> Dict[str, int]:
+        """Index calls this owner made to register puts, the items they carried (the grouping) and the items
+        queued now for the next call."""
+        return {"calls": self._group.calls, "items": self._group.items, "queued": self._group.queued()}
 
     def hand_out(self, traj_ids: np.ndarray, retire: np.ndarray) -> List[Optional[ray.ObjectRef]]:
         """Returns the ref of each id (None: not held here); the ids a take retired are let go of here.
@@ -125,6 +160,11 @@ class PayloadOwner:
         import os
 
         return ray.get_runtime_context().get_node_id(), os.getpid()
+
+
+def _left(timeout: Optional[float], began: float) -> Optional[float]:
+    """What is left of a put's timeout (None: none) since ``began``: a put's timeout is end to end."""
+    return None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
 
 
 def _adopt(traj_ids: np.ndarray, refs: List[Any]) -> List[Any]:

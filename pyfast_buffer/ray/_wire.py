@@ -6,6 +6,9 @@ Arguments under that size travel inside the call's RPC (up to ``task_rpc_inlined
 call) and never touch the store. So ``pack`` pickles the payloads (protocol 5, large buffers out of band,
 without copying them) and cuts every buffer into pieces under the inline limit, each a top-level argument;
 ``unpack`` joins them back in the owner, whose ``ray.put`` is the one store write of each payload byte.
+A put's payloads are cut into calls of at most ``CALL_BYTES`` (``split_for_calls``); a single payload
+larger than that is sent in several calls (``chunk_pieces``): its first pieces are staged at the owner,
+its last ones come with the store call, so no call carries more than Ray inlines.
 """
 
 from __future__ import annotations
@@ -75,3 +78,17 @@ def split_for_calls(sizes: Sequence[int]) -> List[Tuple[int, int]]:
         total += n
     runs.append((start, len(sizes)))
     return runs
+
+
+def chunk_pieces(pieces: Sequence[bytes]) -> List[Tuple[int, List[bytes]]]:
+    """Cuts one call's pieces into runs of at most CALL_BYTES (one piece at least), each with the index of
+    its first piece: all but the last are staged at the owner before the store call carries the last."""
+    chunks: List[Tuple[int, List[bytes]]] = []
+    first, total = 0, 0
+    for i, piece in enumerate(pieces):
+        if i > first and total + len(piece) > CALL_BYTES:
+            chunks.append((first, list(pieces[first:i])))
+            first, total = i, 0
+        total += len(piece)
+    chunks.append((first, list(pieces[first:])))
+    return chunks

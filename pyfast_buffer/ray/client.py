@@ -294,13 +294,13 @@ class RemoteBuffer:
     ) -> None:
         slot, owner = _owner_here(self.actor)
         try:
-            _get_owner(owner.store.remote(request, call, headers, refs, *pieces))
+            _send_to_owner(owner, request, call, headers, refs, pieces)
         except RayActorError:
             # The owner of this node died (with the payloads it held): the next one gets them, once.
             self._call("owner_died", slot)
             _forget_owner(self.actor)
             slot, owner = _owner_here(self.actor)
-            _get_owner(owner.store.remote(request, call, headers, refs, *pieces))
+            _send_to_owner(owner, request, call, headers, refs, pieces)
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> RemoteBatch:
         """Takes up to ``batch_size`` trajectories (see StalenessBuffer.take); refs in ``batch.payloads``."""
@@ -367,6 +367,11 @@ class RemoteBuffer:
     def evict_stale(self, current_step: int) -> int:
         """Drops every ready entry with age > max_age; returns how many."""
         return self._call("evict_stale", as_step(current_step, "current_step"))
+
+    def evict_oldest(self, groups: int = 1) -> int:
+        """Evicts the oldest ``groups`` whole groups now, counted as evicted (their payloads are let go of);
+        returns how many entries left."""
+        return self._call("evict_oldest", as_count(groups, "groups", 0))
 
     def released(self) -> Released:
         """Every id that left the buffer since the previous call, with its reason (needs track_released=True)."""
@@ -514,8 +519,19 @@ def _forget_owner(actor: ActorHandle) -> None:
     _HERE.pop(actor._actor_id.hex(), None)
 
 
-def _get_owner(ref: ray.ObjectRef) -> Any:
+def _get_owner(ref: Union[ray.ObjectRef, List[ray.ObjectRef]]) -> Any:
     return _errors.get(ref)
+
+
+def _send_to_owner(
+    owner: Any, request: int, call: Dict[str, Any], headers: List[Any], refs: List[Any], pieces: List[bytes]
+) -> None:
+    """One store call at the owner; pieces past what one call carries inline (a payload over CALL_BYTES) are
+    staged first, in calls of their own, so that no byte goes through an argument object in the store."""
+    chunks = _wire.chunk_pieces(pieces)
+    if len(chunks) > 1:
+        _get_owner([owner.stage.remote(request, first, *run) for first, run in chunks[:-1]])
+    _get_owner(owner.store.remote(request, call, headers, refs, *chunks[-1][1]))
 
 
 def _request() -> int:
