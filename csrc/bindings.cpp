@@ -90,7 +90,8 @@ py::tuple stats_tuple(const pfb::TakeStats& s) {
   return py::make_tuple(s.taken, s.dropped_stale, s.retired, s.evicted, blocked_by_name(s.blocked_by),
                         to_pyint(s.age_sum), s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total, s.max_age,
                         s.expired, s.trained_over_age, to_pyint(s.span_sum), s.span_max, s.admitted,
-                        s.admission_refused, s.admission_waits, attempts_tuple(s.attempts), sources);
+                        s.admission_refused, s.admission_waits, attempts_tuple(s.attempts), sources,
+                        s.protected_admitted, s.admitted_ahead);
 }
 
 // The starved gauge of every tagged source that has any starved prompt: {source: count}.
@@ -143,6 +144,7 @@ py::dict ledger_dict(const pfb::Ledger& l) {
   d["released_overflow"] = l.released_overflow;
   d["admitted"] = l.admitted, d["admission_refused"] = l.admission_refused;
   d["admission_waits"] = l.admission_waits, d["trained_over_age"] = l.trained_over_age;
+  d["protected_admitted"] = l.protected_admitted, d["admitted_ahead"] = l.admitted_ahead;
   return d;
 }
 
@@ -494,6 +496,8 @@ PYBIND11_MODULE(_core, m) {
         s.ledger.admission_refused = optional_int(l, "admission_refused", 0);
         s.ledger.admission_waits = optional_int(l, "admission_waits", 0);
         s.ledger.trained_over_age = optional_int(l, "trained_over_age", 0);
+        s.ledger.protected_admitted = optional_int(l, "protected_admitted", 0);
+        s.ledger.admitted_ahead = optional_int(l, "admitted_ahead", 0);
         s.clock = d["clock"].cast<int64_t>();
         s.evicted_unreported = d["evicted_unreported"].cast<int64_t>();
         py::gil_scoped_release release;

@@ -58,10 +58,43 @@ std::string StalenessRing::admission_message(const StepCounts& groups, int64_t t
   return out.str();
 }
 
+namespace {
+// Counts one call among the waiters of its kind while it waits; a protected waiter leaving (admitted, timed out,
+// interrupted, closed) wakes the others, which may have been held behind it. Runs with the ring's lock held.
+class WaitingCall {
+ public:
+  WaitingCall(int64_t& waiting, MonotonicCondition& cv, bool wake_on_leave)
+      : waiting_(++waiting), cv_(cv), wake_on_leave_(wake_on_leave) {}
+  WaitingCall(const WaitingCall&) = delete;
+  WaitingCall& operator=(const WaitingCall&) = delete;
+  ~WaitingCall() {
+    --waiting_;
+    if (wake_on_leave_) cv_.notify_all();
+  }
+
+ private:
+  int64_t& waiting_;
+  MonotonicCondition& cv_;
+  bool wake_on_leave_;
+};
+}  // namespace
+
+bool StalenessRing::holds_protected_attempt(const int64_t* prompt_ids, int64_t n) const {
+  if (config_.max_attempts <= 0) return false;
+  for (int64_t i = 0; i < n; ++i)
+    if (attempts_.peek_untrained_run(prompt_ids[i]) >= config_.max_attempts) return true;
+  return false;
+}
+
+std::string StalenessRing::protected_waiting_message() const {
+  return concat(protected_waiting_, " protected (max_attempts) dispatch call(s) waiting for admission go first");
+}
+
 bool StalenessRing::wait_for_admission(const StepCounts& groups, int64_t total, int64_t first_step,
-                                       std::optional<double> timeout, const char* call,
+                                       bool protected_call, std::optional<double> timeout, const char* call,
                                        std::optional<SteadyTime>& deadline, bool& waited) {
-  if (pace_admits(groups, total)) return true;
+  // Protected attempts first: while a protected call waits, no other call is admitted (docs/design.md).
+  if ((protected_call || protected_waiting_ == 0) && pace_admits(groups, total)) return true;
   if (first_step < pace_next_take() - max_age_) {  // past its deadline already: no take can make room for it
     ledger_.admission_refused += total;
     throw AdmissionFull(concat(call, ": prompts stamped ", first_step, " would pass max_age=", max_age_,
@@ -71,23 +104,36 @@ bool StalenessRing::wait_for_admission(const StepCounts& groups, int64_t total, 
   }
   if (!timeout) {
     ledger_.admission_refused += total;
+    if (!protected_call && protected_waiting_ > 0)
+      throw AdmissionFull(concat(call, ": ", total, call == std::string("put") ? " groups" : " prompts",
+                                 " not admitted under pace: ",
+                                 protected_waiting_message(), " (a prompt at its max_attempts-th untrained attempt "
+                                 "is admitted before any other); pass timeout= to wait behind it, or take (train) "
+                                 "to free slots"));
     throw AdmissionFull(concat(call, ": ", admission_message(groups, total, first_step),
                                "; or pass timeout= to wait for a slot"));
   }
   if (!deadline) deadline = deadline_after(*timeout);  // one deadline for every wait of the call
   waited = true;
+  const WaitingCall waiting(protected_call ? protected_waiting_ : unprotected_waiting_, admit_cv_, protected_call);
   SteadyTime last_check = SteadyClock::now();
   for (;;) {
     admit_cv_.wait_until(mutex_, next_wake(*deadline));
     check_interrupt(last_check);
     check_open();
     expire_due();
-    if (pace_admits(groups, total)) return false;  // admitted after waiting: the caller re-validates its arguments
+    if ((protected_call || protected_waiting_ == 0) && pace_admits(groups, total))
+      return false;  // admitted after waiting: the caller re-validates its arguments
     if (SteadyClock::now() >= *deadline) break;
   }
   ledger_.admission_refused += total;
   ++ledger_.admission_waits;
-  throw Timeout(concat(call, " timed out after ", *timeout, " s waiting for admission under pace: ",
+  if (!protected_call && protected_waiting_ > 0 && pace_admits(groups, total))
+    throw Timeout(concat(call, " timed out after ", *timeout, " s waiting for admission under pace behind a "
+                         "protected dispatch: ", protected_waiting_message(), "; take (train) to free slots for "
+                         "them, or wait longer"));
+  throw Timeout(concat(call, " timed out after ", *timeout, " s waiting for admission under pace",
+                       !protected_call && protected_waiting_ > 0 ? " (behind a protected dispatch too)" : "", ": ",
                        admission_message(groups, total, first_step)));
 }
 

@@ -118,6 +118,8 @@ inline void StalenessRing::fill_state(TakeStats& stats) {
   stats.admitted = ledger_.admitted;
   stats.admission_refused = ledger_.admission_refused;
   stats.admission_waits = ledger_.admission_waits;
+  stats.protected_admitted = ledger_.protected_admitted;
+  stats.admitted_ahead = ledger_.admitted_ahead;
   stats.attempts = attempts_.totals();
 }
 

@@ -46,10 +46,16 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
     const StepCounts asked{{sample_step, n}};
     std::optional<SteadyTime> wait_until;
     bool waited = false;
-    while (!wait_for_admission(asked, n, sample_step, timeout, "dispatch", wait_until, waited))
+    // Whether it goes first is decided before admission, without touching the attempts table, and again after
+    // a wait (a pending group of one of its prompts may have been trained meanwhile).
+    bool protected_call = holds_protected_attempt(prompt_ids, n);
+    while (!wait_for_admission(asked, n, sample_step, protected_call, timeout, "dispatch", wait_until, waited)) {
       check_not_in_flight(prompt_ids, n);
+      protected_call = holds_protected_attempt(prompt_ids, n);
+    }
     ledger_.admitted += n;
     ledger_.admission_waits += waited;
+    ledger_.admitted_ahead += protected_call && unprotected_waiting_ > 0;
   }
   const int64_t stamp = now_ns(), since = lease_now();
   const int64_t deadline = lease ? add_saturating(since, lease_ns) : kNoLease;
@@ -57,15 +63,18 @@ void StalenessRing::dispatch(const int64_t* prompt_ids, int64_t n, int64_t sampl
     bias_ = std::make_unique<BiasMonitor>();
     attempts_.reserve(int64_t{1} << 16);
   }
+  int64_t protected_admitted = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t slot = slots ? slots[n_slots == 1 ? 0 : i] : 0;
     const int32_t untrained_run = attempts_.on_dispatch(prompt_ids[i], slot);
     const bool protect = config_.max_attempts > 0 && untrained_run >= config_.max_attempts;
     in_flight_.insert(prompt_ids[i], {sample_step, stamp, since, deadline, make_meta(-1, slot, protect, true)});
+    protected_admitted += protect;
     ++source_counts_[static_cast<size_t>(slot)].dispatched;
     tagged_ |= slot != 0;
   }
   ledger_.dispatched += n;
+  if (paced()) ledger_.protected_admitted += protected_admitted;
   advance_clock_by_stamp(sample_step);
 }
 

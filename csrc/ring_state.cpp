@@ -254,6 +254,10 @@ std::string StalenessRing::debug_string() const {
                 paced() ? concat(", prompts_per_step=", config_.prompts_per_step, ", lookahead=", config_.lookahead) : "",
                 config_.age_from == AgeFrom::kFinish ? ", age_from='finish'" : "", ", ready=", size_,
                 ", in_flight=", in_flight_.size(),
+                protected_waiting_ + unprotected_waiting_ > 0  // pace: calls waiting for admission now
+                    ? concat(", admission_waiting=", protected_waiting_ + unprotected_waiting_,
+                             ", protected_waiting=", protected_waiting_)
+                    : "",
                 ", clock=", clock_, ", pinned=", columns_.borrowed() ? "True" : "False",
                 closed_ ? ", closed=True" : "", ")");
 }

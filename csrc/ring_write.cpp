@@ -446,8 +446,8 @@ void StalenessRing::put(const int64_t* traj_ids, const int64_t* group_ids, const
   bool waited = false;
   for (;;) {  // after a wait, validate again: another thread may have put one of these ids
     check_not_live(traj_ids, n);
-    if (paced() && !wait_for_admission(asked, asked_groups, asked.begin()->first, timeout, "put", deadline,
-                                       waited))
+    if (paced() && !wait_for_admission(asked, asked_groups, asked.begin()->first, false, timeout, "put",
+                                       deadline, waited))
       continue;
     if (wait_for_room(n, timeout, "put", deadline)) break;
   }

@@ -119,6 +119,7 @@ struct TakeStats {
   Int128 span_sum = 0;           // sum of finish_step - sample_step over the batch (exact, as age_sum)
   int64_t span_max = 0;
   int64_t admitted = 0, admission_refused = 0, admission_waits = 0;  // the Ledger's, after this call
+  int64_t protected_admitted = 0, admitted_ahead = 0;                 // the Ledger's, after this call
   std::array<int64_t, 6> attempts{};  // PromptAttempts::totals() after this call
   // (slot, taken, dropped) of every source slot this call took or dropped from, when any entry is tagged
   std::vector<std::array<int64_t, 3>> sources;
@@ -399,11 +400,16 @@ class StalenessRing {
   void check_pace_call_size(int64_t groups, const char* call) const;  // InvalidArgument past the whole limit
   bool pace_admits(const StepCounts& groups, int64_t total) const PFB_REQUIRES(mutex_);
   // Returns true if the groups are admitted now; false once admitted after a wait, mutex_ released meanwhile
-  // (the caller re-validates); throws AdmissionFull or Timeout, counting the refusal.
-  bool wait_for_admission(const StepCounts& groups, int64_t total, int64_t first_step, std::optional<double> timeout,
-                          const char* call, std::optional<SteadyTime>& deadline, bool& waited) PFB_REQUIRES(mutex_);
+  // (the caller re-validates); throws AdmissionFull or Timeout, counting the refusal. A call that is not
+  // `protected_call` is not admitted while a protected one waits (docs/design.md, "protected attempts first").
+  bool wait_for_admission(const StepCounts& groups, int64_t total, int64_t first_step, bool protected_call,
+                          std::optional<double> timeout, const char* call, std::optional<SteadyTime>& deadline,
+                          bool& waited) PFB_REQUIRES(mutex_);
+  // True iff dispatching these prompts now would start a protected (max_attempts) attempt; changes nothing.
+  bool holds_protected_attempt(const int64_t* prompt_ids, int64_t n) const PFB_REQUIRES(mutex_);
   std::string admission_message(const StepCounts& groups, int64_t total, int64_t first_step) const
       PFB_REQUIRES(mutex_);
+  std::string protected_waiting_message() const PFB_REQUIRES(mutex_);  // names the protected calls waiting
   void pace_restore_order() PFB_REQUIRES(mutex_);  // stable sort by age stamp, if an append broke the order
   void pace_count_ready() PFB_REQUIRES(mutex_);    // rebuilds ready_groups_ from the entries
   void pace_forget_prefix(int64_t count) PFB_REQUIRES(mutex_);   // the oldest `count` entries leave
@@ -453,7 +459,10 @@ class StalenessRing {
   std::function<void()> interrupt_check_;  // set before the ring is shared, then only read: no lock
   ReadyGroups ready_groups_ PFB_GUARDED_BY(mutex_);  // pace: ready groups by age stamp, in step with the entries
   int64_t next_take_ PFB_GUARDED_BY(mutex_) = 0;     // pace: one past the step of the latest take
-  MonotonicCondition admit_cv_;  // pace producers: a slot freed (take, fail, expiry, load, max_age), or closed
+  MonotonicCondition admit_cv_;  // pace producers: a slot freed (take, fail, expiry, load, max_age), a protected
+                                 // waiter left, or closed
+  int64_t protected_waiting_ PFB_GUARDED_BY(mutex_) = 0;    // pace: protected dispatch calls waiting for admission
+  int64_t unprotected_waiting_ PFB_GUARDED_BY(mutex_) = 0;  // pace: other dispatch/put calls waiting for admission
   // What the bound does to the data (docs/data-bias.md): attempts, per-source bounds and counts, the monitor.
   PromptAttempts attempts_ PFB_GUARDED_BY(mutex_);
   std::unique_ptr<BiasMonitor> bias_ PFB_GUARDED_BY(mutex_);                // allocated at the first dispatch

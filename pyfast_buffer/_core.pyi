@@ -35,6 +35,8 @@ _Stats = Tuple[
     int,
     Tuple[int, ...],
     Tuple[tuple, ...],
+    int,
+    int,
 ]
 
 class Ring:

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import bias
 from ._args import as_count
-from .batch import ATTEMPT_FIELDS, metrics_prefix
+from .batch import ATTEMPT_FIELDS, PROTECTED_ADMISSION_FIELDS, metrics_prefix
 from .config import BufferConfig, source_max_age_pairs
 from .state import SOURCE_COUNT_FIELDS
 
@@ -43,6 +43,9 @@ class AccountingMethods:
 
     def _apply_source_max_age(self, source: int, max_age: int) -> None:
         raise NotImplementedError
+
+    def ledger(self) -> Dict[str, int]:
+        raise NotImplementedError  # each buffer's own (docs/design.md, "The ledger")
 
     def starved(self, min_attempts: int = 2) -> Dict[int, int]:
         """Returns ``{prompt_id: attempts}`` of every remembered prompt dispatched at least ``min_attempts``
@@ -72,13 +75,17 @@ class AccountingMethods:
         """Returns what the bound did to the data so far, every value numeric, under the metrics prefix.
 
         The prompt-attempt counters (``retries``, ``prompts_retried``, ``regenerations``, ``protected``,
-        ``prompts_starved``, ``attempts_forgotten``); per tagged source ``source/<k>/<count>`` for the counts
+        ``prompts_starved``, ``attempts_forgotten``) and the ledger's protected admissions under pace
+        (``protected_admitted``, ``admitted_ahead``); per tagged source ``source/<k>/<count>`` for the counts
         dispatched, generated, taken, trained, dropped, evicted, and ``source/<k>/starved`` (prompts starved now);
         and the bias monitor's ``bias/...`` numbers (bias.summarize).
         """
         prefix = metrics_prefix()
         attempts, starved_by_source = self._attempts_now()
         out: Dict[str, float] = {prefix + name: value for name, value in zip(ATTEMPT_FIELDS, attempts)}
+        ledger = self.ledger()
+        for name in PROTECTED_ADMISSION_FIELDS:
+            out[prefix + name] = ledger[name]
         counts = self._source_counts_now()
         for slot in range(1, counts.shape[0]):
             source = slot - 1

@@ -70,6 +70,11 @@ class PromptAttempts:
             self._add_starved(slot, +1)
         return r[7]
 
+    def peek_untrained_run(self, prompt: int) -> int:
+        """Returns what ``on_dispatch(prompt, ...)`` would return now, changing nothing."""
+        r = self._records.get(prompt)
+        return 1 if r is None else min(r[7] + 1, 2**31 - 1)
+
     def on_complete(self, prompt: int) -> None:
         r = self._records.get(prompt)
         if r is not None:

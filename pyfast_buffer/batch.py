@@ -36,17 +36,22 @@ LOG_FORMAT = (
     "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d "
     "trained_over_age=%d admitted=%d admission_refused=%d admission_waits=%d"
     " retried=%d starved=%d regenerations=%d"
+    " protected_admitted=%d admitted_ahead=%d"
 )
 
 # (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight,
 #  sampled_total, max_age, expired, trained_over_age, span_sum, span_max, admitted, admission_refused,
-#  admission_waits, attempts, sources): attempts is ATTEMPT_FIELDS in order; sources holds (source, taken,
-#  dropped) of each source this call took or dropped from (-1: untagged), once any is tagged.
+#  admission_waits, attempts, sources, protected_admitted, admitted_ahead): attempts is ATTEMPT_FIELDS in order;
+#  sources holds (source, taken, dropped) of each source this call took or dropped from (-1: untagged), once any
+#  is tagged; the last two are the running pace counters of protected (max_attempts) admissions.
 Stats = Tuple[Any, ...]  # the fields above, in that order (typed one by one in _core.pyi's _Stats)
 #: The prompt-attempt counters of every take (docs/data-bias.md): retries and prompts_retried, regenerations
 #: (trajectories of lost attempts whose prompt was dispatched again), protected groups (max_attempts), the
 #: prompts starved now (>= 2 attempts, nothing trained) and the records forgotten at the table's bound.
 ATTEMPT_FIELDS = ("retries", "prompts_retried", "regenerations", "protected", "prompts_starved", "attempts_forgotten")
+#: The ledger's running counts of protected (max_attempts) admissions under pace, last in the stats and the log
+#: line: protected prompts admitted, and protected calls admitted while an unprotected call waited.
+PROTECTED_ADMISSION_FIELDS = ("protected_admitted", "admitted_ahead")
 #: Names of the ``blocked_by`` codes: ``metrics[prefix + "blocked_by"]`` is an index into this tuple.
 BLOCKED_BY = ("none", "too_few_ready", "in_flight_at_max_age")
 _BLOCKED_CODE = {name: code for code, name in enumerate(BLOCKED_BY)}
@@ -71,6 +76,7 @@ _NAMES = (
     "admission_refused",
     "admission_waits",
     *ATTEMPT_FIELDS,
+    *PROTECTED_ADMISSION_FIELDS,
 )
 _prefix = DEFAULT_METRICS_PREFIX
 _keys = tuple(_prefix + n for n in _NAMES)
@@ -127,6 +133,8 @@ def log_record(stats: Stats) -> None:
             attempts[1],
             attempts[4],
             attempts[2],
+            stats[21],
+            stats[22],
         )
 
 
@@ -153,6 +161,8 @@ def metrics_from_stats(stats: Stats) -> Dict[str, float]:
         refused,
         waits,
         *stats[19],
+        stats[21],
+        stats[22],
     )
     metrics = dict(zip(_keys, values))
     for source, source_taken, source_dropped in stats[20]:

@@ -143,6 +143,9 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         Under ``strategy="pace"`` the call admits all its prompts or none: without ``timeout`` one that does
         not fit raises AdmissionError (a BufferFullError), with one it waits (the GIL released, interruptible)
         until a take, fail, expiry or load frees room, or raises TimeoutError. Other strategies never wait.
+        With ``max_attempts``, a call holding a prompt's max_attempts-th untrained attempt is admitted before
+        any other: while it waits, other dispatches and puts are refused (without ``timeout``) or wait behind
+        it; the limit itself is not raised (docs/design.md, "pace: protected attempts first").
         """
         prompts = as_ids(prompt_ids, "prompt_ids")
         slots = as_slots(source, len(prompts), "prompts")

@@ -108,6 +108,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         self._configure(locals())
         self._per_step, self._lookahead = pace_limits(self.config)
         self._next_take = 0  # pace: one past the step of the latest take
+        self._protected_waiting = 0  # pace: protected dispatch calls waiting for admission
+        self._unprotected_waiting = 0  # pace: other dispatch/put calls waiting for admission
         # (id, reason code) of everything that left, oldest first, until released() drains it
         self._released: Optional[deque] = deque() if track_released else None
         self._release_bound = release_bound or default_release_bound(capacity)
@@ -234,7 +236,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             if paced:
                 self._check_pace_call_size(len(prompts), "dispatch")
             deadline = time.monotonic() + (timeout or 0.0)
-            waited = False
+            waited = protected_call = False
             while True:  # after a wait, validate again: another thread may have dispatched one of these
                 for p in prompts:
                     if p in self._in_flight:
@@ -242,12 +244,17 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                             f"prompt_ids: prompt {p} is already in flight (dispatched at step "
                             f"{self._in_flight[p][0]}); complete or fail it before dispatching it again"
                         )
-                if not paced or self._wait_for_admission([step] * len(prompts), timeout, "dispatch", deadline):
+                if not paced:
+                    break
+                # Decided before admission without touching the table, and again after a wait.
+                protected_call = self._holds_protected_attempt(prompts)
+                if self._wait_for_admission([step] * len(prompts), timeout, "dispatch", deadline, protected_call):
                     break
                 waited = True
             if self._paced():
                 self._counts["admitted"] += len(prompts)
                 self._counts["admission_waits"] += waited
+                self._counts["admitted_ahead"] += protected_call and self._unprotected_waiting > 0
             now, since = time.time_ns(), self._lease_now()
             deadline = _NO_LEASE if lease is None else min(since + int(lease * 1e9), _NO_LEASE - 1)
             if self._bias is None and prompts:
@@ -257,6 +264,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 slot = 0 if slots is None else int(slots[0 if len(slots) == 1 else i])
                 untrained_run = self._attempts.on_dispatch(p, slot)
                 self._in_flight[p] = (step, now, since, deadline, _meta(-1, slot, 0 < k <= untrained_run, True))
+                if self._paced() and 0 < k <= untrained_run:
+                    self._counts["protected_admitted"] += 1
                 if lease is not None:
                     self._leases[p] = deadline
                 self._source_counts[slot, 0] += 1
@@ -500,7 +509,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             waited = False
             while True:  # after a wait, validate again: another thread may have put one of these ids
                 self._check_not_live(traj_list)
-                if self._paced() and not self._wait_for_admission(stamps, timeout, "put", deadline):
+                if self._paced() and not self._wait_for_admission(stamps, timeout, "put", deadline, False):
                     waited = True
                     continue
                 if self._wait_for_room(n, timeout, "put", deadline):
@@ -684,9 +693,21 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             text + "; take (train) to free slots, fail stuck prompts, dispatch with newer weights, or raise lookahead"
         )
 
-    def _wait_for_admission(self, stamps: List[int], timeout: Optional[float], call: str, deadline: float) -> bool:
-        """Returns True if admitted at once, False after waiting (the caller re-validates); raises otherwise."""
-        if self._pace_admits(stamps):
+    def _holds_protected_attempt(self, prompts: List[int]) -> bool:
+        """Whether dispatching ``prompts`` now would start a protected (max_attempts) attempt; changes nothing."""
+        k = self.config.max_attempts or 0
+        return k > 0 and any(self._attempts.peek_untrained_run(p) >= k for p in prompts)
+
+    def _protected_waiting_message(self) -> str:
+        return f"{self._protected_waiting} protected (max_attempts) dispatch call(s) waiting for admission go first"
+
+    def _wait_for_admission(
+        self, stamps: List[int], timeout: Optional[float], call: str, deadline: float, protected_call: bool
+    ) -> bool:
+        """Returns True if admitted at once, False after waiting (the caller re-validates); raises otherwise.
+
+        Protected attempts first: while a protected call waits, no other call is admitted (docs/design.md)."""
+        if (protected_call or not self._protected_waiting) and self._pace_admits(stamps):
             return True
         first, max_age, next_take = min(stamps), self.config.max_age, self._pace_next_take()
         if first + max_age < next_take:  # past its deadline already: no take can make room for it
@@ -698,19 +719,43 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             )
         if timeout is None:
             self._counts["admission_refused"] += len(stamps)
+            if not protected_call and self._protected_waiting:
+                raise AdmissionError(
+                    f"{call}: {len(stamps)} {'groups' if call == 'put' else 'prompts'} not admitted under pace: "
+                    f"{self._protected_waiting_message()} (a prompt at its max_attempts-th untrained attempt is "
+                    "admitted before any other); pass timeout= to wait behind it, or take (train) to free slots"
+                )
             raise AdmissionError(f"{call}: {self._admission_message(stamps)}; or pass timeout= to wait for a slot")
-        while True:
-            self._wait(deadline)
-            self._check_open()
-            self._expire_due()
-            if self._pace_admits(stamps):
-                return False
-            if time.monotonic() >= deadline:
-                break
+        if protected_call:
+            self._protected_waiting += 1
+        else:
+            self._unprotected_waiting += 1
+        try:
+            while True:
+                self._wait(deadline)
+                self._check_open()
+                self._expire_due()
+                if (protected_call or not self._protected_waiting) and self._pace_admits(stamps):
+                    return False
+                if time.monotonic() >= deadline:
+                    break
+        finally:  # a protected waiter leaving (admitted, timed out, interrupted, closed) wakes those behind it
+            if protected_call:
+                self._protected_waiting -= 1
+                self._cond.notify_all()
+            else:
+                self._unprotected_waiting -= 1
         self._counts["admission_refused"] += len(stamps)
         self._counts["admission_waits"] += 1
+        behind = not protected_call and self._protected_waiting > 0
+        if behind and self._pace_admits(stamps):
+            raise TimeoutError(
+                f"{call} timed out after {timeout} s waiting for admission under pace behind a protected dispatch: "
+                f"{self._protected_waiting_message()}; take (train) to free slots for them, or wait longer"
+            )
         raise TimeoutError(
-            f"{call} timed out after {timeout} s waiting for admission under pace: {self._admission_message(stamps)}"
+            f"{call} timed out after {timeout} s waiting for admission under pace"
+            f"{' (behind a protected dispatch too)' if behind else ''}: {self._admission_message(stamps)}"
         )
 
     def _restore_order(self) -> None:
@@ -907,6 +952,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._counts["admission_waits"],
             self._attempts.snapshot()[0],
             tuple((slot - 1, *by_slot[slot]) for slot in sorted(by_slot)) if self._tagged else (),
+            self._counts["protected_admitted"],
+            self._counts["admitted_ahead"],
         )
         if self._bias is not None:
             self._bias.on_take()
@@ -1018,6 +1065,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 self._counts["admission_waits"],
                 self._attempts.snapshot()[0],
                 (),
+                self._counts["protected_admitted"],
+                self._counts["admitted_ahead"],
             )
         make_metrics(stats)
         return removed
@@ -1054,6 +1103,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 "admission_refused": c["admission_refused"],
                 "admission_waits": c["admission_waits"],
                 "trained_over_age": c["trained_over_age"],
+                "protected_admitted": c["protected_admitted"],
+                "admitted_ahead": c["admitted_ahead"],
             }
 
     def __len__(self) -> int:
@@ -1090,12 +1141,17 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._closed = True
             self._cond.notify_all()
 
+    def _waiting_repr(self) -> str:
+        """Pace: the calls waiting for admission now, as the core's repr shows them (nothing when none)."""
+        waiting = self._protected_waiting + self._unprotected_waiting
+        return f", admission_waiting={waiting}, protected_waiting={self._protected_waiting}" if waiting else ""
+
     def __repr__(self) -> str:
         c = self.config
         return (
             f"ReferenceBuffer(capacity={c.capacity}, max_age={c.max_age}, strategy='{c.strategy}', "
-            f"max_uses={c.max_uses}, on_full='{c.on_full}', ready={self._size}, in_flight={len(self._in_flight)}, "
-            f"clock={self._clock}{', closed=True' if self._closed else ''})"
+            f"max_uses={c.max_uses}, on_full='{c.on_full}', ready={self._size}, in_flight={len(self._in_flight)}"
+            f"{self._waiting_repr()}, clock={self._clock}{', closed=True' if self._closed else ''})"
         )
 
     def _attempts_now(self) -> Tuple[Tuple[int, ...], Dict[int, int]]:

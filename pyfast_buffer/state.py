@@ -48,6 +48,8 @@ LATER_LEDGER_KEYS = (
     "admission_refused",
     "admission_waits",
     "trained_over_age",
+    "protected_admitted",
+    "admitted_ahead",
 )
 ALL_LEDGER_KEYS = LEDGER_KEYS + LATER_LEDGER_KEYS
 #: Largest ledger counter a state_dict may carry (the core's Ledger::kMaxCounter).
@@ -218,6 +220,7 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         or led["expired"] > led["failed"]
         or led["admitted"] > led["dispatched"]
         or led["trained_over_age"] > led["taken"]
+        or led["protected_admitted"] > led["admitted"]
     ):
         raise ValueError("state_dict's ledger does not balance with the entries it holds; it was edited or is corrupt")
     return {

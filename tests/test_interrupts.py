@@ -74,3 +74,33 @@ def test_complete_waiting_for_room(impl):
     buf.take(2, 0)
     buf.complete([3], [9])
     assert assert_balanced(buf)["completed"] == 3  # two put groups and prompt 9
+
+
+def test_paced_dispatch_waiting_for_admission(impl):
+    buf = impl(8, max_age=0, strategy="pace", prompts_per_step=1)
+    buf.dispatch([9], 0)
+    check_unchanged(buf, lambda: buf.dispatch([1], 0, timeout=TIMEOUT))
+
+
+def test_a_protected_dispatch_interrupted_lets_the_call_behind_it_in(impl):
+    buf = impl(8, max_age=0, strategy="pace", prompts_per_step=2, max_attempts=2)  # admits 2 prompt groups
+    buf.dispatch([7], 0)
+    buf.fail([7])  # prompt 7's next attempt is its second untrained one: protected
+    buf.dispatch([1], 0)  # one slot left, too few for the protected call of prompts 7 and 8
+    admitted, interrupted_already = threading.Event(), threading.Event()
+
+    def behind():  # fits the slot, but waits behind the protected call until that one leaves
+        while "protected_waiting=1" not in repr(buf) and not interrupted_already.is_set():
+            time.sleep(0.005)
+        buf.dispatch([3], 0, timeout=TIMEOUT)
+        admitted.set()
+
+    other = threading.Thread(target=behind, daemon=True)
+    other.start()
+    assert interrupted(lambda: buf.dispatch([7, 8], 0, timeout=TIMEOUT)) < TIMEOUT / 2
+    interrupted_already.set()
+    assert admitted.wait(TIMEOUT / 2)  # woken when the interrupted protected waiter left
+    other.join(TIMEOUT / 2)
+    led = assert_balanced(buf)
+    assert (led["admitted"], led["protected_admitted"], led["admission_refused"]) == (3, 0, 0)
+    assert "admission_waiting" not in repr(buf)

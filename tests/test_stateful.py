@@ -30,8 +30,11 @@ class NativeMatchesReference(RuleBasedStateMachine):
         per_step=st.integers(1, 3),
         lookahead=st.sampled_from([None, 0, 1, 2]),
         age_from=st.sampled_from(["start", "finish"]),
+        max_attempts=st.sampled_from([None, None, 1, 2, 3]),
     )
-    def build(self, capacity, max_age, strategy, max_uses, on_full, sync, unique, per_step, lookahead, age_from):
+    def build(
+        self, capacity, max_age, strategy, max_uses, on_full, sync, unique, per_step, lookahead, age_from, max_attempts
+    ):
         pace = strategy == "pace"
         kwargs = dict(
             prompts_per_step=per_step if pace else None,
@@ -45,6 +48,7 @@ class NativeMatchesReference(RuleBasedStateMachine):
             parameter_sync_step=sync,
             track_released=True,
             unique_ids=unique,
+            max_attempts=max_attempts,
         )
         self.native = pfb.StalenessBuffer(**kwargs)
         self.ref = pfb.ReferenceBuffer(**kwargs)
@@ -93,6 +97,16 @@ class NativeMatchesReference(RuleBasedStateMachine):
         step = max(0, self.clock + 1 - lag)
         # Under pace a dispatch that does not fit is refused (timeout None) or times out at once (0) in both.
         self.both(lambda b: b.dispatch(prompts, step, lease=lease, timeout=timeout))
+
+    @precondition(lambda self: self.next_prompt > 0)
+    @rule(data=st.data(), lag=st.integers(0, 3), timeout=st.sampled_from([None, 0]))
+    def dispatch_again(self, data, lag, timeout):
+        """Dispatches earlier prompts again: after a lost attempt a retry, at max_attempts a protected attempt
+        (under pace decided before admission, and counted in protected_admitted by both)."""
+        count = data.draw(st.integers(1, min(3, self.next_prompt)))
+        prompts = data.draw(st.lists(st.integers(0, self.next_prompt - 1), min_size=count, max_size=count, unique=True))
+        step = max(0, self.clock + 1 - lag)
+        self.both(lambda b: b.dispatch(prompts, step, timeout=timeout))
 
     @precondition(lambda self: self.ref.config.strategy == "pace")
     @rule(lag=st.integers(0, 3))

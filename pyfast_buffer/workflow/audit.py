@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Dict, Iterable, List, Optional, Tuple
 
-from ..batch import AGE_BUCKETS
+from ..batch import AGE_BUCKETS, PROTECTED_ADMISSION_FIELDS
 from ..bias import BIAS_FIELDS
 from ._config_files import is_binary
 from .output import print_output
@@ -40,7 +40,7 @@ _AGE = re.compile(r'"?age_hist/([0-9+\-]+)"?\s*[=:]\s*(\d+)')
 #: The counters strategy="pace" adds to the line (docs/design.md, "pace"), read when present and never needed
 #: for the balance: trained_over_age counts per record (summed, a subset of taken), the admission counters run.
 PACE_COUNT_FIELDS = ("trained_over_age",)
-PACE_RUNNING_FIELDS = ("admitted", "admission_refused", "admission_waits")
+PACE_RUNNING_FIELDS = ("admitted", "admission_refused", "admission_waits", *PROTECTED_ADMISSION_FIELDS)
 _PACE_FIELD = re.compile(
     r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?('
     + "|".join(PACE_COUNT_FIELDS + PACE_RUNNING_FIELDS)

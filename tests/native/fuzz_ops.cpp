@@ -89,7 +89,8 @@ bool same_stats(const pfb::TakeStats& a, const pfb::TakeStats& b) {
          a.sampled_total == b.sampled_total && a.max_age == b.max_age && a.expired == b.expired &&
          a.trained_over_age == b.trained_over_age && a.span_sum == b.span_sum && a.span_max == b.span_max &&
          a.admitted == b.admitted && a.admission_refused == b.admission_refused &&
-         a.admission_waits == b.admission_waits;
+         a.admission_waits == b.admission_waits && a.protected_admitted == b.protected_admitted &&
+         a.admitted_ahead == b.admitted_ahead;
 }
 
 // Columns of a batch that do not depend on the wall clock (all but dispatch_ns and complete_ns, columns 6 and 7).
@@ -297,6 +298,20 @@ class Session {
     if (ra.outcome == Outcome::kOk && check) check(before_a, ra, after_a);
   }
 
+  // How many of `ids` start their max_attempts-th untrained attempt, from the attempt records of `before`
+  // (the fuzzer never reaches the table's bound, so no record is forgotten on the way).
+  int64_t protected_attempts(const pfb::RingState& before, const std::vector<int64_t>& ids) const {
+    if (config_.max_attempts <= 0) return 0;
+    int64_t count = 0;
+    for (const int64_t id : ids) {
+      int64_t run = 1;
+      for (const pfb::AttemptRecord& r : before.attempts)
+        if (r.prompt_id == id) run = int64_t{r.since_trained} + 1;
+      count += run >= config_.max_attempts;
+    }
+    return count;
+  }
+
   // The ledger after a successful call: `before` plus the given changes, the sizes from the state.
   static void expect_ledger(const pfb::RingState& after, pfb::Ledger expected, const char* what) {
     expected.in_flight = after.ledger.in_flight, expected.buffer_left = after.ledger.buffer_left;
@@ -343,6 +358,7 @@ class Session {
            pfb::Ledger l = before.ledger;
            l.dispatched += static_cast<int64_t>(ids.size());
            if (paced()) l.admitted += static_cast<int64_t>(ids.size());
+           if (paced()) l.protected_admitted += protected_attempts(before, ids);
            expect_ledger(after, l, "dispatch");
            for (const int64_t id : ids) {
              const size_t i = index_of(after.in_flight_prompt, id);
@@ -723,6 +739,9 @@ pfb::RingConfig pick_config(FuzzedDataProvider& in) {
     c.lookahead = in.ConsumeIntegralInRange<int64_t>(0, std::min<int64_t>(c.max_age, 6));
   }
   c.age_from = in.ConsumeBool() ? pfb::AgeFrom::kStart : pfb::AgeFrom::kFinish;
+  // Under pace only: there nothing is dropped, and a protected attempt is admitted first (the take checks below
+  // know nothing of the protection from the drop). 0: no cap.
+  if (c.strategy == pfb::Strategy::kPace) c.max_attempts = in.ConsumeIntegralInRange<int64_t>(0, 3);
   return c;
 }
 

@@ -30,7 +30,8 @@ inline bool same_ledger(const Ledger& a, const Ledger& b) {
          a.dropped_stale == b.dropped_stale && a.evicted == b.evicted && a.in_flight == b.in_flight &&
          a.buffer_left == b.buffer_left && a.max_age_changes == b.max_age_changes && a.expired == b.expired &&
          a.admitted == b.admitted && a.admission_refused == b.admission_refused &&
-         a.admission_waits == b.admission_waits && a.trained_over_age == b.trained_over_age;
+         a.admission_waits == b.admission_waits && a.trained_over_age == b.trained_over_age &&
+         a.protected_admitted == b.protected_admitted && a.admitted_ahead == b.admitted_ahead;
 }
 
 /// Returns true iff every cumulative counter of `after` is >= the one of `before`.
@@ -41,7 +42,8 @@ inline bool ledger_grew(const Ledger& before, const Ledger& after) {
          after.evicted >= before.evicted && after.max_age_changes >= before.max_age_changes &&
          after.expired >= before.expired && after.admitted >= before.admitted &&
          after.admission_refused >= before.admission_refused && after.admission_waits >= before.admission_waits &&
-         after.trained_over_age >= before.trained_over_age;
+         after.trained_over_age >= before.trained_over_age &&
+         after.protected_admitted >= before.protected_admitted && after.admitted_ahead >= before.admitted_ahead;
 }
 
 /// Returns true iff the two states hold the same entries, prompts, ledger and clock; wall-clock

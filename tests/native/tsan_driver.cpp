@@ -81,6 +81,9 @@ void run_round(int round, int round_ms, uint32_t seed, Tally& tally) {
   config.max_age = 2 + round % 3;
   config.strategy = static_cast<pfb::Strategy>(round % 3);  // drop, wait, pace
   if (config.strategy == pfb::Strategy::kPace) config.prompts_per_step = 2, config.lookahead = config.max_age;
+  // Half the paced rounds protect every attempt (max_attempts=1): each dispatch then goes first, and the puts
+  // (never protected) wait behind the dispatches waiting for admission.
+  if (config.strategy == pfb::Strategy::kPace && (round / 3) % 2 == 1) config.max_attempts = 1;
   config.max_uses = 1 + round % 2;
   config.on_full = static_cast<pfb::OnFull>(round % 3);
   config.parameter_sync_step = round % 4;
