@@ -8,18 +8,19 @@ so the session keeps two nodes. Bounds on time are correctness bounds with gener
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
+
+from _ray_producer import PAYLOAD_WORDS, payload, pinned  # noqa: E402
 
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
 
@@ -27,38 +28,9 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.usefixtures("ray_namespace", "buffers_ended")
 
 NAMESPACE = "pyfast_buffer_node_loss_tests"
-WORDS = 16 * 1024  # 128 KiB of int64: each payload is an object in its producer's node store
 #: What a call may take past its timeout here: a call to an actor of a dead node fails after ~3 s (Ray's
 #: connection attempts), on this loaded machine with room to spare.
 MARGIN_S = 10.0
-
-
-def payload(traj_id: int) -> np.ndarray:
-    return np.full(WORDS, traj_id, np.int64)
-
-
-@ray.remote(num_cpus=0, max_restarts=0)
-class Producer:
-    def run(self, client: RemoteBuffer, first: int, calls: int, per_call: int, pause_s: float) -> Dict[str, list]:
-        done: Dict[str, list] = {"ok": [], "error": []}
-        for c in range(calls):
-            ids = list(range(first + c * per_call, first + (c + 1) * per_call))
-            try:
-                client.put(ids, 0, payloads=[payload(i) for i in ids])
-                done["ok"].extend(ids)
-            except Exception:
-                done["error"].extend(ids)
-            time.sleep(pause_s)
-        return done
-
-    def pid(self) -> int:
-        return os.getpid()
-
-
-def pinned(node: int):
-    producer = Producer.options(resources={f"node{node}": 1}).remote()
-    ray.get(producer.pid.remote(), timeout=120)
-    return producer
 
 
 def index_node(client: RemoteBuffer) -> str:
@@ -92,7 +64,7 @@ def test_losing_a_whole_node_mid_run_loses_nothing_silently(ray_cluster):
             batch, values = client.fetch(batch, timeout=120)  # refs handed out before the kill may be gone
             late.append(time.monotonic() - start - 120)
             for i, value in zip(batch.traj_ids.tolist(), values):
-                assert value is not None and int(value[0]) == i and value.shape == (WORDS,)
+                assert value is not None and int(value[0]) == i and value.shape == (PAYLOAD_WORDS,)
                 taken.append(i)
             lost.extend(batch.lost.tolist())  # at the take (owner dead) and at the fetch (object gone)
 
