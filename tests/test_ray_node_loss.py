@@ -8,6 +8,7 @@ so the session keeps two nodes. Bounds on time are correctness bounds with gener
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 from _ray_producer import PAYLOAD_WORDS, payload, pinned  # noqa: E402
 
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
+from pyfast_buffer.ray._calls import BufferUnavailableError  # noqa: E402
+from pyfast_buffer.ray._journal import segments  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.usefixtures("ray_namespace", "buffers_ended")
@@ -198,3 +201,22 @@ def test_an_index_whose_node_dies_restarts_on_another_node_from_a_shared_journal
     assert [int(v[0]) for v in values] == list(range(4, 12)) and not len(batch.lost)
     led = client.ledger()
     assert led["retired"] == 12 and led["buffer_left"] == 0 and led["in_flight"] == 1
+
+
+def test_an_index_restarted_without_its_journal_stays_down_and_says_why(ray_cluster):
+    """What a restart on a node without the journal meets (the default path is node-local): the file is not
+    there. The index must not come back empty with a reset ledger; it stays down, naming the journal."""
+    client = RemoteBuffer.create(256, max_age=1000)
+    client.put(list(range(6)), 0)
+    path = ray.get(client.actor.journal_stats.remote())["path"]
+    index_pid = ray.get(client.actor.pid.remote())
+    for name in [path, *(name for _first, name in segments(path))]:
+        os.unlink(name)  # as on a node that never had it
+    os.kill(index_pid, signal.SIGKILL)
+    with pytest.raises(BufferUnavailableError, match="dead for good"):
+        client.ledger()
+    with pytest.raises(BufferUnavailableError) as caught:  # and it says why: its journal is not there
+        client.ledger()
+    why = str(caught.value.__cause__)
+    assert "journal" in why and path in why and "stays down rather than come back empty" in why
+    client.kill()

@@ -79,6 +79,15 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
             return
         path = journal if isinstance(journal, str) else os.path.join(_journal_dir(), f"{self._name}.pfb")
         found = _journal.read(path) if context.was_current_actor_reconstructed else None
+        if context.was_current_actor_reconstructed and found is None:
+            # Restarted where its journal is not (another node, with the default node-local path): coming back
+            # empty would reset the ledger silently, so the index stays down and says why.
+            raise RuntimeError(
+                f"the buffer's index restarted on node {context.get_node_id()} but its journal {path!r} is not "
+                "there, so its state cannot be rebuilt and it stays down rather than come back empty; kill() it "
+                "and create a new buffer, and pass journal= a path every node can read if the index may restart "
+                "on another node"
+            )
         if found is not None:
             self._restore(self._replayed(*found[:2]))
         _effects.start_logs(*self._tables())
