@@ -19,6 +19,10 @@ from hypothesis import strategies as st
 
 import pyfast_buffer as pfb
 from pyfast_buffer.buffer import packed_state
+
+# The journal needs no cluster, but it is a part of pyfast_buffer.ray, which imports ray.
+pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
+
 from pyfast_buffer.ray import _journal
 from pyfast_buffer.ray._ring_replay import CoreReplay
 
