@@ -112,7 +112,8 @@ class AdmissionCalls:
         """Reservations ``("reserve", request, nbytes, timeout)`` and admissions ``("admit", request, call,
         sizes, slot)`` of many puts (a payload owner's group commit), tried in order without waiting, under one
         lock hold and one journal write. One outcome per item: None (done), the exception it raised (its alone),
-        or ``DEFER``: it would wait, nothing of it was applied, and its owner sends it to ``reserve``/``admit``."""
+        or ``DEFER``: it would wait, nothing of it was applied, and its owner sends it to ``reserve``/``admit``.
+        The admitted items share one journal record (the delta since the previous record holds them all)."""
         outcomes: List[Any] = []
         admitted = False
         with self._lock:
@@ -130,12 +131,13 @@ class AdmissionCalls:
         return outcomes
 
     def _admit_now(self, request: int, call: Dict[str, Any], sizes: Optional[np.ndarray], slot: int) -> Any:
-        """``admit`` without waiting and without the journal wait (under the lock): None, or DEFER if it would
-        wait for room within its timeout; raises its error, with its reserved room freed."""
+        """``admit`` without waiting and without a journal record (under the lock; ``register`` writes one for
+        its whole group): None, or DEFER if it would wait for room within its timeout; raises its error, with
+        its reserved room freed."""
         run, record, on_repeat = self._admission(request, call, sizes, slot)
         timed = call.get("timeout") is not None  # then a full ring waits: tried once now (timeout 0), else DEFER
         try:
-            self._apply(request, run, record, 0.0 if timed else None, True, on_repeat, wait_journal=False)
+            self._apply(request, run, record, 0.0 if timed else None, True, on_repeat, journal=False)
         except BaseException as exc:
             if timed and isinstance(exc, (TimeoutError, BufferFullError)):
                 return DEFER  # it would wait: admit() waits for it, within its timeout
@@ -187,17 +189,17 @@ class AdmissionCalls:
         timeout: Optional[float] = None,
         blocking: bool = False,
         on_repeat: Optional[Callable[[], None]] = None,
-        wait_journal: bool = True,
+        journal: bool = True,
     ) -> Any:
         """Runs one change under the lock (at most once per request id), settles it, journals it, then returns
-        (without ``wait_journal``, before its journal write: ``register`` waits once for many)."""
+        (without ``journal``, neither records nor waits: ``register`` records its whole group once)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             if request is not None and request in self._done_puts:
                 self._extra["duplicate_requests"] += 1
                 if on_repeat is not None:
                     on_repeat()
-                version = self._journal.mark()
+                version = self._journal.mark() if journal else 0
                 result = None
             else:
                 result = self._until(deadline, lambda wait: run(wait) if blocking else run())
@@ -208,9 +210,9 @@ class AdmissionCalls:
                     while len(self._done_puts) > REMEMBERED_PUTS:
                         self._done_puts.popitem(last=False)
                 self._settle()
-                version = self._journal.mark()
+                version = self._journal.mark() if journal else 0
                 self._changed.notify_all()
-        if wait_journal:
+        if journal:
             self._journal.wait(version)
         return result
 

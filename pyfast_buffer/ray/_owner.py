@@ -27,6 +27,9 @@ from ._group import GroupCall
 ADOPT_TIMEOUT_S = 60.0
 #: Seconds staged pieces of a big payload wait for their store call (its producer died meanwhile) before going.
 STAGED_S = 600.0
+#: Seconds a registration about to go to the index waits for those of puts already being written here, so
+#: that they share one index call (the index's CPU is per call): a bound on what it adds to a put's latency.
+LINGER_S = 0.002
 
 
 class PayloadOwner:
@@ -41,7 +44,9 @@ class PayloadOwner:
         self._pending: Dict[int, Tuple[ray.ObjectRef, int]] = {}  # put here, admission not answered yet
         self._staged: Dict[int, Tuple[float, Dict[int, Tuple[bytes, ...]]]] = {}  # request -> (when, pieces)
         # Reservations and admissions of concurrent puts go to the index together, one call at a time.
-        self._group = GroupCall(lambda items: call_index(self._index, "register", items, blocking=True))
+        self._group = GroupCall(
+            lambda items: call_index(self._index, "register", items, blocking=True), linger_s=LINGER_S
+        )
 
     def store(
         self,
@@ -58,6 +63,21 @@ class PayloadOwner:
         put again here, so that this owner, not the producer, owns what the buffer hands out.
         """
         began = time.monotonic()
+        self._group.announce()  # its admission is coming: one about to go to the index may wait for it
+        try:
+            self._store(request, call, headers, refs, pieces, began)
+        finally:
+            self._group.withdraw()  # failed before its admission was sent
+
+    def _store(
+        self,
+        request: int,
+        call: Dict[str, Any],
+        headers: List[Optional[_wire.Header]],
+        refs: List[Optional[ray.ObjectRef]],
+        pieces: Tuple[bytes, ...],
+        began: float,
+    ) -> None:
         with self._lock:
             staged = self._staged.pop(request, None)
         if staged is not None:
@@ -107,7 +127,7 @@ class PayloadOwner:
     def _register(self, item: Tuple[Any, ...], began: float) -> None:
         """Sends one reservation or admission with those of concurrent puts (one index call for all); one
         that would wait is sent alone, with what is left of its timeout. Raises the index's error for it."""
-        outcome = self._group.submit(item)
+        outcome = self._group.submit(item, announced=item[0] == "admit")
         if isinstance(outcome, BaseException):
             raise outcome
         if outcome != DEFER:

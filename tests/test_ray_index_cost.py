@@ -1,0 +1,180 @@
+"""What the index actor spends per call, pinned down as behaviour (never as a time): a payload owner's group of
+registrations is one journal record, the journal's record encoding is byte for byte the checkpoint module's,
+and a registration about to go to the index waits for those announced as coming (the owner's linger).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any, List
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
+
+from pyfast_buffer import StalenessBuffer  # noqa: E402
+from pyfast_buffer.checkpoint import _encode  # noqa: E402
+from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
+from pyfast_buffer.ray._group import GroupCall  # noqa: E402
+from pyfast_buffer.ray._journal import decode_record, encode_record  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+on_cluster = pytest.mark.usefixtures("ray_namespace", "buffers_ended")
+
+NAMESPACE = "pyfast_buffer_index_cost_tests"
+WAIT_S = 60.0  # a bound on a hang, not a speed claim
+
+
+def reference_record(record: Any) -> bytes:
+    """The record encoding as the journal wrote it before it was made faster (the on-disk format)."""
+    import struct
+
+    arrays: List[np.ndarray] = []
+    tree = _encode(record, "record", arrays)
+    specs = [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in arrays]
+    head = json.dumps({"tree": tree, "arrays": specs}, separators=(",", ":")).encode()
+    return b"".join([struct.pack("<I", len(head)), head, *(a.tobytes() for a in arrays)])
+
+
+# -- the record encoding: the same bytes ------------------------------------------------------------------------
+_arrays = st.builds(
+    lambda dtype, n, seed: np.random.default_rng(seed).integers(-50, 50, n).astype(dtype),
+    st.sampled_from(["<i8", "<i4", "<f8", "|b1", "|u1", "<i2"]),
+    st.integers(0, 6),
+    st.integers(0, 2**16),
+)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**62), 2**62),
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+    st.builds(np.int64, st.integers(-100, 100)),
+    st.builds(np.float32, st.floats(-1, 1, width=32)),
+    st.builds(np.bool_, st.booleans()),
+)
+_trees = st.recursive(
+    st.one_of(_scalars, _arrays, _arrays.map(lambda a: a[::2]), _arrays.map(lambda a: a.reshape(1, -1))),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_trees)
+def test_a_record_encodes_to_the_same_bytes_as_the_checkpoint_encoding(tree):
+    record = {"core": tree, "extra": {"x": 1}}
+    assert encode_record(record) == reference_record(record)
+
+
+def test_a_real_index_record_encodes_the_same_and_decodes_back():
+    buf = StalenessBuffer(64, max_age=5, track_released=True)
+    buf._journal_delta(full=True)
+    buf.put(np.arange(8), 0, np.arange(8) // 2)
+    record = {
+        "core": buf._journal_delta(),
+        "max_age": buf.max_age,
+        "extra": {"payload_lost": 0, "late_receipts": 2},
+        "owner_nodes": ["node-a", ""],
+        "done_takes": [[7, [np.zeros((8, 4), np.int64), {"mean_age": 0.5}, None, np.ones(4, bool)]], [3, None]],
+        "report": [None],
+    }
+    payload = encode_record(record)
+    assert payload == reference_record(record)
+    back = decode_record(payload, "test")
+    assert sorted(back["core"]) == sorted(record["core"]) and back["done_takes"][0][1][1] == {"mean_age": 0.5}
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [({1: 2}, "key 1"), ({"a": object()}, "is a object"), (np.array(["x"]), "dtype <U1")],
+)
+def test_a_record_the_checkpoint_format_cannot_hold_raises_its_error(bad, words):
+    with pytest.raises(TypeError, match=words):
+        encode_record({"core": bad})
+
+
+# -- the linger: announced registrations share a call ----------------------------------------------------------
+def _recording_group(linger_s: float) -> Any:
+    calls: List[List[Any]] = []
+
+    def send(items: List[Any]) -> List[Any]:
+        calls.append(list(items))
+        return [i * 10 for i in items]
+
+    return GroupCall(send, linger_s=linger_s), calls
+
+
+def _in_thread(fn: Any) -> threading.Thread:
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_registration_about_to_go_waits_for_one_announced_and_both_share_the_call():
+    group, calls = _recording_group(linger_s=WAIT_S)
+    announced = threading.Event()
+    results: dict = {}
+
+    def second() -> None:
+        group.announce()  # a put whose payloads are still being written
+        announced.set()
+        time.sleep(0.05)  # ...written; without the linger the first would have gone alone meanwhile
+        results[2] = group.submit(2, announced=True)
+
+    other = _in_thread(second)
+    assert announced.wait(WAIT_S)
+    group.announce()
+    results[1] = group.submit(1, announced=True)
+    other.join(WAIT_S)
+    assert calls == [[1, 2]] and results == {1: 10, 2: 20}
+    assert group.calls == 1 and group.items == 2
+
+
+def test_nothing_announced_or_an_announced_put_that_failed_holds_nothing_up():
+    group, calls = _recording_group(linger_s=10 * WAIT_S)  # a wait would outlast the joins below
+    done = threading.Event()
+    _in_thread(lambda: (group.submit(1), done.set()))
+    assert done.wait(WAIT_S)  # nothing announced: sent at once
+    withdrawn = threading.Event()
+
+    def failing_put() -> None:
+        group.announce()
+        group.withdraw()  # failed before its registration was sent
+        group.withdraw()  # a second withdraw (store's finally) changes nothing
+        withdrawn.set()
+
+    _in_thread(failing_put).join(WAIT_S)
+    assert withdrawn.is_set()
+    done.clear()
+    _in_thread(lambda: (group.announce(), group.submit(2, announced=True), done.set()))
+    assert done.wait(WAIT_S)
+    assert calls == [[1], [2]]
+
+
+# -- the index: one journal record per group of registrations ------------------------------------------------
+@on_cluster
+def test_a_group_of_registrations_is_one_journal_record():
+    client = RemoteBuffer.create(64, max_age=5)
+    client.put([1], 0, payloads=[np.zeros(4)])
+    slot = ray.get(client.actor.owner_for.remote(ray.get_runtime_context().get_node_id()))[0]
+
+    def admit(request: int, traj: int) -> tuple:
+        call = {"kind": "put", "traj_ids": np.asarray([traj], np.int64), "sample_step": 0, "group_ids": None}
+        return ("admit", request, {**call, "timeout": None}, np.asarray([32], np.int64), slot)
+
+    before = ray.get(client.actor.journal_stats.remote())["records"]
+    assert ray.get(client.actor.register.remote([admit(701, 30), admit(702, 31), admit(703, 32)])) == [None] * 3
+    assert ray.get(client.actor.journal_stats.remote())["records"] == before + 1
+    led = client.ledger()
+    assert led["put_total"] == 4 and client.payloads_held() == 4 and len(client) == 4
