@@ -3,7 +3,7 @@
 Usage: python benchmarks/ray_receipt_cost.py [--blocks 20] [--takes 25]
 
 One process on a private one-node loopback cluster: put 64 ids, take 64, repeated; blocks alternate
-between the client as shipped (each take sends its receipt, without waiting) and a client whose receipt
+between the client as shipped (each take's receipt rides in the next take, or goes alone) and a client whose receipt
 is switched off, so both see the same machine load. Reports, per variant, the median take latency and
 the index actor's CPU per put+take (its process CPU, every thread), with and without the journal, and
 the floor: an empty round trip to the index (``ping``).
@@ -25,8 +25,9 @@ def measure(journal: Any, blocks: int, takes: int) -> Dict[str, Dict[str, float]
     import ray
 
     from pyfast_buffer.ray import RemoteBuffer
+    from pyfast_buffer.ray._receipts import Receipts, receipts_for
 
-    shipped = RemoteBuffer._receipt
+    shipped = Receipts.add
     buf = RemoteBuffer.create(4096, max_age=1000, journal=journal)
     latency: Dict[str, List[float]] = {"receipt": [], "no receipt": []}
     cpu: Dict[str, List[float]] = {"receipt": [], "no receipt": []}
@@ -35,7 +36,7 @@ def measure(journal: Any, blocks: int, takes: int) -> Dict[str, Dict[str, float]
     try:
         for block in range(blocks):
             variant = "receipt" if block % 2 else "no receipt"
-            RemoteBuffer._receipt = shipped if variant == "receipt" else (lambda self, request, lost: None)
+            Receipts.add = shipped if variant == "receipt" else (lambda self, request: None)  # type: ignore[method-assign]
             before = ray.get(buf.actor.cpu_seconds.remote())
             for _ in range(takes):
                 buf.put(np.arange(next_id, next_id + 64), 0)
@@ -46,10 +47,10 @@ def measure(journal: Any, blocks: int, takes: int) -> Dict[str, Dict[str, float]
                 start = time.perf_counter()
                 buf.ping()
                 ping.append(time.perf_counter() - start)
-            buf._settle_receipts(wait=True)
+            receipts_for(buf.actor).settle(wait=True)
             cpu[variant].append((ray.get(buf.actor.cpu_seconds.remote()) - before) / takes)
     finally:
-        RemoteBuffer._receipt = shipped
+        Receipts.add = shipped  # type: ignore[method-assign]
         buf.kill()
     out = {v: {"take_ms": statistics.median(latency[v]) * 1e3, "cpu_ms": statistics.median(cpu[v]) * 1e3} for v in cpu}
     out["floor"] = {"take_ms": statistics.median(ping) * 1e3, "cpu_ms": float("nan")}

@@ -178,3 +178,44 @@ def test_a_group_of_registrations_is_one_journal_record():
     assert ray.get(client.actor.journal_stats.remote())["records"] == before + 1
     led = client.ledger()
     assert led["put_total"] == 4 and client.payloads_held() == 4 and len(client) == 4
+
+
+# -- receipts: carried by the next take ------------------------------------------------------------------------
+def _in_delivery(client: Any) -> int:
+    """The index's own count, read without the client's ledger(), which sends and collects receipts first."""
+    return int(ray.get(client.actor.ledger.remote())["in_delivery"])
+
+
+@on_cluster
+def test_a_take_carries_the_receipt_of_the_previous_take_instead_of_a_call_of_its_own(monkeypatch):
+    from pyfast_buffer.ray import _receipts
+
+    monkeypatch.setattr(_receipts, "RECEIPT_LINGER_S", 10 * WAIT_S)  # none is sent alone during this test
+    client = RemoteBuffer.create(64, max_age=5)
+    client.put(list(range(6)), 0, payloads=[np.full(4, i) for i in range(6)])
+    first = client.take(4, 0)
+    assert len(first) == 4 and _in_delivery(client) == 4  # its receipt waits for the next take
+    second = client.take(4, 0)
+    assert len(second) == 2 and _in_delivery(client) == 2  # that take carried it; its own receipt waits
+    led = client.ledger()  # sends what waits, collects it
+    assert (led["in_delivery"], led["retired"], led["lost_in_delivery"], led["late_receipts"]) == (0, 6, 0, 0)
+
+
+@on_cluster
+def test_a_receipt_no_take_carries_is_sent_alone_and_one_a_failed_take_carried_too(monkeypatch):
+    from pyfast_buffer.ray import _receipts
+
+    client = RemoteBuffer.create(64, max_age=5)
+    client.put(list(range(4)), 0, payloads=[np.full(4, i) for i in range(4)])
+    assert len(client.take(2, 0)) == 2
+    deadline = time.monotonic() + WAIT_S
+    while _in_delivery(client):  # the timer sends it after the linger: no take follows
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    monkeypatch.setattr(_receipts, "RECEIPT_LINGER_S", 10 * WAIT_S)
+    assert len(client.take(2, 0)) == 2 and _in_delivery(client) == 2
+    with pytest.raises(TimeoutError):
+        client.take(2, 0, timeout=0.05)  # the buffer is empty: this take fails, and its receipt is not lost
+    assert _in_delivery(client) == 0
+    led = client.ledger()
+    assert (led["retired"], led["lost_in_delivery"], led["late_receipts"]) == (4, 0, 0)

@@ -16,7 +16,7 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import ray
@@ -276,15 +276,31 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         self._apply(request, lambda: self._buf.fail(prompt_ids))
 
     # -- taking ------------------------------------------------------------------------------------------------------
-    def take(self, request: int, batch_size: int, current_step: int, timeout: Optional[float]) -> Tuple[Any, ...]:
-        """One batch: (columns, metrics, owner slot per id or None, which ids this take retired)."""
+    def take(
+        self,
+        request: int,
+        batch_size: int,
+        current_step: int,
+        timeout: Optional[float],
+        receipts: Sequence[int] = (),
+    ) -> Tuple[Any, ...]:
+        """One batch: (columns, metrics, owner slot per id or None, which ids this take retired). ``receipts``:
+        the client's earlier takes it received (``_receipts``), applied first, in this take's journal record."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            receipted = self._receive_all(receipts)
             if request in self._done_takes:
                 self._extra["duplicate_requests"] += 1
+                if receipted:
+                    self._journal.mark()  # like a lone receipt: not waited for, it rides in the next record
                 return self._done_takes[request]
             self._close_overdue()
-            batch = self._until(deadline, lambda wait: self._buf.take(batch_size, current_step, wait))
+            try:
+                batch = self._until(deadline, lambda wait: self._buf.take(batch_size, current_step, wait))
+            except BaseException:
+                if receipted:
+                    self._journal.mark()
+                raise
             columns = batch.columns.numpy()
             ids = columns[0]
             retire = columns[4] >= self._max_uses
@@ -294,7 +310,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
                 self._forget(ids[retire], notify=False)  # the owners let go of these at hand-out
             self._deliveries.open(request, ids[retire], None if slots is None else slots[retire])
             reply = (columns, dict(batch.metrics), slots, retire)
-            if not self._settle() and not len(ids):
+            if not self._settle() and not len(ids) and not receipted:
                 return reply  # nothing changed (an empty take): nothing to journal, and a repeat is harmless
             self._done_takes[request] = reply
             while len(self._done_takes) > REMEMBERED_TAKES:

@@ -3,11 +3,11 @@
 A take retires its ids in the index before the reply travels to the client, and the client then fetches
 the payload refs from the owners. If the client dies (or its call fails for good) in between, nobody
 received the batch: counting those ids as ``retired`` would be a lie. So the index keeps each answered take
-here, *in delivery*, until the client's receipt arrives (one call the client sends without waiting for it,
-after it holds the columns and the refs). A take with no receipt within ``receipt_timeout_s`` is counted
-``lost_in_delivery`` and its payloads are let go of; a receipt that comes later still moves its ids back
-(``late_receipts``), so at every moment each id taken is in exactly one of ``retired`` (of which
-``in_delivery`` await their receipt), ``lost_in_delivery`` or ``payload_lost``.
+here, *in delivery*, until the client's receipt arrives (after it holds the columns and the refs: carried by
+its next take, or sent alone without waiting if no take follows soon, ``_receipts``). A take with no receipt
+within ``receipt_timeout_s`` is counted ``lost_in_delivery`` and its payloads are let go of; a receipt that
+comes later still moves its ids back (``late_receipts``), so at every moment each id taken is in exactly one
+of ``retired`` (of which ``in_delivery`` await their receipt), ``lost_in_delivery`` or ``payload_lost``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, DefaultDict, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, DefaultDict, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -110,6 +110,18 @@ class DeliveryCalls:
     _journal: Any
     _owners: List[Any]
     _done_puts: Any
+
+    def _receive_all(self, requests: Sequence[int]) -> bool:
+        """The receipts a take carried (none with lost payloads: those are sent alone, at once); under the
+        lock, journaled with that take. Returns whether any changed the deliveries."""
+        changed = False
+        for request in requests:
+            had = self._deliveries.receive(int(request))
+            if had is not None and had < 0:  # counted lost_in_delivery, but the client did receive it
+                self._extra["lost_in_delivery"] += had
+                self._extra["late_receipts"] += 1
+            changed = changed or had is not None
+        return changed
 
     def received(self, request: int, lost_ids: np.ndarray) -> None:
         """The receipt of take ``request``: its client holds the batch; ``lost_ids`` it drew had no payload

@@ -11,7 +11,7 @@ import numpy as np
 import ray
 import torch
 from ray.actor import ActorHandle
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from .._args import (
     as_count,
@@ -29,7 +29,7 @@ from ..buffer import Ids
 from ..config import BufferConfig, SourceMaxAge, config_from_arguments, source_max_age_pairs
 from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
-from . import _errors, _wire
+from . import _wire
 from ._actor import BLOCKING_GROUP, BufferActor
 from ._arguments import PER_TRAJECTORY as _PER_TRAJECTORY
 from ._arguments import fetch_request as _fetch_request
@@ -40,6 +40,8 @@ from ._arguments import source_tags as _source_tags
 from ._batch import RemoteBatch, read_payloads
 from ._calls import ADMISSION_GROUP, BufferUnavailableError, actor_state, call_index
 from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S
+from ._receipts import forget as _forget_receipts
+from ._receipts import receipts_for as _receipts_for
 from ._sending import forget_owner as _forget_owner
 from ._sending import get_owner as _get_owner
 from ._sending import owner_here as _owner_here
@@ -324,9 +326,15 @@ class RemoteBuffer:
         step = as_step(current_step, "current_step")
         wait = as_timeout(timeout)
         request = _request()
-        columns, metrics, slots, retire = self._call(
-            "take", request, n, step, wait, blocking=wait is not None, timeout_arg=3
-        )
+        receipts = _receipts_for(self.actor)
+        carried = receipts.carry()  # the receipts of this process's earlier takes ride in this call
+        try:
+            columns, metrics, slots, retire = self._call(
+                "take", request, n, step, wait, carried, blocking=wait is not None, timeout_arg=3
+            )
+        except BaseException:
+            receipts.send(carried)  # it may not have reached the index: they go alone (a repeat is harmless)
+            raise
         if not columns.flags.writeable:  # zero-copy from the object store: the caller owns its tensors
             columns = columns.copy()
         batch = RemoteBatch(torch.from_numpy(columns), metrics)
@@ -337,40 +345,11 @@ class RemoteBuffer:
                 lost = columns[0][gone]
                 logger.warning("take: %d payloads lost with their owner (ids %s...): payload_lost", len(lost), lost[:8])
                 batch = batch.without(gone)
-        if len(columns[0]):
-            self._receipt(request, lost)
+        if lost is not None:
+            self._call("received", request, lost)  # waits: its lost payloads are counted at once
+        elif len(columns[0]):
+            receipts.add(request)  # this process holds the batch: confirmed by its next take, or alone soon
         return batch
-
-    def _receipt(self, request: int, lost: Optional[np.ndarray]) -> None:
-        """Tells the index this process holds take ``request``'s batch (its ids leave ``in_delivery``).
-
-        Sent without waiting; a batch with lost payloads waits, so that they are counted at once."""
-        gone = np.empty(0, np.int64) if lost is None else lost
-        if len(gone):
-            self._call("received", request, gone)
-            return
-        pending = _RECEIPTS.setdefault(self.actor._actor_id.hex(), {})
-        pending[request] = self.actor.received.remote(request, gone)
-        if len(pending) > MAX_UNSETTLED_RECEIPTS:
-            self._settle_receipts(wait=False)
-
-    def _settle_receipts(self, wait: bool) -> None:
-        """Collects the replies of receipts sent (all of them with ``wait``); one the index died under is sent
-        again (a receipt is idempotent), so a restart never turns a received batch into a lost one."""
-        pending = _RECEIPTS.get(self.actor._actor_id.hex(), {})
-        if not pending:
-            return
-        refs = list(pending.values())
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0, fetch_local=False)
-        finished = set(done)
-        for request, ref in list(pending.items()):
-            if ref not in finished:
-                continue
-            del pending[request]
-            try:
-                _errors.get(ref)
-            except (RayActorError, ActorUnavailableError):
-                self._call("received", request, np.empty(0, np.int64))
 
     def fetch(self, batch: RemoteBatch, timeout: Optional[float] = None) -> Tuple[RemoteBatch, List[Any]]:
         """Reads a taken batch's payloads: ``(batch, values)``, ``values[i]`` the payload of ``batch.traj_ids[i]``
@@ -442,7 +421,7 @@ class RemoteBuffer:
         """The ledger, plus the remote buffer's own counters (payload_lost, lost_in_restart, ...; docs/ray.md).
 
         The receipts of this process's takes are settled first, so none of its own batches shows in_delivery."""
-        self._settle_receipts(wait=True)
+        _receipts_for(self.actor).settle(wait=True)
         return self._call("ledger")
 
     def __len__(self) -> int:
@@ -552,7 +531,7 @@ class RemoteBuffer:
                 ray.kill(owner)
         ray.kill(self.actor, no_restart=True)
         _OWNERS.pop(self.actor._actor_id.hex(), None)
-        _RECEIPTS.pop(self.actor._actor_id.hex(), None)
+        _forget_receipts(self.actor)
         _forget_owner(self.actor)
 
     def _call(
@@ -568,10 +547,6 @@ class RemoteBuffer:
 
 #: Per process: index actor id -> handles of its payload owners by slot (refreshed when a take needs more).
 _OWNERS: Dict[str, List[Any]] = {}
-#: Per process: index actor id -> {take request id: reply of its receipt} not yet collected.
-_RECEIPTS: Dict[str, Dict[int, ray.ObjectRef]] = {}
-#: Receipts a process leaves uncollected before it looks which are done (they are collected by ledger()).
-MAX_UNSETTLED_RECEIPTS = 64
 
 
 def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
