@@ -110,7 +110,7 @@ def _recording_group(linger_s: float) -> Any:
 
     def send(items: List[Any]) -> List[Any]:
         calls.append(list(items))
-        return [i * 10 for i in items]
+        return [i * 10 if isinstance(i, int) else None for i in items]
 
     return GroupCall(send, linger_s=linger_s), calls
 
@@ -219,3 +219,18 @@ def test_a_receipt_no_take_carries_is_sent_alone_and_one_a_failed_take_carried_t
     assert _in_delivery(client) == 0
     led = client.ledger()
     assert (led["retired"], led["lost_in_delivery"], led["late_receipts"]) == (4, 0, 0)
+
+
+def test_a_caller_never_lingers_for_its_own_announced_item():
+    group, calls = _recording_group(linger_s=10 * WAIT_S)
+    done = threading.Event()
+
+    def budgeted_put() -> None:  # a byte budget's reservation goes first, its admission (announced) later
+        group.announce()
+        group.submit("reserve")
+        group.submit("admit", announced=True)
+        done.set()
+
+    _in_thread(budgeted_put)
+    assert done.wait(WAIT_S)
+    assert calls == [["reserve"], ["admit"]]

@@ -72,9 +72,10 @@ class GroupCall:
             lead = not me.done
             if lead:  # nothing in flight: this caller sends every queued item, its own among them
                 self._busy = True
-                if self._announced > 0 and self._linger_s > 0:
+                mine = 1 if getattr(self._mine, "pending", False) else 0  # its own item to come is not awaited
+                if self._announced > mine and self._linger_s > 0:
                     deadline = time.monotonic() + self._linger_s
-                    while self._announced > 0 and time.monotonic() < deadline:
+                    while self._announced > mine and time.monotonic() < deadline:
                         self._cv.wait(deadline - time.monotonic())
                 batch, self._queue = self._queue, []
         if lead:
