@@ -1,0 +1,107 @@
+"""The index actor's CPU per call, by kind (docs/ray.md, "Where the index's CPU per payload goes").
+
+Usage: python benchmarks/ray_index_calls.py [--calls 300]
+
+One process on a private one-node loopback cluster, for a buffer with and without the journal: ``--calls``
+calls of each kind from this driver, one at a time, and the index process's CPU time (every thread)
+before and after each block: an empty call (``ping``), a registration of one put of 16 ids (what a
+payload owner sends), a take of 64 followed by its receipt as a call of its own, and a take of 64
+carrying the previous take's receipt (as the client sends them). Each block runs twice; both are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable, List, Tuple
+
+import numpy as np
+
+
+def _captured_admission(self: Any) -> None:
+    """Inside the index: keeps the arguments of the next admission (a real owner's registration item)."""
+    self._captured = []
+    admit_now = self._admit_now
+
+    def capture(*args: Any) -> Any:
+        self._captured.append(args)
+        return admit_now(*args)
+
+    self._admit_now = capture
+
+
+def _first_admission(self: Any) -> Any:
+    del self._admit_now
+    return self._captured[0]
+
+
+def measure(journal: Any, calls: int) -> List[Tuple[str, float]]:
+    import ray
+
+    from pyfast_buffer.ray import RemoteBuffer
+
+    buf = RemoteBuffer.create(1 << 20, max_age=10, num_cpus=0, journal=journal)
+    try:
+        ray.get(buf.actor.__ray_call__.remote(_captured_admission))
+        buf.put(np.arange(16, dtype=np.int64), 0, payloads=[np.zeros(8)] * 16)
+        _request, call, sizes, slot = ray.get(buf.actor.__ray_call__.remote(_first_admission))
+        state = {"id": 1 << 30, "request": 1 << 40, "previous": 0}
+
+        def register() -> None:
+            ids = np.arange(state["id"], state["id"] + 16, dtype=np.int64)
+            state["id"] += 16
+            state["request"] += 1
+            item = ("admit", state["request"], {**call, "traj_ids": ids}, sizes, slot)
+            ray.get(buf.actor.register.options(concurrency_group="blocking").remote([item]))
+
+        def take_then_receipt() -> None:
+            state["request"] += 1
+            ray.get(buf.actor.take.remote(state["request"], 64, 0, None))
+            ray.get(buf.actor.received.remote(state["request"], np.empty(0, np.int64)))
+
+        def take_carrying() -> None:
+            state["request"] += 1
+            carried = [state["previous"]] if state["previous"] else []
+            ray.get(buf.actor.take.remote(state["request"], 64, 0, None, carried))
+            state["previous"] = state["request"]
+
+        kinds: List[Tuple[str, Callable[[], None], int]] = [
+            ("ping", lambda: ray.get(buf.actor.ping.remote()), calls),
+            ("register 1 put of 16", register, calls),
+            ("take 64 + receipt call", take_then_receipt, calls // 4),
+            ("take 64 carrying a receipt", take_carrying, calls // 4),
+        ]
+        out = []
+        for _ in range(2):
+            for name, fn, n in kinds:
+                if name.startswith("take"):
+                    for _ in range(n * 4):  # 64 ids for each take
+                        register()
+                before = ray.get(buf.actor.cpu_seconds.remote())
+                for _ in range(n):
+                    fn()
+                out.append((name, (ray.get(buf.actor.cpu_seconds.remote()) - before) / n))
+        return out
+    finally:
+        buf.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    from pyfast_buffer.bench.ray_cluster import LocalCluster
+
+    cluster = LocalCluster(nodes=1, cpus_per_node=16, object_store_bytes=256 * 2**20)
+    try:
+        cluster.connect(namespace="index_calls")
+        print("| journal | call | index CPU per call |")
+        print("| --- | --- | --- |")
+        for label, journal in (("off", False), ("on", None)):
+            for name, seconds in measure(journal, args.calls):
+                print(f"| {label} | {name} | {seconds * 1e3:.3f} ms |", flush=True)
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
