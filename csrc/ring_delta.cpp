@@ -6,8 +6,7 @@ namespace pyfast_buffer {
 RingDelta StalenessRing::export_delta(bool full) {
   MutexLock lock(mutex_);
   RingDelta d;
-  if (full) marks_.all();
-  d.front = marks_.front(), d.keep_from = marks_.keep_from(), d.keep = marks_.keep();
+  if (full || !marks_.on()) marks_.all();
   RingState& s = d.rows;
   const ColumnPointers& c = columns_.get();
   const int64_t head = head_, cap = config_.capacity, sync = config_.parameter_sync_step;
@@ -26,8 +25,16 @@ RingDelta StalenessRing::export_delta(bool full) {
       s.policy_version[i] = sync > 0 ? c.sample_step[p] / sync : -1;
     }
   };
-  rows(0, d.front);
-  rows(d.front + d.keep, size_);
+  // The changed rows in ring order: each run's, then the tail after the last run.
+  const RingChangeMarks::Run* runs = marks_.runs();
+  int64_t at = 0;
+  for (int64_t k = 0; k < marks_.run_count(); ++k) {
+    const RingChangeMarks::Run& r = runs[k];
+    rows(at, at + r.changed);
+    d.runs.insert(d.runs.end(), {r.changed, r.from, r.len});
+    at += r.changed + r.len;
+  }
+  rows(at, size_);
   const int64_t now = lease_now();
   d.now_ns = now;
   ChangedIds& changed = in_flight_.changes();
