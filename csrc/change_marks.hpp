@@ -13,7 +13,7 @@ namespace pyfast_buffer {
 /// run, `changed` new or modified rows then the previous export's rows [from, from + len), and after the last
 /// run changed rows to the end. Takes and evictions change the front, appends the back (O(1) amortised, no
 /// allocation); a compaction or a re-sort rebuilds the runs through an edit (begin_edit, keep, end_edit),
-/// O(runs) in all; a load marks every row. Past `run_cap` runs an edit counts the rest of the ring as changed.
+/// O(runs log runs) beyond the pass over the ring the call makes anyway; a load marks every row. Past `run_cap` runs an edit counts the rest of the ring as changed.
 /// Off (every row changed) until the first reset(), so a ring that is never exported pays only a branch.
 class RingChangeMarks {
  public:
@@ -84,7 +84,8 @@ class RingChangeMarks {
         pending_ += n;
         return;
       }
-      const size_t k = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), first) - starts_.begin()) - 1;
+      const auto next = std::upper_bound(starts_.begin(), starts_.end(), first);  // the run after first's
+      const size_t k = static_cast<size_t>(next - starts_.begin()) - 1;
       const Run& r = runs_[head_ + k];
       const int64_t off = first - starts_[k];
       int64_t c;

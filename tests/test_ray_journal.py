@@ -339,6 +339,23 @@ def test_record_bytes_do_not_grow_with_the_ring(call):
     assert large * 20 < whole, (large, whole)  # and far below the whole ring's
 
 
+def test_a_compaction_past_the_run_cap_writes_the_rest_as_rows():
+    """Past the marks' run cap (max(64, capacity / 8) runs) the rest of the ring is written as changed rows:
+    a larger record, replayed exactly all the same."""
+    capacity = 1024
+    buf = pfb.StalenessBuffer(capacity=capacity, max_age=100, on_full="evict_oldest", pin_memory=False)
+    ids = np.arange(capacity, dtype=np.int64)
+    buf.put(ids, np.where(ids % 3 == 0, 0, 50))  # 342 stale rows, each alone between fresh ones
+    replay = CoreReplay(buf._journal_delta(full=True))
+    assert buf.evict_stale(101) == 342
+    delta = buf._journal_delta()
+    assert len(delta["runs"]) // 3 == capacity // 8  # capped
+    kept = np.asarray(delta["runs"]).reshape(-1, 3)[:, 2].sum()
+    assert len(delta["traj_id"]) == capacity - 342 - kept  # what the runs do not keep is written
+    replay.apply(delta)
+    _same(packed_state(buf.config, replay.export()), buf.state_dict())
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     ops=st.lists(

@@ -2,10 +2,11 @@
 
 A delta (``StalenessBuffer._journal_delta``, csrc/ring_delta.cpp) is an effect, not a call to re-run: the
 entries are, for each run ``(changed, from, len)`` of its ``runs`` (a flat array of triples), its next
-``changed`` rows then rows ``[from, from + len)`` of the previous state, and after the last run its other rows; in-flight prompts and attempt
-records come as changed rows and removed ids; the ledger and the other scalars whole. Applying one costs what
-it carries: the entries are kept as a deque of row blocks, so a take or a put (at most one run) touches only
-the blocks at the ends, and a compaction or a re-sort (several runs) slices the blocks it keeps.
+``changed`` rows then rows ``[from, from + len)`` of the previous state, and after the last run its other
+rows; in-flight prompts and attempt records come as changed rows and removed ids; the ledger and the other
+scalars whole. Applying one costs what it carries: the entries are kept as a deque of row blocks, so a take
+or a put (at most one run) touches only the blocks at the ends, and a compaction or a re-sort (several runs)
+slices the blocks it keeps.
 """
 
 from __future__ import annotations
