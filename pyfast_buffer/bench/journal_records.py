@@ -7,12 +7,14 @@ per-source bound), and pace's re-sort after an out-of-order complete (64 rows th
 record's size is ``len(encode_record({"core": buf._journal_delta()}))`` after the round, the largest of 8
 rounds; the whole ring's export is the snapshot's. ``tests/test_ray_journal.py`` replays every delta.
 
-``python -m pyfast_buffer.bench.journal_records [--sizes 1024 16384 1048576]`` prints the table of docs/ray.md.
+``python -m pyfast_buffer.bench.journal_records [--sizes 1024 16384 1048576]`` prints the table of docs/ray.md,
+then what the snapshot's copy of a full ring costs under the lock beside a copy of the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -86,6 +88,24 @@ def measure(sizes: Sequence[int]) -> List[Dict[str, Any]]:
     return rows
 
 
+def capture_ms(size: int, repeat: int = 9) -> Dict[str, float]:
+    """The snapshot's copy of a full ring of `size` entries under the lock (``_journal_delta(full=True)``),
+    median ms, beside the floor: one copy of the same column bytes into fresh memory."""
+    buf = pfb.StalenessBuffer(capacity=size, max_age=10, max_uses=1, on_full="evict_oldest", pin_memory=False)
+    buf.put(np.arange(size, dtype=np.int64), 0)
+    columns = np.ones(size * 10, np.int64)  # 9 int64 and 2 int32 columns per entry
+
+    def median_ms(work: Any) -> float:
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - start)
+        return 1e3 * sorted(times)[repeat // 2]
+
+    return {"export": median_ms(lambda: buf._journal_delta(full=True)), "floor": median_ms(columns.copy)}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description="Bytes of one journal record per kind of call, by ring size.")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 16384, 1 << 20])
@@ -94,6 +114,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print("| --- | --- | --- | --- | --- |")
     for r in measure(args.sizes):
         print(f"| {r['call']} | {r['ring']:,} | {r['record']:,} | {r['whole']:,} | {r['record'] / r['whole']:.4f} |")
+    for size in args.sizes:
+        t = capture_ms(size)
+        print(f"snapshot copy under the lock, {size:,} entries: {t['export']:.2f} ms (floor {t['floor']:.2f} ms)")
 
 
 if __name__ == "__main__":
