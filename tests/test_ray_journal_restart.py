@@ -70,3 +70,17 @@ def test_a_killed_index_comes_back_with_exactly_its_state():
     assert again.pop("index_restarts") == ledger.pop("index_restarts") + 1
     assert again == ledger and again["lost_in_restart"] == 0
     assert torch.equal(before["source_counts"], after["source_counts"])
+
+
+@pytest.mark.parametrize("journal, soft", [(None, False), ("/shared/index.pfb", True)])
+def test_the_index_restarts_only_where_its_journal_can_be(journal, soft):
+    """The default journal is a file of the creating node, so the index is held there (hard): a soft placement
+    let a restart under load land on the other node, which has no journal. A journal path the caller gave may
+    be shared storage, so the index may move when its node is lost."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from pyfast_buffer.ray._arguments import index_placement
+
+    placement = index_placement(journal)
+    assert isinstance(placement, NodeAffinitySchedulingStrategy)
+    assert placement.node_id == ray.get_runtime_context().get_node_id() and placement.soft is soft

@@ -280,9 +280,9 @@ def ray_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     started = not ray.is_initialized()
     rows: List[Dict] = []
     if started:  # payloads over two nodes need a cluster of their own, started before this process's one
-        from .ray_payloads import payload_rows
+        from .ray_payloads import can_pin, payload_rows
 
-        rows += payload_rows(plan)
+        rows += payload_rows(plan, pin_nodes=can_pin())  # a second node brings cores of its own
     else:
         skipped["ray payloads"] = "Ray was already running: the two-node payload rows start their own cluster"
     if started:

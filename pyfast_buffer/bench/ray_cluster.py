@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
 LOOPBACK = "127.0.0.1"
 #: Environment of the node processes: no usage report, no token auth, and health checks patient enough for
@@ -83,7 +83,19 @@ def init_local_cluster(**kwargs: Any) -> None:
 class LocalCluster:
     """``nodes`` Ray nodes on loopback; ``connect()`` joins this driver; ``stop()`` ends every process of theirs."""
 
-    def __init__(self, nodes: int = 2, cpus_per_node: int = 4, object_store_bytes: int = 256 * 2**20) -> None:
+    def __init__(
+        self,
+        nodes: int = 2,
+        cpus_per_node: int = 4,
+        object_store_bytes: int = 256 * 2**20,
+        cores: Optional[Sequence[Sequence[int]]] = None,
+    ) -> None:
+        """``cores[i]``: the CPU cores node ``i``'s processes may run on (``os.sched_setaffinity``, inherited by
+        its raylet, workers and actors), so that two nodes on one machine do not share cores: a second node
+        then brings cores of its own, as a second machine would. None: every node may use every core."""
+        self.cores = [sorted(c) for c in cores] if cores is not None else None
+        if self.cores is not None and (len(self.cores) != nodes or not all(self.cores)):
+            raise ValueError(f"cores must name a non-empty list of CPU cores for each of the {nodes} nodes")
         self.temp_dir = tempfile.mkdtemp(prefix="pfbray-", dir="/tmp")  # short: Ray's socket paths are limited
         self.port = _free_port()
         self.address = f"{LOOPBACK}:{self.port}"
@@ -158,6 +170,7 @@ class LocalCluster:
             text=True,
             env=env,
             cwd=tempfile.gettempdir(),  # workers keep this as their working directory (see connect)
+            preexec_fn=None if self.cores is None else _pin(self.cores[i]),
             timeout=int(os.environ.get("PFB_RAY_START_TIMEOUT", "300")),
         )
         if out.returncode:
@@ -288,6 +301,15 @@ class LocalCluster:
             except psutil.Error:
                 continue
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _pin(cores: List[int]) -> Any:
+    """A ``preexec_fn`` that keeps the started process (and so all it starts) on ``cores``."""
+
+    def pin() -> None:
+        os.sched_setaffinity(0, cores)
+
+    return pin
 
 
 def _parent(proc: Any) -> int:

@@ -9,12 +9,19 @@ how many puts one index call registered (the payload owners' group commit), and 
 byte on the producers' nodes, from each raylet's own ``cumulative_created_bytes``. The trainer takes
 ``TAKE_BATCH`` trajectories per call.
 
+Two "nodes" on one machine share its cores unless told otherwise, and then a second node adds processes but
+no CPU, which no second machine does. So by default each node (its raylet, workers and actors) and this
+driver with node 0 are pinned to their own half of the cores (``LocalCluster(cores=...)``): a one-node row
+runs on half the machine, a two-node row on all of it, and "2 nodes / 1 node" measures what the second
+node's cores buy. ``--share-cores`` runs both nodes on every core instead.
+
 ``python -c "from pyfast_buffer.bench.ray_payloads import main; main()" [--quick]`` prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -65,6 +72,11 @@ def _classes() -> Any:
 
         def ping(self) -> int:
             return 0
+
+        def cores(self) -> List[int]:
+            import os
+
+            return sorted(os.sched_getaffinity(0))
 
     return PayloadProducer
 
@@ -202,21 +214,34 @@ def payload_rows(
     producer_counts: Tuple[int, ...] = PRODUCERS,
     nodes_list: Tuple[int, ...] = (1, 2),
     kinds: Tuple[str, ...] = ("ours", "unjournaled", "queue"),
+    pin_nodes: bool = False,
 ) -> List[Dict[str, Any]]:
-    """Starts a two-node loopback cluster, measures every row (every contender), stops the cluster."""
+    """Starts a two-node loopback cluster, measures every row (every contender), stops the cluster.
+
+    ``pin_nodes``: each node (and this driver, with node 0) runs on its own half of this machine's cores, so
+    that the second node adds cores as a second machine would; the one-node rows then have half the cores.
+    """
     import ray
     from ray.util.queue import Queue
 
     from ..ray import RemoteBuffer
 
     seconds = max(1.0, plan.throughput_seconds * 2)
-    cluster = LocalCluster(nodes=2, cpus_per_node=16, object_store_bytes=512 * 2**20)
+    cores = _halves() if pin_nodes else None
+    cluster = LocalCluster(nodes=2, cpus_per_node=16, object_store_bytes=512 * 2**20, cores=cores)
+    driver_cores = os.sched_getaffinity(0)
+    if cores is not None:  # the trainer (this driver) runs on the head node's cores
+        os.sched_setaffinity(0, cores[0])
     try:
         cluster.connect(namespace="pyfast_buffer_bench")
         producer_cls = _classes()
         split = [producer_cls.options(resources={f"node{i % 2}": 1}).remote() for i in range(max(producer_counts))]
         node0 = [producer_cls.options(resources={"node0": 1}).remote() for _ in range(max(producer_counts))]
         ray.get([w.ping.remote() for w in split + node0])
+        if cores is not None:  # the pinning holds in the actors the nodes started (the raylets passed it on)
+            for i, w in enumerate(split):
+                if not set(ray.get(w.cores.remote())) <= set(cores[i % 2]):
+                    raise RuntimeError(f"a producer of node {i % 2} runs off that node's cores {cores[i % 2]}")
         client = RemoteBuffer.create(256, max_age=10, on_full="evict_oldest", num_cpus=0, name="bench-payloads")
         unjournaled = RemoteBuffer.create(256, max_age=10, num_cpus=0, name="bench-payloads-nj", journal=False)
         queue = Queue(maxsize=0, actor_options={"num_cpus": 0})
@@ -231,9 +256,25 @@ def payload_rows(
         client.kill()
         unjournaled.kill()
         queue.shutdown()
+        for row in rows:
+            row["pinned_cores"] = None if cores is None else [len(c) for c in cores]
         return rows
     finally:
+        os.sched_setaffinity(0, driver_cores)
         cluster.stop()
+
+
+def can_pin() -> bool:
+    """Whether this process may run on 2 or more cores (so each node can have cores of its own)."""
+    return len(os.sched_getaffinity(0)) >= 2
+
+
+def _halves() -> List[List[int]]:
+    """This process's cores split in two halves (node 0 gets the first), or ValueError on one core."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        raise ValueError("pinning the nodes needs at least 2 CPU cores (one per node): pass --share-cores")
+    return [mine[: len(mine) // 2], mine[len(mine) // 2 :]]
 
 
 def markdown(rows: List[Dict[str, Any]]) -> str:
@@ -266,13 +307,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--take-batch", type=int, default=TAKE_BATCH, help="trajectories per take of the trainer")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--index-bound", action="store_true", help="1 KiB payloads from 4 and 16 producers")
+    parser.add_argument(
+        "--share-cores",
+        action="store_true",
+        help="let both nodes use every core (default: each node on its own half, so a node adds cores)",
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", help="payload sizes in KiB (default 64 1024)")
+    parser.add_argument("--producers", type=int, nargs="+", help="producer counts (default 4 8)")
+    parser.add_argument("--kinds", nargs="+", choices=("ours", "unjournaled", "queue"), help="contenders (default all)")
     args = parser.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan()
     if args.index_bound:
         bound: Dict[str, Any] = INDEX_BOUND
         rows = payload_rows(plan, args.take_batch, bound["sizes"], bound["producers"], bound["nodes"], bound["kinds"])
     else:
-        rows = payload_rows(plan, args.take_batch)
+        rows = payload_rows(
+            plan,
+            args.take_batch,
+            tuple(k * 1024 for k in args.sizes) if args.sizes else SIZES,
+            tuple(args.producers) if args.producers else PRODUCERS,
+            kinds=tuple(args.kinds) if args.kinds else ("ours", "unjournaled", "queue"),
+            pin_nodes=can_pin() and not args.share_cores,
+        )
     if args.json:
         import json
 

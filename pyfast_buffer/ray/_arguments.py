@@ -19,6 +19,19 @@ def new_request() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1  # not random.random: producers often seed it alike
 
 
+def index_placement(journal: Union[str, bool, None]) -> Any:
+    """Where the index starts and restarts, unless the caller says: on this process's node, where its journal is.
+
+    The default journal (None) is a file of this node, so the index is held here (hard): placed softly, a
+    restart under load may land on another node, which finds no journal. A path the caller gave may be shared
+    storage, so the index may then restart elsewhere if this node is lost (soft).
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=isinstance(journal, str))
+
+
 def fetch_request(actor: ActorHandle, ids: np.ndarray) -> int:
     """The request id of a fetch's report: the same for the same batch, so a batch is counted once."""
     digest = hashlib.blake2b(actor._actor_id.binary() + np.ascontiguousarray(ids, np.int64).tobytes(), digest_size=8)

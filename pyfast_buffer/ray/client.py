@@ -34,6 +34,7 @@ from ._actor import BLOCKING_GROUP, BufferActor
 from ._arguments import PER_TRAJECTORY as _PER_TRAJECTORY
 from ._arguments import fetch_request as _fetch_request
 from ._arguments import finish_steps as _finish_steps
+from ._arguments import index_placement as _index_placement
 from ._arguments import new_request as _request
 from ._arguments import payload_list as _payload_list
 from ._arguments import source_tags as _source_tags
@@ -148,11 +149,7 @@ class RemoteBuffer:
         remote_cls = ray.remote(**threads)(BufferActor)
         options: Dict[str, Any] = dict(num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=0)
         if "scheduling_strategy" not in (actor_options or {}):
-            # Restart where the journal is: on this node, unless it is gone.
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            here = ray.get_runtime_context().get_node_id()
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=True)
+            options["scheduling_strategy"] = _index_placement(journal)
         options.update(actor_options or {})
         options.update(name=name or f"pyfast_buffer-{os.urandom(6).hex()}", namespace=namespace)
         if lifetime is not None:

@@ -1,0 +1,39 @@
+"""The test and bench cluster's core pinning (``LocalCluster(cores=...)``): a node's processes keep to its cores.
+
+The two-node bench rows rely on it: a second node on this machine adds cores only if each node keeps to its
+own. One node is started (about 10 s), pinned to one core, and every process it left running is checked.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
+psutil = pytest.importorskip("psutil", reason="psutil comes with the ray extra: pip install '.[ray]'")
+
+from pyfast_buffer.bench.ray_cluster import LocalCluster  # noqa: E402
+
+
+@pytest.mark.parametrize("cores", [[[0]], [[0], []], [[0], [1], [0]]], ids=["too-few", "empty", "too-many"])
+def test_cores_must_name_cores_for_each_node(cores):
+    before = set(os.listdir("/tmp"))
+    with pytest.raises(ValueError, match="non-empty list of CPU cores for each of the 2 nodes"):
+        LocalCluster(nodes=2, cores=cores)
+    assert {n for n in os.listdir("/tmp") if n.startswith("pfbray-")} <= before  # nothing started or made
+
+
+def test_a_pinned_node_keeps_every_process_on_its_cores():
+    core = sorted(os.sched_getaffinity(0))[-1]
+    cluster = LocalCluster(nodes=1, cpus_per_node=1, object_store_bytes=80 * 2**20, cores=[[core]])
+    try:
+        procs = cluster.node_processes(0)
+        assert procs, "the node left no process running"
+        for proc in procs:
+            try:
+                assert proc.cpu_affinity() == [core], proc.cmdline()
+            except psutil.NoSuchProcess:
+                continue
+    finally:
+        cluster.stop()
