@@ -429,7 +429,7 @@ PYBIND11_MODULE(_core, m) {
            [](PyRing& self, bool full) {
              pfb::RingDelta delta = self.ring->export_delta(full);
              py::dict d = state_dict_of(std::move(delta.rows));
-             d["front"] = delta.front, d["keep_from"] = delta.keep_from, d["keep"] = delta.keep;
+             d["runs"] = to_numpy(std::move(delta.runs));
              d["in_flight_all"] = delta.in_flight_all, d["in_flight_gone"] = to_numpy(std::move(delta.in_flight_gone));
              d["attempts_all"] = delta.attempts_all, d["attempts_moved"] = delta.attempts_moved;
              d["attempts_gone"] = to_numpy(std::move(delta.attempts_gone));

@@ -147,9 +147,21 @@ void StalenessRing::pace_restore_order() {
   std::vector<int64_t> rows(static_cast<size_t>(size_));  // physical rows in ring order, then in stamp order
   for (int64_t i = 0; i < size_; ++i) rows[i] = phys(i);
   std::stable_sort(rows.begin(), rows.end(), [ages](int64_t a, int64_t b) { return ages[a] < ages[b]; });
-  int64_t first_moved = 0;
-  while (first_moved < size_ && rows[first_moved] == phys(first_moved)) ++first_moved;
-  marks_.touched(first_moved, size_);
+  if (marks_.on()) {  // the journal's marks: the new order as runs of rows that stay neighbours
+    marks_.begin_edit(RingChangeMarks::run_cap(config_.capacity));
+    int64_t first = 0, len = 0;
+    for (int64_t i = 0; i < size_; ++i) {
+      const int64_t at = rows[i] >= head_ ? rows[i] - head_ : rows[i] + config_.capacity - head_;  // its old place
+      if (len > 0 && at == first + len) {
+        ++len;
+        continue;
+      }
+      if (len > 0) marks_.keep(first, len);
+      first = at, len = 1;
+    }
+    if (len > 0) marks_.keep(first, len);
+    marks_.end_edit();
+  }
   std::vector<int64_t> wide(static_cast<size_t>(size_));
   for (int64_t* col :
        {c.traj_id, c.group_id, c.sample_step, c.finish_step, c.dispatch_ns, c.complete_ns, c.meta}) {

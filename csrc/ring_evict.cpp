@@ -42,9 +42,19 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
   } else {
     // One branch-free pass: every row is copied to the write cursor, which advances only for fresh
     // rows; where neither cursor is near the wrap point, eight rows at a time with AVX-512 if present.
-    marks_.all();  // a compaction moves rows and shortens the ring
     const ColumnPointers c = columns_.get();  // local copies: column stores cannot alias them
     const int64_t cap = config_.capacity, total = size_;
+    if (marks_.on()) {  // the journal's marks: the fresh rows, as runs of the ring before the compaction
+      marks_.begin_edit(RingChangeMarks::run_cap(cap));
+      int64_t run = -1;  // the first row of the current run of fresh groups, or -1
+      for (int64_t i = 0; i < total; i += c.group_len[phys(i)]) {  // a group shares one key
+        const bool fresh = keys[phys(i)] >= cutoff;
+        if (fresh && run < 0) run = i;
+        if (!fresh && run >= 0) marks_.keep(run, i - run), run = -1;
+      }
+      if (run >= 0) marks_.keep(run, total - run);
+      marks_.end_edit();
+    }
     if (leave_hooks())  // report the stale ids before the compaction (scalar or SIMD) overwrites them
       for (int64_t i = 0; i < total; ++i)
         if (keys[phys(i)] < cutoff) note_left(c.traj_id[phys(i)], ReleaseReason::kDroppedStale);

@@ -328,7 +328,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   stats.age_max = age_max;
   stats.trained_over_age = over_age;
   ledger_.trained_over_age += over_age;
-  marks_.touched(0, plan.walked);  // uses changed; survivors move within the walked prefix
+  marks_.touched_front(plan.walked);  // uses changed; survivors move within the walked prefix
   if (survivors > 0) {
     // Reused entries keep their place: move them, in order, to the end of the walked prefix.
     const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_

@@ -153,12 +153,13 @@ struct RingState {
   std::array<SourceCounts, kSourceSlots> source_counts{};
 };
 
-/// What changed since the previous export_delta (the Ray index's journal, docs/ray.md): the ready entries
-/// are `rows`' first `front` entries, then the previous export's [keep_from, keep_from + keep), then the rest of
-/// `rows`; in-flight prompts and attempt records as changed rows and removed ids; every scalar and counter whole.
+/// What changed since the previous export_delta (the Ray index's journal, docs/ray.md): with `runs` as triples
+/// (changed, from, len), the ready entries are, run by run, the next `changed` entries of `rows` then the
+/// previous export's entries [from, from + len), and after the last run the rest of `rows`; in-flight prompts
+/// and attempt records as changed rows and removed ids; every scalar and counter whole.
 struct RingDelta {
   RingState rows;  // entries, in-flight prompts and attempts as described above; scalars and counters whole
-  int64_t front = 0, keep_from = 0, keep = 0;
+  std::vector<int64_t> runs;  // (changed, from, len) per kept run of the previous export (RingChangeMarks)
   bool in_flight_all = false;           // rows.in_flight_* is the whole in-flight table
   std::vector<int64_t> in_flight_gone;  // prompts no longer in flight
   bool attempts_all = false;            // rows.attempts is the whole table

@@ -19,14 +19,29 @@ from hypothesis import strategies as st
 
 import pyfast_buffer as pfb
 from pyfast_buffer.buffer import packed_state
+from pyfast_buffer.checkpoint import load_state, save_state
 
 # The journal needs no cluster, but it is a part of pyfast_buffer.ray, which imports ray.
 pytest.importorskip("ray", reason="the ray extra is not installed: pip install '.[ray]'")
 
+from pyfast_buffer.bench import journal_records as records
 from pyfast_buffer.ray import _journal
 from pyfast_buffer.ray._ring_replay import CoreReplay
 
-OPS = ("put", "put_group", "take", "dispatch", "complete", "fail", "renew", "evict_stale", "expire", "tick", "load")
+OPS = (
+    "put",
+    "put_group",
+    "take",
+    "dispatch",
+    "complete",
+    "fail",
+    "renew",
+    "evict_stale",
+    "evict_oldest",
+    "expire",
+    "tick",
+    "load",
+)
 
 
 def _same(a, b, where="state"):
@@ -41,17 +56,21 @@ def _same(a, b, where="state"):
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-def _config(capacity: int, max_uses: int, strategy: str) -> dict:
-    paced = {"prompts_per_step": 64} if strategy == "pace" else {}
-    return dict(capacity=capacity, max_age=3, max_uses=max_uses, strategy=strategy, on_full="evict_oldest", **paced)
+def _config(capacity: int, max_uses: int, strategy: str, sources: bool = False) -> dict:
+    extra = {"prompts_per_step": 64} if strategy == "pace" else {}
+    if sources:  # source 1 goes stale sooner: evict_stale removes its rows from the middle of the ring
+        extra["source_max_age"] = {1: 1}
+    return dict(capacity=capacity, max_age=3, max_uses=max_uses, strategy=strategy, on_full="evict_oldest", **extra)
 
 
 class _Driver:
     """Random calls on a native buffer with a frozen lease clock, so a replayed state can equal the live one."""
 
-    def __init__(self, data, capacity: int, max_uses: int, strategy: str) -> None:
-        self.buf = pfb.StalenessBuffer(**_config(capacity, max_uses, strategy), track_released=True, pin_memory=False)
+    def __init__(self, data, capacity: int, max_uses: int, strategy: str, sources: bool = False) -> None:
+        config = _config(capacity, max_uses, strategy, sources)
+        self.buf = pfb.StalenessBuffer(**config, track_released=True, pin_memory=False)
         self.data, self.now, self.step, self.next_id = data, 10**12, 0, 0
+        self.sources = sources
         self.buf._set_lease_clock(self.now)
         self.in_flight: list = []
 
@@ -64,18 +83,19 @@ class _Driver:
         d, buf = self.data, self.buf
         step = self.step + d.draw(st.integers(0, 2))
         try:
-            if op == "put":
-                buf.put(self.ids(d.draw(st.integers(1, 6))), d.draw(st.integers(max(0, step - 4), step)))
+            source = d.draw(st.sampled_from([0, 1])) if self.sources else None
+            if op == "put":  # stamps out of order: evict_stale then compacts
+                buf.put(self.ids(d.draw(st.integers(1, 6))), d.draw(st.integers(max(0, step - 4), step)), source=source)
             elif op == "put_group":
                 n, g = d.draw(st.integers(1, 3)), d.draw(st.integers(1, 3))
-                buf.put(self.ids(n * g), step, group_ids=np.repeat(self.ids(g), n))
+                buf.put(self.ids(n * g), step, group_ids=np.repeat(self.ids(g), n), source=source)
             elif op == "take":
                 buf.take(d.draw(st.integers(1, 8)), step)
                 self.step = step
             elif op == "dispatch":
                 prompts = self.ids(d.draw(st.integers(1, 3)))
                 lease = d.draw(st.sampled_from([None, 0.5, 5.0]))
-                buf.dispatch(prompts, step, lease=lease)
+                buf.dispatch(prompts, step, lease=lease, source=source)
                 self.in_flight += prompts.tolist()
             elif op in ("complete", "fail", "renew") and self.in_flight:
                 prompt = self.in_flight.pop(d.draw(st.integers(0, len(self.in_flight) - 1)))
@@ -90,6 +110,8 @@ class _Driver:
             elif op == "evict_stale":
                 buf.evict_stale(step)
                 self.step = step
+            elif op == "evict_oldest":  # what the Ray index's capacity_bytes eviction calls
+                buf.evict_oldest(d.draw(st.integers(0, 3)))
             elif op == "expire":
                 buf.expire_in_flight(d.draw(st.sampled_from([0.0, 1.0])))
             elif op == "tick":
@@ -102,24 +124,27 @@ class _Driver:
         self.in_flight = [p for p in self.in_flight if p in set(buf.state_dict()["in_flight"]["prompt_id"].tolist())]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     data=st.data(),
     ops=st.lists(st.sampled_from(OPS), min_size=1, max_size=40),
     capacity=st.sampled_from([8, 32]),
     max_uses=st.sampled_from([1, 2]),
     strategy=st.sampled_from(["drop", "wait", "pace"]),
+    sources=st.booleans(),
 )
-def test_deltas_replay_to_the_exact_state(data, ops, capacity, max_uses, strategy):
-    """After any sequence of calls, the first whole export plus every delta rebuilds the buffer's state_dict."""
-    drv = _Driver(data, capacity, max_uses, strategy)
+def test_deltas_replay_to_the_exact_state(data, ops, capacity, max_uses, strategy, sources):
+    """After any sequence of calls, the first whole export plus every delta rebuilds the buffer's state_dict:
+    out-of-order stamps and per-source bounds (evict_stale compacts the middle), pace's re-sorts after an
+    out-of-order complete, evict_oldest (the Ray index's byte budget), loads."""
+    drv = _Driver(data, capacity, max_uses, strategy, sources)
     drv.run("put")
     replay = CoreReplay(drv.buf._journal_delta(full=True))
     for op in ops:
         drv.run(op)
         replay.apply(drv.buf._journal_delta())
         _same(packed_state(drv.buf.config, replay.export()), drv.buf.state_dict())
-    again = pfb.StalenessBuffer(**_config(capacity, max_uses, strategy), pin_memory=False)
+    again = pfb.StalenessBuffer(**_config(capacity, max_uses, strategy, sources), pin_memory=False)
     again.load_state_dict(packed_state(again.config, replay.export()))  # and the core accepts it
 
 
@@ -177,7 +202,7 @@ def test_a_torn_last_record_is_ignored(tmp_path_factory, n, cut, snapshot_bytes)
         return  # a background snapshot took the last record too: no log left to cut
     (first, tail), *_ = reversed(_journal.segments(path))
     size = os.path.getsize(tail)
-    ends = np.cumsum([16 + len(p) for _, p in _journal.frames(tail)[0]])  # where each record of it ends
+    ends = _journal.SEGMENT_HEADER_BYTES + np.cumsum([16 + len(p) for _, p in _journal.frames(tail)[0]])
     keep = int(cut * size)
     with open(tail, "r+b") as f:
         f.truncate(keep)
@@ -195,7 +220,7 @@ def test_a_corrupt_record_ends_the_replay_there(tmp_path):
     j.close()
     ((_, seg),) = _journal.segments(path)
     records, _ = _journal.frames(seg)
-    at = sum(16 + len(p) for _, p in records[:3]) + 20  # a byte inside the fourth record's payload
+    at = _journal.SEGMENT_HEADER_BYTES + sum(16 + len(p) for _, p in records[:3]) + 20  # in the fourth record
     with open(seg, "r+b") as f:
         f.seek(at)
         byte = f.read(1)
@@ -229,6 +254,46 @@ def test_a_restart_drops_the_torn_tail_and_goes_on(tmp_path):
     assert got == [1, 2, 3, 4] and last == 4
 
 
+def _journal_of_three(path):
+    done: list = []
+    j, lock, box = _open_journal(path, done)
+    for i in range(1, 4):
+        _append(j, lock, box, done, i)
+    j.close()
+
+
+def test_a_journal_of_another_format_is_refused_naming_the_file_and_both_versions(tmp_path):
+    """A snapshot whose format field is not this code's is refused, not read as if it were."""
+    path = str(tmp_path / "index.pfb")
+    _journal_of_three(path)
+    assert _journal.read(path) is not None  # this format reads
+    snap = load_state(path)
+    assert snap["format"] == _journal.FORMAT
+    save_state({**snap, "format": _journal.FORMAT + 1}, path)
+    with pytest.raises(_journal.JournalFormatError) as caught:
+        _journal.read(path)
+    why = str(caught.value)
+    assert path in why and f"format {_journal.FORMAT + 1}" in why and f"reads format {_journal.FORMAT}" in why
+    assert "kill() the buffer" in why and caught.value.expected == _journal.FORMAT
+
+
+def test_a_segment_of_another_format_is_refused(tmp_path):
+    """Each segment names its format too: a segment of another one is refused, naming that segment."""
+    path = str(tmp_path / "index.pfb")
+    _journal_of_three(path)
+    ((_, seg),) = _journal.segments(path)
+    with open(seg, "r+b") as f:
+        f.seek(4)  # the u32 after the magic
+        f.write((_journal.FORMAT + 7).to_bytes(4, "little"))
+    with pytest.raises(_journal.JournalFormatError, match=f"format {_journal.FORMAT + 7}") as caught:
+        _journal.read(path)
+    assert seg in str(caught.value)
+    with open(seg, "r+b") as f:
+        f.write(b"JUNK")  # no header at all (as a segment written before formats were numbered)
+    with pytest.raises(_journal.JournalFormatError, match="no journal segment header"):
+        _journal.read(path)
+
+
 def test_snapshots_bound_the_log_and_keep_the_state(tmp_path):
     """With a small snapshot bound, snapshots happen in the background and the log is truncated behind them."""
     path = str(tmp_path / "index.pfb")
@@ -246,26 +311,49 @@ def test_snapshots_bound_the_log_and_keep_the_state(tmp_path):
     assert got == list(range(1, 200)) and last == 199
 
 
-@pytest.mark.parametrize("call", ["take", "put"])
+@pytest.mark.parametrize("call", records.CALLS)
 def test_record_bytes_do_not_grow_with_the_ring(call):
-    """A take or put's delta is as large at 16,384 entries as at 1,024: it carries the change, not the ring."""
+    """Each call's delta is as large at 16,384 entries as at 1,024: it carries the change (64 rows, the runs
+    kept around them), not the ring; and the deltas replay to the live state."""
     sizes = []
     for capacity in (1024, 16384):
-        buf = pfb.StalenessBuffer(capacity=capacity, max_age=10, max_uses=2, on_full="evict_oldest", pin_memory=False)
-        buf.put(np.arange(capacity, dtype=np.int64), 0)
-        buf._journal_delta(full=True)
-        per_call = []
-        for i in range(8):
-            if call == "take":
-                buf.take(64, 1)
-            else:
-                buf.put(np.arange(64, dtype=np.int64) + capacity * (i + 2), 1)
-            per_call.append(len(_journal.encode_record({"core": buf._journal_delta()})))
+        buf = records.ring_for(call, capacity)
+        buf._set_lease_clock(time.monotonic_ns())  # frozen: in-flight times in the replay equal the live ones
+        replay = CoreReplay(buf._journal_delta(full=True))
+        per_call, runs = [], []
+        for i in range(records.ROUNDS):
+            records.run_round(buf, call, capacity, i)
+            delta = buf._journal_delta()
+            per_call.append(records.record_bytes(delta))
+            runs.append(len(delta["runs"]) // 3)
+            replay.apply(delta)
+            _same(packed_state(buf.config, replay.export()), buf.state_dict())
+        if call.startswith("evict_stale"):
+            assert min(runs) >= 32, runs  # rows left the middle: the delta keeps the runs between them
+        if call == "pace_resort":
+            assert runs[1:] == [2] * (len(runs) - 1), runs  # the rows before the moved ones, and those after
         sizes.append(max(per_call))
     small, large = sizes
     assert abs(large - small) < 64, sizes  # only the digits of larger ids and counters in the JSON tree differ
-    whole = len(_journal.encode_record({"core": buf._journal_delta(full=True)}))
-    assert large * 20 < whole  # and far below the whole ring's
+    whole = records.record_bytes(buf._journal_delta(full=True))
+    assert large * 20 < whole, (large, whole)  # and far below the whole ring's
+
+
+def test_a_compaction_past_the_run_cap_writes_the_rest_as_rows():
+    """Past the marks' run cap (max(64, capacity / 8) runs) the rest of the ring is written as changed rows:
+    a larger record, replayed exactly all the same."""
+    capacity = 1024
+    buf = pfb.StalenessBuffer(capacity=capacity, max_age=100, on_full="evict_oldest", pin_memory=False)
+    ids = np.arange(capacity, dtype=np.int64)
+    buf.put(ids, np.where(ids % 3 == 0, 0, 50))  # 342 stale rows, each alone between fresh ones
+    replay = CoreReplay(buf._journal_delta(full=True))
+    assert buf.evict_stale(101) == 342
+    delta = buf._journal_delta()
+    assert len(delta["runs"]) // 3 == capacity // 8  # capped
+    kept = np.asarray(delta["runs"]).reshape(-1, 3)[:, 2].sum()
+    assert len(delta["traj_id"]) == capacity - 342 - kept  # what the runs do not keep is written
+    replay.apply(delta)
+    _same(packed_state(buf.config, replay.export()), buf.state_dict())
 
 
 @settings(max_examples=40, deadline=None)

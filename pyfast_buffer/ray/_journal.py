@@ -19,6 +19,10 @@ segments are deleted once the snapshot file is in place.
 ``read`` returns the snapshot and the records after it up to the first that is missing, torn (the process
 died while appending it, so its call never answered) or fails its checksum; the restarted owner loads that,
 writes a fresh snapshot, and the log goes on from there.
+
+The snapshot and each segment (an 8-byte header: ``PFBJ`` and a u32) name the journal format ``FORMAT``;
+``read`` refuses a journal of another format with a JournalFormatError naming the file and both versions.
+No release has written a journal before this format, so no reader of an older one exists.
 """
 
 from __future__ import annotations
@@ -40,6 +44,12 @@ from ._record_tree import encode_tree
 
 #: Smallest log, in bytes, written between two snapshots (the bound grows with the snapshot's size).
 SNAPSHOT_BYTES = 4 << 20
+#: The journal format this code writes and reads (the record's layout, the core's delta, the snapshot's state).
+FORMAT = 1
+_SEGMENT_HEAD = struct.Struct("<4sI")  # magic, format
+_MAGIC = b"PFBJ"
+#: Bytes before a segment's first record.
+SEGMENT_HEADER_BYTES = _SEGMENT_HEAD.size
 _FRAME = struct.Struct("<IIQ")  # payload length, crc32 of seq + payload, seq
 _SEQ = struct.Struct("<Q")
 _JSON_LEN = struct.Struct("<I")
@@ -68,6 +78,19 @@ def decode_record(payload: bytes, where: str) -> Dict[str, Any]:
     return _decode(where, head["tree"], arrays)
 
 
+class JournalFormatError(RuntimeError):
+    """A journal written in another format than this code's: its state cannot be rebuilt."""
+
+    def __init__(self, path: str, found: Any) -> None:
+        super().__init__(
+            f"the buffer's journal {path!r} is in journal format {found}, but this pyfast_buffer reads format "
+            f"{FORMAT} only, so the index stays down rather than guess at it; restart the buffer with the "
+            "pyfast_buffer version that wrote the journal, or, to start over without its state, kill() the buffer, "
+            "remove the journal files and create a new buffer"
+        )
+        self.path, self.found, self.expected = path, found, FORMAT
+
+
 def frame(seq: int, payload: bytes) -> bytes:
     """One record as written: its frame header, then its payload."""
     return _FRAME.pack(len(payload), zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq))), seq) + payload
@@ -78,7 +101,14 @@ def frames(path: str) -> Tuple[List[Tuple[int, bytes]], bool]:
     the segment ended there cleanly (False: a torn or corrupt record follows)."""
     with open(path, "rb") as f:
         data = f.read()
-    out, at = [], 0
+    if len(data) < _SEGMENT_HEAD.size:
+        return [], not data  # a header torn as the segment was created: no record in it
+    magic, version = _SEGMENT_HEAD.unpack_from(data)
+    if magic != _MAGIC:
+        raise JournalFormatError(path, "none (no journal segment header)")
+    if version != FORMAT:
+        raise JournalFormatError(path, version)
+    out, at = [], _SEGMENT_HEAD.size
     while at + _FRAME.size <= len(data):
         length, crc, seq = _FRAME.unpack_from(data, at)
         end = at + _FRAME.size + length
@@ -112,6 +142,8 @@ def read(path: str) -> Optional[Tuple[Dict[str, Any], List[Dict[str, Any]], int]
     if not os.path.exists(path):
         return None
     snap = load_state(path)
+    if not isinstance(snap, dict) or snap.get("format") != FORMAT:
+        raise JournalFormatError(path, snap.get("format", "none") if isinstance(snap, dict) else "none")
     expect = int(snap["seq"]) + 1
     records: List[Dict[str, Any]] = []
     for first, name in segments(path):
@@ -223,7 +255,10 @@ class Journal:
 
     # -- the writer ----------------------------------------------------------------------------------------------
     def _open(self, first_seq: int) -> int:
-        return os.open(segment_path(self.path, first_seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        fd = os.open(segment_path(self.path, first_seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        if os.fstat(fd).st_size == 0:
+            _write_all(fd, _SEGMENT_HEAD.pack(_MAGIC, FORMAT))
+        return fd
 
     def _run(self) -> None:
         while True:
@@ -296,7 +331,7 @@ class Journal:
             self.snapshot_s += time.perf_counter() - start
 
     def _save(self, state: Dict[str, Any], seq: int) -> None:
-        save_state({"seq": seq, "state": state}, self.path, fsync=False)
+        save_state({"format": FORMAT, "seq": seq, "state": state}, self.path, fsync=False)
         self._last_snapshot_bytes = os.path.getsize(self.path)
 
 

@@ -1,16 +1,19 @@
 """Rebuilds a StalenessBuffer's state from a journal: one whole export, then the deltas after it, loaded once.
 
 A delta (``StalenessBuffer._journal_delta``, csrc/ring_delta.cpp) is an effect, not a call to re-run: the
-entries are its ``front`` rows, then rows ``[keep_from, keep_from + keep)`` of the previous state, then its
-other rows; in-flight prompts and attempt records come as changed rows and removed ids; the ledger and the
-other scalars whole. Applying one costs what it carries: the entries are kept as a deque of row blocks, so
-dropping the front and keeping a run touches only the blocks at the ends.
+entries are, for each run ``(changed, from, len)`` of its ``runs`` (a flat array of triples), its next
+``changed`` rows then rows ``[from, from + len)`` of the previous state, and after the last run its other
+rows; in-flight prompts and attempt records come as changed rows and removed ids; the ledger and the other
+scalars whole. Applying one costs what it carries: the entries are kept as a deque of row blocks, so a take
+or a put (at most one run) touches only the blocks at the ends, and a compaction or a re-sort (several runs)
+slices the blocks it keeps.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
-from typing import Any, Deque, Dict, Tuple
+from typing import Any, Deque, Dict, List, Tuple
 
 import numpy as np
 
@@ -61,6 +64,23 @@ class _Rows:
             (self._blocks.appendleft if left else self._blocks.append)(block)
             self.size += len(block)
 
+    def rebuild(self, pieces: List[Tuple[int, int, int]], changed: np.ndarray) -> None:
+        """Replaces the rows by, for each (n, start, count) in order, the next n rows of ``changed`` then rows
+        [start, start + count) of the current ones, and after the last piece the rest of ``changed``."""
+        old = list(self._blocks)
+        ends = np.cumsum([len(b) for b in old]).tolist()  # where each old block ends
+        self._blocks, self.size, at = collections.deque(), 0, 0
+        for n, start, count in pieces:
+            self.add(changed[at : at + n], left=False)
+            at += n
+            k = bisect.bisect_right(ends, start)  # the block that holds row `start`
+            while count > 0:
+                begin = ends[k] - len(old[k])
+                piece = old[k][start - begin : start - begin + count]
+                self.add(piece, left=False)
+                start, count, k = start + len(piece), count - len(piece), k + 1
+        self.add(changed[at:], left=False)
+
     def columns(self) -> Dict[str, np.ndarray]:
         rows = np.concatenate(list(self._blocks)) if self._blocks else np.empty((0, len(ENTRY_KEYS)), np.int64)
         out: Dict[str, np.ndarray] = {k: np.ascontiguousarray(rows[:, i]) for i, k in enumerate(ENTRY_KEYS)}
@@ -86,10 +106,15 @@ class CoreReplay:
 
     def apply(self, delta: Dict[str, Any]) -> None:
         """Applies one delta (the next one exported after those applied so far)."""
-        front, n = int(delta["front"]), len(delta["traj_id"])
-        self._rows.keep(int(delta["keep_from"]), int(delta["keep"]))
-        self._rows.add(_row_block(delta, 0, front), left=True)
-        self._rows.add(_row_block(delta, front, n), left=False)
+        pieces = [(a, b, c) for a, b, c in np.asarray(delta["runs"], np.int64).reshape(-1, 3).tolist()]
+        n = len(delta["traj_id"])
+        if len(pieces) > 1:  # a compaction or a re-sort: rows kept from the middle
+            self._rows.rebuild(pieces, _row_block(delta, 0, n))
+        else:  # a take, a put or an eviction: the previous rows minus both ends, one block each side
+            front, start, count = pieces[0] if pieces else (0, 0, 0)
+            self._rows.keep(start, count)
+            self._rows.add(_row_block(delta, 0, front), left=True)
+            self._rows.add(_row_block(delta, front, n), left=False)
         now = int(delta["now_ns"])
         if delta["in_flight_all"]:
             self._in_flight.clear()
