@@ -5,7 +5,9 @@ payload values for a fixed time while a trainer in the driver takes batches and 
 only: this measures ingest, not the trainer's fetch). The baseline is what a Ray user would write: each
 producer ``ray.put``s its payloads and sends the refs through ``ray.util.queue.Queue``. Per row:
 payloads/s, MB/s, CPU seconds per payload of the index actor (ours; its takes included) or the queue actor,
-how many puts one index call registered (the payload owners' group commit), and store writes per payload
+and the same less the actor's idle rate (its CPU per second measured just before, with the trainer waiting
+and no producer: Ray's own threads and the waiting take, a cost per second that a slow row spreads over few
+payloads), how many puts one index call registered (the payload owners' group commit), and store writes per payload
 byte on the producers' nodes, from each raylet's own ``cumulative_created_bytes``. The trainer takes
 ``TAKE_BATCH`` trajectories per call.
 
@@ -43,6 +45,8 @@ TAKE_BATCH = 64
 #: Seconds the trainer's take waits for a full batch: longer than a batch takes to arrive at every rate here,
 #: so it seldom times out (a timeout is an exception through Ray, and a second, non-blocking take).
 TAKE_TIMEOUT_S = 2.0
+#: Seconds over which a row first measures the actor's CPU with the trainer waiting and no producer running.
+IDLE_S = 1.5
 OURS, UNJOURNALED, QUEUE = "pyfast_buffer", "pyfast_buffer, journal=False", "ray Queue (producer refs)"
 CASE = "ray"
 
@@ -109,7 +113,7 @@ def _one_row(
     import ray
     from ray.util.queue import Empty
 
-    per_call = PER_CALL.get(size, 1)
+    per_call = state.get("per_call") or PER_CALL.get(size, 1)
     node_ids = cluster.node_ids()
     workers = state["workers"][:producers] if nodes == 2 else state["workers_node0"][:producers]
     client = state["unjournaled"] if kind == "unjournaled" else state["client"]
@@ -142,6 +146,9 @@ def _one_row(
     stop = threading.Event()
     trainer = threading.Thread(target=_trainer, args=(take, stop))
     trainer.start()
+    # The index's CPU per second with the trainer waiting and no producer. Not the queue's: its trainer polls
+    # (ray Queue has no blocking batch get), and how often depends on the load, so an idle rate says nothing.
+    idle = _idle_rate(cpu) if kind != "queue" else None
     before = object_store_stats()
     grouped0 = _registrations(client) if kind != "queue" else None
     cpu0: Optional[float] = cpu()
@@ -173,6 +180,10 @@ def _one_row(
         "median_s": elapsed / sent,
         "mb_per_s": offered / elapsed / 1e6,
         "actor_cpu_ms_per_payload": None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1e3 / sent,
+        "actor_idle_cpu_ms_per_s": None if idle is None else idle * 1e3,
+        "actor_cpu_ms_per_payload_less_idle": (
+            None if cpu0 is None or cpu1 is None or idle is None else (cpu1 - cpu0 - idle * elapsed) * 1e3 / sent
+        ),
         "take_batch": take_batch,
         "puts_per_index_call": _grouping(grouped0, grouped1),
         "writes_per_byte_producer_nodes": sum(written[n] for n in producer_nodes) / offered,
@@ -180,6 +191,16 @@ def _one_row(
         "spilled_bytes": sum(s["spilled_bytes"] for s in after.values()),
         "runs": 1,
     }
+
+
+def _idle_rate(cpu: Any) -> Optional[float]:
+    """CPU seconds per second the actor spends over ``IDLE_S`` with no producer running (Ray's own threads, the
+    trainer's waiting take): a cost per second, not per payload, which a row's CPU per payload includes."""
+    first = cpu()
+    began = time.perf_counter()
+    time.sleep(IDLE_S)
+    last = cpu()
+    return None if first is None or last is None else (last - first) / (time.perf_counter() - began)
 
 
 def _registrations(client: Any) -> Optional[Tuple[int, int]]:
@@ -215,9 +236,11 @@ def payload_rows(
     nodes_list: Tuple[int, ...] = (1, 2),
     kinds: Tuple[str, ...] = ("ours", "unjournaled", "queue"),
     pin_nodes: bool = False,
+    per_call: Optional[int] = None,
 ) -> List[Dict[str, Any]]:
     """Starts a two-node loopback cluster, measures every row (every contender), stops the cluster.
 
+    ``per_call``: payloads per put call of every producer (default ``PER_CALL`` by size).
     ``pin_nodes``: each node (and this driver, with node 0) runs on its own half of this machine's cores, so
     that the second node adds cores as a second machine would; the one-node rows then have half the cores.
     """
@@ -247,6 +270,7 @@ def payload_rows(
         queue = Queue(maxsize=0, actor_options={"num_cpus": 0})
         state = {"workers": split, "workers_node0": node0, "client": client, "queue": queue, "next_id": 0}
         state["unjournaled"] = unjournaled
+        state["per_call"] = per_call
         rows = []
         for size in sizes:
             for producers in producer_counts:
@@ -280,9 +304,9 @@ def _halves() -> List[List[int]]:
 def markdown(rows: List[Dict[str, Any]]) -> str:
     """The table of docs/ray.md: per row, ours next to the queue, and the second node's speed-up."""
     out = [
-        "| payload | producers | nodes | contender | payloads/s | MB/s | actor CPU per payload | puts per index "
-        "call | store writes per byte (producer nodes / all) | 2 nodes / 1 node |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| payload | producers | nodes | contender | payloads/s | MB/s | actor CPU per payload | less its idle "
+        "rate | puts per index call | store writes per byte (producer nodes / all) | 2 nodes / 1 node |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     by_key: Dict[Tuple[int, int, int, str], Dict[str, Any]] = {
         (r["payload_bytes"], r["producers"], r["nodes"], r["contender"]): r for r in rows if "nodes" in r
@@ -291,10 +315,13 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
         one = by_key.get((size, producers, 1, contender))
         scale = f"{r['entries_per_s'] / one['entries_per_s']:.2f}x" if nodes == 2 and one else ""
         cpu = r["actor_cpu_ms_per_payload"]
+        less = r.get("actor_cpu_ms_per_payload_less_idle")
+        idle = r.get("actor_idle_cpu_ms_per_s")
         grouped = r.get("puts_per_index_call")
         out.append(
             f"| {size // 1024} KiB | {producers} | {nodes} | {contender} | {r['entries_per_s']:.0f} "
             f"| {r['mb_per_s']:.0f} | {'-' if cpu is None else f'{cpu:.3f} ms'} "
+            f"| {'-' if less is None or idle is None else f'{less:.3f} ms (idle {idle:.0f} ms/s)'} "
             f"| {'-' if grouped is None else f'{grouped:.1f}'} "
             f"| {r['writes_per_byte_producer_nodes']:.2f} / {r['writes_per_byte_all_nodes']:.2f} | {scale} |"
         )
@@ -314,8 +341,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     parser.add_argument("--sizes", type=int, nargs="+", help="payload sizes in KiB (default 64 1024)")
     parser.add_argument("--producers", type=int, nargs="+", help="producer counts (default 4 8)")
+    parser.add_argument("--per-call", type=int, help="payloads per put call (default 16 of 64 KiB, 4 of 1 MiB)")
     parser.add_argument("--kinds", nargs="+", choices=("ours", "unjournaled", "queue"), help="contenders (default all)")
     args = parser.parse_args(argv)
+    if args.per_call is not None and args.per_call < 1:
+        parser.error(f"--per-call {args.per_call}: pass a number of payloads >= 1")
     plan = Plan.quick() if args.quick else Plan()
     if args.index_bound:
         bound: Dict[str, Any] = INDEX_BOUND
@@ -328,6 +358,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             tuple(args.producers) if args.producers else PRODUCERS,
             kinds=tuple(args.kinds) if args.kinds else ("ours", "unjournaled", "queue"),
             pin_nodes=can_pin() and not args.share_cores,
+            per_call=args.per_call,
         )
     if args.json:
         import json
