@@ -234,3 +234,24 @@ def test_a_caller_never_lingers_for_its_own_announced_item():
     _in_thread(budgeted_put)
     assert done.wait(WAIT_S)
     assert calls == [["reserve"], ["admit"]]
+
+
+@pytest.mark.usefixtures("ray_namespace")
+def test_a_receipt_left_when_the_process_leaves_ray_breaks_no_later_session(ray_cluster):
+    """The timer must not send a receipt after ``ray.shutdown()``: that call, on a handle of the session that
+    ended, left this process unable to create working actors when it joined the cluster again (the next test
+    modules' producer actors died "cancelled before it started running"). Last in this module: it leaves the
+    cluster and joins it again, as the module fixtures do."""
+    from pyfast_buffer.ray import _receipts
+
+    client = RemoteBuffer.create(64, max_age=5)
+    client.put(list(range(2)), 0)
+    assert len(client.take(2, 0)) == 2  # its receipt waits for a take that will not come
+    ray.shutdown()
+    time.sleep(4 * _receipts.RECEIPT_LINGER_S + 0.5)  # the timer has run past it
+    assert not ray.is_initialized()
+    ray_cluster.connect(namespace=NAMESPACE)  # as the next module's fixture does
+    from _ray_producer import pinned
+
+    producer = pinned(1)  # a producer actor of the test modules, started and answering
+    ray.kill(producer)

@@ -53,6 +53,11 @@ class Receipts:
     def send(self, requests: List[int], settle: bool = True) -> None:
         """Sends these receipts alone, without waiting (a take that carried them failed, or the linger ran out);
         only the client's own thread (``settle``) collects replies, the timer's only adds to them."""
+        if not ray.is_initialized():
+            # This process left the cluster (ray.shutdown): a call now would make Ray start a local cluster in
+            # this process (auto-init), after which it cannot create actors in any other. The index counts these
+            # ids lost_in_delivery after its receipt_timeout_s, as for a client that died.
+            return
         for request in requests:
             self._sent[request] = self._actor.received.remote(request, _NONE_LOST)
         if settle and len(self._sent) > MAX_UNSETTLED_RECEIPTS:
