@@ -87,14 +87,21 @@ def test_group_call_raises_a_failed_call_in_every_caller_of_that_call_only():
 
 # -- on the cluster -----------------------------------------------------------------------------------------------
 def _hold_index_lock(client: RemoteBuffer, flag: str) -> ray.ObjectRef:
-    """Holds the index's lock from inside the index until the file ``flag`` exists (its own call)."""
+    """Holds the index's lock from inside the index until the file ``flag`` exists (its own call); returns once
+    the lock is held (the call is asynchronous: a put sent before it holds the lock would not wait)."""
 
     def hold(actor: Any, path: str) -> None:
         with actor._lock:
+            open(path + ".held", "w").close()
             while not os.path.exists(path):
                 time.sleep(0.005)
 
-    return client.actor.__ray_call__.remote(hold, flag)
+    held = client.actor.__ray_call__.remote(hold, flag)
+    deadline = time.monotonic() + WAIT_S
+    while not os.path.exists(flag + ".held"):
+        assert time.monotonic() < deadline, "the index did not take its lock for the test"
+        time.sleep(0.005)
+    return held
 
 
 def _owner_of_this_node(client: RemoteBuffer) -> Any:
