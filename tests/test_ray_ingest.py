@@ -113,6 +113,9 @@ def _grouped_puts(client: RemoteBuffer, puts: List[List[int]], **kw: Any) -> dic
     """Sends ``puts`` (one list of ids each) concurrently from this driver while the index's lock is held, so
     that the first registration waits and the others queue at the owner; returns id -> "ok" or the error."""
     owner = _owner_of_this_node(client)
+    # No linger at this owner: under load the first registration could otherwise wait for the other puts being
+    # written and take them along (one call), while these tests fix "the first alone, the rest queued together".
+    ray.get(owner.__ray_call__.remote(lambda self: setattr(self._group, "_linger_s", 0.0)), timeout=WAIT_S)
     before = ray.get(owner.registrations.remote())
     flag = os.path.join(tempfile.mkdtemp(prefix="pfb-hold-"), "release")
     held = _hold_index_lock(client, flag)
