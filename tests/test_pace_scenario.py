@@ -86,7 +86,8 @@ def scenario(impl, strategy: str, seed: int = 0, steps: int = STEPS) -> Run:
     run, lock = Run(), threading.Lock()
     paced = strategy == "pace"
     published = [0]  # the weights version producers generate with: the step after the last one trained
-    stop = threading.Event()
+    stop = threading.Event()  # producers: dispatch no more
+    producers_done = threading.Event()  # the finisher: once set, an empty heap means every rollout has finished
     slots = threading.Semaphore(LIMIT)  # drop and wait: the same concurrency, capped as a rollout pool caps it
     pending: list = []  # (due time, prompt, dispatch step) heap of rollouts in progress
     pending_cv = threading.Condition()
@@ -124,8 +125,8 @@ def scenario(impl, strategy: str, seed: int = 0, steps: int = STEPS) -> Run:
         while True:
             with pending_cv:
                 while not pending or pending[0][0] > time.monotonic():
-                    if stop.is_set() and not pending:
-                        return
+                    if producers_done.is_set() and not pending:  # not stop: a producer admitted just before
+                        return  # stop may not have pushed its rollout yet, and it would stay in flight forever
                     pending_cv.wait(0.001 if pending else 0.01)
                 _, prompt, _ = heapq.heappop(pending)
             trajs = [prompt * GROUP + j for j in range(GROUP)]
@@ -136,8 +137,9 @@ def scenario(impl, strategy: str, seed: int = 0, steps: int = STEPS) -> Run:
                 run.completed.extend(trajs)
             check(buf, run, lock, paced)
 
-    threads = [threading.Thread(target=produce, args=(i,)) for i in range(PRODUCERS)]
-    threads.append(threading.Thread(target=finish_rollouts))
+    producers = [threading.Thread(target=produce, args=(i,)) for i in range(PRODUCERS)]
+    finisher = threading.Thread(target=finish_rollouts)
+    threads = [*producers, finisher]
     start = time.monotonic()
     for thread in threads:
         thread.start()
@@ -164,8 +166,12 @@ def scenario(impl, strategy: str, seed: int = 0, steps: int = STEPS) -> Run:
         run.max_age_in_training = max(run.ages)
     finally:
         stop.set()
-        for thread in threads:
+        for thread in producers:
             thread.join(60)
+        with pending_cv:
+            producers_done.set()
+            pending_cv.notify()
+        finisher.join(60)
     # Drain: every rollout has finished; the trainer goes on taking a step's worth per step until nothing is left.
     step = steps
     while len(buf):
