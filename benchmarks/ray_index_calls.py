@@ -1,12 +1,16 @@
 """The index actor's CPU per call, by kind (docs/ray.md, "Where the index's CPU per payload goes").
 
-Usage: python benchmarks/ray_index_calls.py [--calls 300]
+Usage: python benchmarks/ray_index_calls.py [--calls 300] [--records]
 
 One process on a private one-node loopback cluster, for a buffer with and without the journal: ``--calls``
 calls of each kind from this driver, one at a time, and the index process's CPU time (every thread)
 before and after each block: an empty call (``ping``), a registration of one put of 16 ids (what a
 payload owner sends), a take of 64 followed by its receipt as a call of its own, and a take of 64
 carrying the previous take's receipt (as the client sends them). Each block runs twice; both are printed.
+
+``--records`` instead times one journal record's parts inside the index (``__ray_call__``, so no Ray call is
+in the timing): building the record, encoding it, and a whole commit (mark under the lock, then wait until it
+is written), as process CPU and wall time per record, for a registration's record.
 """
 
 from __future__ import annotations
@@ -85,15 +89,59 @@ def measure(journal: Any, calls: int) -> List[Tuple[str, float]]:
         buf.kill()
 
 
+def _time_records(self: Any, n: int) -> List[Tuple[str, float, float]]:
+    """Inside the index: CPU and wall seconds per record of its parts (the state changes nothing: no call runs)."""
+    import time
+
+    from pyfast_buffer.ray import _journal
+
+    def timed(name: str, fn: Callable[[], Any]) -> Tuple[str, float, float]:
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(n):
+            fn()
+        return name, (time.process_time() - cpu) / n, (time.perf_counter() - wall) / n
+
+    def commit() -> None:
+        with self._lock:
+            version = self._journal.mark()
+        self._journal.wait(version)
+
+    with self._lock:
+        record = self._record()
+        rows = [timed("build the record", self._record), timed("encode it", lambda: _journal.encode_record(record))]
+    return [*rows, timed("commit: mark + wait until written", commit)]
+
+
+def records(n: int) -> None:
+    import ray
+
+    from pyfast_buffer.ray import RemoteBuffer
+
+    print("| part of a journal record | index CPU per record | wall per record |")
+    print("| --- | --- | --- |")
+    for _ in range(2):
+        buf = RemoteBuffer.create(1 << 20, max_age=10, num_cpus=0)
+        try:
+            buf.put(np.arange(64, dtype=np.int64), 0, payloads=[np.zeros(8)] * 64)
+            for name, cpu, wall in ray.get(buf.actor.__ray_call__.remote(_time_records, n)):
+                print(f"| {name} | {cpu * 1e6:.0f} us | {wall * 1e6:.0f} us |", flush=True)
+        finally:
+            buf.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--records", action="store_true", help="time a journal record's parts inside the index")
     args = parser.parse_args()
     from pyfast_buffer.bench.ray_cluster import LocalCluster
 
     cluster = LocalCluster(nodes=1, cpus_per_node=16, object_store_bytes=256 * 2**20)
     try:
         cluster.connect(namespace="index_calls")
+        if args.records:
+            records(max(args.calls, 1000))
+            return
         print("| journal | call | index CPU per call |")
         print("| --- | --- | --- |")
         for label, journal in (("off", False), ("on", None)):

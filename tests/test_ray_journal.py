@@ -8,6 +8,7 @@ csrc/change_marks.hpp), so these run on the native buffer only; the twin has no 
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 import time
 
@@ -275,6 +276,8 @@ def test_a_journal_of_another_format_is_refused_naming_the_file_and_both_version
     why = str(caught.value)
     assert path in why and f"format {_journal.FORMAT + 1}" in why and f"reads format {_journal.FORMAT}" in why
     assert "kill() the buffer" in why and caught.value.expected == _journal.FORMAT
+    again = pickle.loads(pickle.dumps(caught.value))  # as Ray sends a restart's error to the buffer's callers
+    assert type(again) is _journal.JournalFormatError and str(again) == why and again.found == _journal.FORMAT + 1
 
 
 def test_a_segment_of_another_format_is_refused(tmp_path):
@@ -309,6 +312,78 @@ def test_snapshots_bound_the_log_and_keep_the_state(tmp_path):
     assert logged() <= j.stats()["bytes"] // 2  # segments behind a snapshot were deleted
     got, last = _state_after(_journal.read(path))
     assert got == list(range(1, 200)) and last == 199
+
+
+@pytest.mark.parametrize("snapshot_bytes", [256, 1 << 30])
+def test_concurrent_callers_write_for_each_other_and_every_record_lands_in_order(tmp_path, snapshot_bytes):
+    """The waiting caller writes the pending records itself (group commit without a writer hand-off): with many
+    callers at once, and snapshots rotating segments under them, every record is written once, in seq order."""
+    path = str(tmp_path / "index.pfb")
+    done: list = []
+    j, lock, box = _open_journal(path, done, snapshot_bytes)
+    errors: list = []
+
+    def caller(k):
+        try:
+            for _ in range(150):
+                with lock:
+                    i = box["n"] + 1
+                    box["n"] = i
+                    done.append(i)
+                    seq = j.mark()
+                assert seq == i
+                j.wait(seq)
+                assert j._written >= seq  # waited means written
+        except BaseException as exc:  # reported below, with the thread's name
+            errors.append((k, exc))
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    j.close()
+    got, last = _state_after(_journal.read(path))
+    assert got == list(range(1, 901)) and last == 900
+    assert j.stats()["records"] == 900 and 1 <= j.stats()["writes"] <= 900
+
+
+def test_a_record_nobody_waits_for_is_written_without_a_wait(tmp_path):
+    """``mark(later=True)`` (a lone receipt), or a mark whose caller never waits, is written by the journal's
+    thread on its own: a restart after it sees the record although no call waited and nothing was closed."""
+    path = str(tmp_path / "index.pfb")
+    done: list = []
+    j, lock, box = _open_journal(path, done)
+    for i, later in ((1, True), (2, False)):
+        with lock:
+            box["n"] = i
+            done.append(i)
+            j.mark(later=later)
+    deadline = time.monotonic() + 30  # a hang guard, not a speed check: LATE_S is 50 ms
+    while _state_after(_journal.read(path))[1] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    got, last = _state_after(_journal.read(path))
+    assert got == [1, 2] and last == 2
+    j.close()
+
+
+def test_a_write_that_fails_reaches_every_waiting_call(tmp_path):
+    path = str(tmp_path / "index.pfb")
+    done: list = []
+    j, lock, box = _open_journal(path, done)
+    _append(j, lock, box, done, 1)
+    good = j._fd
+    j._fd = os.open(os.devnull, os.O_RDONLY)  # writes on it fail (EBADF), as a full disk's would
+    try:
+        for i in (2, 3):  # the first call meets the failure as the writer, the next one as a waiter
+            with pytest.raises(OSError, match="could not be written"):
+                _append(j, lock, box, done, i)
+    finally:
+        j.close()
+        os.close(good)
+    got, last = _state_after(_journal.read(path))
+    assert got == [1] and last == 1
 
 
 @pytest.mark.parametrize("call", records.CALLS)

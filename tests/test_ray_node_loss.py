@@ -23,9 +23,10 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 
 from _ray_producer import PAYLOAD_WORDS, payload, pinned  # noqa: E402
 
+from pyfast_buffer.checkpoint import load_state, save_state  # noqa: E402
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
 from pyfast_buffer.ray._calls import BufferUnavailableError  # noqa: E402
-from pyfast_buffer.ray._journal import segments  # noqa: E402
+from pyfast_buffer.ray._journal import FORMAT, SEGMENT_HEADER_BYTES, segments  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.usefixtures("ray_namespace", "buffers_ended")
@@ -219,4 +220,35 @@ def test_an_index_restarted_without_its_journal_stays_down_and_says_why(ray_clus
         client.ledger()
     why = str(caught.value.__cause__)
     assert "journal" in why and path in why and "stays down rather than come back empty" in why
+    client.kill()
+
+
+@pytest.mark.parametrize("where", ["snapshot", "segment"])
+def test_an_index_restarted_on_a_journal_of_another_format_stays_down_and_names_it(ray_cluster, where):
+    """What a restart meets when another pyfast_buffer version wrote the journal (an upgrade between runs): the
+    index must not read it as if it were its own format, nor come back empty; it stays down, and the client's
+    error names the file and both formats."""
+    client = RemoteBuffer.create(256, max_age=1000)
+    client.put(list(range(6)), 0)
+    path = ray.get(client.actor.journal_stats.remote())["path"]
+    index_pid = ray.get(client.actor.pid.remote())
+    if where == "snapshot":
+        snap = load_state(path)
+        assert snap["format"] == FORMAT
+        save_state({**snap, "format": FORMAT + 1}, path)
+        named = path
+    else:
+        ((_first, named),) = segments(path)
+        with open(named, "r+b") as f:
+            f.seek(SEGMENT_HEADER_BYTES - 4)  # the u32 after the magic
+            f.write((FORMAT + 1).to_bytes(4, "little"))
+    os.kill(index_pid, signal.SIGKILL)
+    with pytest.raises(BufferUnavailableError, match="dead for good"):
+        client.ledger()
+    with pytest.raises(BufferUnavailableError) as caught:
+        client.ledger()
+    why = str(caught.value.__cause__)
+    assert "JournalFormatError" in why and named in why
+    assert f"journal format {FORMAT + 1}" in why and f"reads format {FORMAT} only" in why
+    assert "the index stays down rather than guess" in why
     client.kill()

@@ -292,14 +292,14 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
             if request in self._done_takes:
                 self._extra["duplicate_requests"] += 1
                 if receipted:
-                    self._journal.mark()  # like a lone receipt: not waited for, it rides in the next record
+                    self._journal.mark(later=True)  # like a lone receipt: nobody waits for it
                 return self._done_takes[request]
             self._close_overdue()
             try:
                 batch = self._until(deadline, lambda wait: self._buf.take(batch_size, current_step, wait))
             except BaseException:
                 if receipted:
-                    self._journal.mark()
+                    self._journal.mark(later=True)
                 raise
             columns = batch.columns.numpy()
             ids = columns[0]

@@ -135,8 +135,9 @@ class DeliveryCalls:
                 self._extra["lost_in_delivery"] += had
                 self._extra["late_receipts"] += 1
             self._extra["payload_lost"] += len(lost_ids)
-            version = self._journal.mark()
-        if had < 0 or len(lost_ids):
+            waited = had < 0 or len(lost_ids) > 0  # a plain receipt's record is not waited for
+            version = self._journal.mark(later=not waited)
+        if waited:
             self._journal.wait(version)
 
     def unreadable(self, request: int, traj_ids: np.ndarray) -> None:
@@ -161,4 +162,4 @@ class DeliveryCalls:
             owner = self._owners[slot] if slot < len(self._owners) else None
             if owner is not None:
                 owner.release.remote(ids)  # not yet handed out: nobody will fetch them
-        self._journal.mark()
+        self._journal.mark(later=True)

@@ -7,8 +7,11 @@ that made it answers: a frame of ``length (u32) | crc32 (u32) | seq (u64)`` and 
 with the record's arrays after it (the checkpoint module's tree encoding: reading runs no code). What a
 record holds is the caller's ``delta()``: effects (rows added, ids that left, counters' new values), never a
 call to run again, since the calls stamp wall-clock times and leases expire by time. Records that arrive
-while a write is under way share the next write (group commit). Nothing is fsynced: the log must survive
-the death of this process, not of the machine, whose loss takes the file too.
+while a write is under way share the next write (group commit): the call that waits for its record writes
+every pending record itself, unless another is writing, so a lone call pays no hand-off to another thread and
+back (that hand-off cost more than the write). A record nobody waits for (``mark(later=True)``) is written by
+the journal's thread within ``LATE_S``. Nothing is fsynced: the log must survive the death of this process,
+not of the machine, whose loss takes the file too.
 
 A snapshot is taken in a thread of its own once the log since the last one is as large as that snapshot
 (at least ``snapshot_bytes``), so writing snapshots costs at most about as much as the log, and a restart
@@ -44,6 +47,8 @@ from ._record_tree import encode_tree
 
 #: Smallest log, in bytes, written between two snapshots (the bound grows with the snapshot's size).
 SNAPSHOT_BYTES = 4 << 20
+#: Longest a record nobody waits for stays unwritten (the journal's thread looks this often).
+LATE_S = 0.05
 #: The journal format this code writes and reads (the record's layout, the core's delta, the snapshot's state).
 FORMAT = 1
 _SEGMENT_HEAD = struct.Struct("<4sI")  # magic, format
@@ -89,6 +94,11 @@ class JournalFormatError(RuntimeError):
             "remove the journal files and create a new buffer"
         )
         self.path, self.found, self.expected = path, found, FORMAT
+
+    def __reduce__(self) -> Tuple[Any, Tuple[str, Any]]:
+        # Ray pickles an actor's creation error to its callers; the default (the class called with the message)
+        # fails on this signature, and the caller would get Ray's "failed to deserialize" instead of the why.
+        return type(self), (self.path, self.found)
 
 
 def frame(seq: int, payload: bytes) -> bytes:
@@ -184,10 +194,14 @@ class Journal:
         self.path = path
         self._lock, self._capture, self._delta = lock, capture, delta
         self._snapshot_bytes = snapshot_bytes
-        self._cv = threading.Condition()
+        mutex = threading.Lock()  # one lock, three queues: each wakes only whom it concerns
+        self._cv = threading.Condition(mutex)  # calls waiting for their record
+        self._wake = threading.Condition(mutex)  # the writer thread: a record nobody waits for, or close
+        self._snapshot_cv = threading.Condition(mutex)  # the snapshot thread: one is due, or close
         self._snapshotting = threading.Lock()
         self._seq = self._written = seq
         self._pending: List[Tuple[int, bytes]] = []
+        self._writing = False  # a write is under way (its writer holds the batch; others wait for it)
         self._failure: Optional[BaseException] = None
         self._since_snapshot = 0
         self._snapshot_due = False
@@ -212,20 +226,26 @@ class Journal:
             thread.start()
 
     # -- the caller's side ---------------------------------------------------------------------------------------
-    def mark(self) -> int:
-        """Appends the record of a change (call it with the owner's lock held, the change applied); returns its seq."""
+    def mark(self, later: bool = False) -> int:
+        """Appends the record of a change (call it with the owner's lock held, the change applied); returns its seq.
+        ``later``: nobody will ``wait`` for it, so the journal's thread writes it (within ``LATE_S``)."""
         payload = encode_record(self._delta())
         with self._cv:
             self._seq += 1
             self._pending.append((self._seq, frame(self._seq, payload)))
-            self._cv.notify_all()
+            if later:
+                self._wake.notify()
             return self._seq
 
     def wait(self, version: int) -> None:
-        """Returns once the record ``version`` is written; raises OSError if writing failed."""
+        """Returns once the record ``version`` is written (writing the pending records itself unless a write is
+        under way); raises OSError if writing failed."""
         with self._cv:
             while self._written < version and self._failure is None:
-                self._cv.wait()
+                if self._writing or not self._pending:
+                    self._cv.wait()
+                else:
+                    self._write_pending()
             if self._failure is not None:
                 raise OSError(f"the buffer's journal {self.path!r} could not be written: {self._failure}")
 
@@ -236,7 +256,8 @@ class Journal:
         """Writes what is pending, lets a snapshot under way finish, and stops both threads."""
         with self._cv:
             self._closed = True
-            self._cv.notify_all()
+            self._wake.notify_all()
+            self._snapshot_cv.notify_all()
         for thread in self._threads:
             thread.join()
         os.close(self._fd)
@@ -261,46 +282,60 @@ class Journal:
         return fd
 
     def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._pending and not self._closed:
-                    self._cv.wait()
-                if not self._pending:
+        """Writes what nobody is writing: records marked ``later`` (or left by a call that never waited)."""
+        with self._cv:
+            while True:
+                if self._pending and not self._writing and self._failure is None:
+                    self._write_pending()
+                elif self._closed and not self._writing:
                     return
-                batch, self._pending = self._pending, []
-                switch = self._rotate_at if self._rotate_at is not None else batch[-1][0] + 1
-            try:
-                start = time.perf_counter()
-                _write_all(self._fd, b"".join(f for s, f in batch if s < switch))
-                later = b"".join(f for s, f in batch if s >= switch)
-                if later:  # a snapshot was captured: its later records start a new segment
-                    if self._segment_first < switch:
-                        os.close(self._fd)
-                        self._fd, self._segment_first = self._open(switch), switch
-                    _write_all(self._fd, later)
-                size = sum(len(f) for _, f in batch)
-                self.write_s += time.perf_counter() - start
-                self.writes += 1
-                self.records += len(batch)
-                self.bytes += size
-            except BaseException as exc:  # reported to every waiting call
-                with self._cv:
-                    self._failure = exc
-                    self._cv.notify_all()
-                return
-            with self._cv:
-                self._written = batch[-1][0]
-                self._since_snapshot += size
-                if self._since_snapshot >= max(self._snapshot_bytes, self._last_snapshot_bytes):
-                    self._snapshot_due = True
-                self._cv.notify_all()
+                else:
+                    self._wake.wait(LATE_S)
+
+    def _write_pending(self) -> None:
+        """Writes every pending record; called with the lock held, which it lets go during the write."""
+        batch, self._pending = self._pending, []
+        switch = self._rotate_at if self._rotate_at is not None else batch[-1][0] + 1
+        self._writing = True
+        self._cv.release()
+        try:
+            start = time.perf_counter()
+            _write_all(self._fd, b"".join(f for s, f in batch if s < switch))
+            later = b"".join(f for s, f in batch if s >= switch)
+            if later:  # a snapshot was captured: its later records start a new segment
+                if self._segment_first < switch:
+                    os.close(self._fd)
+                    self._fd, self._segment_first = self._open(switch), switch
+                _write_all(self._fd, later)
+            size = sum(len(f) for _, f in batch)
+            self.write_s += time.perf_counter() - start
+            self.writes += 1
+            self.records += len(batch)
+            self.bytes += size
+        except BaseException as exc:  # reported to every waiting call
+            self._cv.acquire()
+            self._writing = False
+            self._failure = exc
+            self._cv.notify_all()
+            self._wake.notify_all()
+            return
+        self._cv.acquire()
+        self._writing = False
+        self._written = batch[-1][0]
+        self._since_snapshot += size
+        if self._since_snapshot >= max(self._snapshot_bytes, self._last_snapshot_bytes):
+            self._snapshot_due = True
+            self._snapshot_cv.notify()
+        self._cv.notify_all()
+        if self._pending or self._closed:
+            self._wake.notify()  # marked during the write with nobody waiting yet, or close waits for the flush
 
     # -- snapshots -----------------------------------------------------------------------------------------------
     def _snapshots(self) -> None:
         while True:
             with self._cv:
                 while not self._snapshot_due and not self._closed:
-                    self._cv.wait()
+                    self._snapshot_cv.wait()
                 if self._closed:
                     return
                 self._snapshot_due = False
@@ -311,6 +346,7 @@ class Journal:
                 with self._cv:
                     self._failure = exc
                     self._cv.notify_all()
+                    self._wake.notify_all()
                 return
 
     def snapshot(self) -> None:
@@ -346,7 +382,7 @@ class NoJournal:
 
     path = ""
 
-    def mark(self) -> int:
+    def mark(self, later: bool = False) -> int:
         return 0
 
     def wait(self, version: int) -> None:
