@@ -1,6 +1,6 @@
 """The index actor's CPU per call, by kind (docs/ray.md, "Where the index's CPU per payload goes").
 
-Usage: python benchmarks/ray_index_calls.py [--calls 300] [--records]
+Usage: python benchmarks/ray_index_calls.py [--calls 300] [--records] [--snapshot-ids 1048576]
 
 One process on a private one-node loopback cluster, for a buffer with and without the journal: ``--calls``
 calls of each kind from this driver, one at a time, and the index process's CPU time (every thread)
@@ -11,6 +11,10 @@ carrying the previous take's receipt (as the client sends them). Each block runs
 ``--records`` instead times one journal record's parts inside the index (``__ray_call__``, so no Ray call is
 in the timing): building the record, encoding it, and a whole commit (mark under the lock, then wait until it
 is written), as process CPU and wall time per record, for a registration's record.
+
+``--snapshot-ids N`` instead fills the index's payload tables (owner slot and bytes per id) with N ids inside
+the index and takes snapshots: how long each held the index lock, and how long the whole snapshot took.
+The ring stays empty, so this is the tables' part of a snapshot (the ring's copy is timed in docs/ray.md).
 """
 
 from __future__ import annotations
@@ -112,27 +116,60 @@ def _time_records(self: Any, n: int) -> List[Tuple[str, float, float]]:
     return [*rows, timed("commit: mark + wait until written", commit)]
 
 
-def records(n: int) -> None:
+def _time_snapshot(self: Any, ids: int) -> Tuple[float, float]:
+    """Inside the index: payload tables of ``ids`` ids, then one snapshot; (lock held, whole snapshot) seconds."""
+    import time
+
+    keys = range(1 << 40, (1 << 40) + ids)
+    with self._lock:  # dict.update: filled as if by many calls, whose records took their logs along
+        dict.update(self._where, zip(keys, [0] * ids))
+        dict.update(self._sizes, zip(keys, [65536] * ids))
+    with self._lock:  # what a snapshot does under the lock (the journal's snapshot() holds it just so)
+        start = time.perf_counter()
+        self._capture()
+        held = time.perf_counter() - start
+    start = time.perf_counter()
+    self._journal.snapshot()
+    return held, time.perf_counter() - start
+
+
+def _inside_fresh_indexes(rounds: int, capacity: int, fn: Callable[..., Any], *args: Any) -> List[Any]:
+    """``fn(index, *args)`` run inside each of ``rounds`` fresh indexes (after a put of 64 ids), one answer each."""
     import ray
 
     from pyfast_buffer.ray import RemoteBuffer
 
-    print("| part of a journal record | index CPU per record | wall per record |")
-    print("| --- | --- | --- |")
-    for _ in range(2):
-        buf = RemoteBuffer.create(1 << 20, max_age=10, num_cpus=0)
+    answers = []
+    for _ in range(rounds):
+        buf = RemoteBuffer.create(capacity, max_age=10, num_cpus=0)
         try:
             buf.put(np.arange(64, dtype=np.int64), 0, payloads=[np.zeros(8)] * 64)
-            for name, cpu, wall in ray.get(buf.actor.__ray_call__.remote(_time_records, n)):
-                print(f"| {name} | {cpu * 1e6:.0f} us | {wall * 1e6:.0f} us |", flush=True)
+            answers.append(ray.get(buf.actor.__ray_call__.remote(fn, *args), timeout=600))
         finally:
             buf.kill()
+    return answers
+
+
+def snapshots(ids: int) -> None:
+    print("| payload ids | snapshot: index lock held | whole snapshot |")
+    print("| --- | --- | --- |")
+    for held, whole in _inside_fresh_indexes(3, 1 << 10, _time_snapshot, ids):
+        print(f"| {ids:,} | {held * 1e3:.0f} ms | {whole * 1e3:.0f} ms |")
+
+
+def records(n: int) -> None:
+    print("| part of a journal record | index CPU per record | wall per record |")
+    print("| --- | --- | --- |")
+    for rows in _inside_fresh_indexes(2, 1 << 20, _time_records, n):
+        for name, cpu, wall in rows:
+            print(f"| {name} | {cpu * 1e6:.0f} us | {wall * 1e6:.0f} us |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--records", action="store_true", help="time a journal record's parts inside the index")
+    parser.add_argument("--snapshot-ids", type=int, help="time a snapshot of payload tables of this many ids")
     args = parser.parse_args()
     from pyfast_buffer.bench.ray_cluster import LocalCluster
 
@@ -141,6 +178,9 @@ def main() -> None:
         cluster.connect(namespace="index_calls")
         if args.records:
             records(max(args.calls, 1000))
+            return
+        if args.snapshot_ids:
+            snapshots(args.snapshot_ids)
             return
         print("| journal | call | index CPU per call |")
         print("| --- | --- | --- |")

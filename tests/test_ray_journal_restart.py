@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -18,6 +19,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
 from pyfast_buffer.ray._calls import BufferUnavailableError  # noqa: E402
 
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its functions run inside the index
 pytestmark = pytest.mark.usefixtures("ray_namespace", "buffers_ended")  # the session's two-node cluster
 
 NAMESPACE = "pyfast_buffer_journal_tests"
@@ -70,6 +72,43 @@ def test_a_killed_index_comes_back_with_exactly_its_state():
     assert again.pop("index_restarts") == ledger.pop("index_restarts") + 1
     assert again == ledger and again["lost_in_restart"] == 0
     assert torch.equal(before["source_counts"], after["source_counts"])
+
+
+def _payload_tables(self):
+    """Inside the index: its payload tables (owner slot and bytes per id) and the bytes it counts as held."""
+    with self._lock:
+        return dict(self._where), dict(self._sizes), self._bytes_held
+
+
+def _snapshot_now(self):
+    self._journal.snapshot()
+    return self._journal.stats()["snapshots"]
+
+
+def test_payload_tables_come_back_from_a_snapshot_and_the_records_after_it():
+    """A snapshot's payload tables are copied under the index lock and made arrays after it (issue 20): what a
+    restart rebuilds from such a snapshot and the records after it is every id's owner slot and size."""
+    client = RemoteBuffer.create(1 << 12, max_age=50, capacity_bytes=1 << 30)
+    lengths = {}
+    for i in range(6):  # payloads of several sizes, so a size in the wrong id's place would show
+        ids = np.arange(8, dtype=np.int64) + 8 * i
+        lengths.update((8 * i + k, 16 + 8 * ((k + i) % 5)) for k in range(8))
+        client.put(ids, 0, payloads=[np.zeros(lengths[8 * i + k], np.uint8) for k in range(8)])
+    assert ray.get(client.actor.__ray_call__.remote(_snapshot_now), timeout=120) >= 1
+    client.take(8, 1)  # after the snapshot: ids leave, and more come
+    client.put(np.arange(100, 108, dtype=np.int64), 1, payloads=[np.zeros(40, np.uint8)] * 8)
+    lengths.update((k, 40) for k in range(100, 108))
+    where, sizes, held = ray.get(client.actor.__ray_call__.remote(_payload_tables), timeout=120)
+    assert len(where) == len(sizes) == 48 and held == sum(sizes.values()) and len(set(sizes.values())) >= 5
+    pid = ray.get(client.actor.pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    _after_restart(client, pid)
+    again = ray.get(client.actor.__ray_call__.remote(_payload_tables), timeout=120)
+    assert again == (where, sizes, held)
+    batch, values = client.fetch(client.take(48, 2), timeout=120)
+    assert sorted(batch.traj_ids.tolist()) == sorted(where) and not len(batch.lost)
+    assert [len(v) for v in values] == [lengths[k] for k in batch.traj_ids.tolist()]
+    client.kill()
 
 
 @pytest.mark.parametrize("journal, soft", [(None, False), ("/shared/index.pfb", True)])

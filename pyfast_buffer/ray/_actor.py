@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import os
 import tempfile
 import threading
@@ -92,7 +93,12 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
             self._restore(self._replayed(*found[:2]))
         _effects.start_logs(*self._tables())
         self._journal = _journal.Journal(
-            path, lambda: self._lock, self._capture, self._record, seq=found[2] if found is not None else 0
+            path,
+            lambda: self._lock,
+            self._capture,
+            self._record,
+            seq=found[2] if found is not None else 0,
+            finish=self._finish_capture,
         )
         if context.was_current_actor_reconstructed:
             self._journal.commit()  # the restart itself is counted durably
@@ -102,16 +108,14 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         return self._where, self._sizes, self._done_puts, self._done_takes, self._report
 
     def _capture(self) -> Dict[str, Any]:
-        """The whole state, for a snapshot (under the lock; the journal writes it in the background)."""
+        """The whole state, for a snapshot (under the lock, so the payload tables are only copied here: a dict's
+        copy is a block copy, and ``_finish_capture`` makes them arrays after the lock is let go)."""
         with self._lock:
-            ids = np.fromiter(self._where.keys(), np.int64, len(self._where))
             report = self._report.peek()
             snap = {
                 "core": self._buf._journal_delta(full=True),
                 "max_age": self._buf.max_age,
-                "payload_ids": ids,
-                "payload_slots": np.fromiter(self._where.values(), np.int64, len(ids)),
-                "payload_bytes": np.asarray([self._sizes.get(k, 0) for k in ids.tolist()], np.int64),
+                "payload_tables": (dict.copy(self._where), dict.copy(self._sizes)),
                 "done_puts": np.fromiter(self._done_puts.keys(), np.int64, len(self._done_puts)),
                 "done_takes": [[k, *v] for k, v in self._done_takes.items()],
                 "extra": dict(self._extra),
@@ -123,6 +127,16 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
             }
             _effects.start_logs(*self._tables())  # the next record holds what changes after this snapshot
             return snap
+
+    @staticmethod
+    def _finish_capture(snap: Dict[str, Any]) -> Dict[str, Any]:
+        """A captured state as it is saved (without the lock): the payload tables' copies as arrays."""
+        where, sizes = snap.pop("payload_tables")
+        ids = np.fromiter(where.keys(), np.int64, len(where))
+        snap["payload_ids"] = ids
+        snap["payload_slots"] = np.fromiter(where.values(), np.int64, len(ids))
+        snap["payload_bytes"] = np.fromiter(map(sizes.get, ids.tolist(), itertools.repeat(0)), np.int64, len(ids))
+        return snap
 
     def _record(self) -> Dict[str, Any]:
         """One change's record (under the lock): the core's delta, the tables' logs, the small counters whole."""

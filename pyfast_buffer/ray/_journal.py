@@ -179,7 +179,8 @@ class Journal:
     """Appends ``delta()`` records to the log of ``path`` and takes ``capture()`` snapshots now and then.
 
     ``lock`` is the owner's lock: ``mark`` is called with it held (records are made and numbered in the
-    order of the changes) and a snapshot's ``capture`` runs with it held (it sees no change half made).
+    order of the changes) and a snapshot's ``capture`` runs with it held (it sees no change half made), so
+    it should only copy; ``finish`` then turns those copies into the state to save, without the lock.
     """
 
     def __init__(
@@ -190,9 +191,10 @@ class Journal:
         delta: Callable[[], Dict[str, Any]],
         seq: int = 0,
         snapshot_bytes: int = SNAPSHOT_BYTES,
+        finish: Callable[[Dict[str, Any]], Dict[str, Any]] = lambda state: state,
     ) -> None:
         self.path = path
-        self._lock, self._capture, self._delta = lock, capture, delta
+        self._lock, self._capture, self._delta, self._finish = lock, capture, delta, finish
         self._snapshot_bytes = snapshot_bytes
         mutex = threading.Lock()  # one lock, three queues: each wakes only whom it concerns
         self._cv = threading.Condition(mutex)  # calls waiting for their record
@@ -207,11 +209,11 @@ class Journal:
         self._snapshot_due = False
         self._last_snapshot_bytes = 0
         self.records = self.bytes = self.writes = self.snapshots = 0
-        self.write_s = self.snapshot_s = 0.0
+        self.write_s = self.snapshot_s = self.capture_s_max = 0.0
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with lock():
             state = capture()
-        self._save(state, seq)  # the first snapshot (a start or a restart), before any record
+        self._save(finish(state), seq)  # the first snapshot (a start or a restart), before any record
         for _first, name in segments(path):  # all redundant now, a torn record of the previous run included
             os.unlink(name)
         self._segment_first = seq + 1
@@ -271,6 +273,7 @@ class Journal:
             "write_s": self.write_s,
             "snapshots": self.snapshots,
             "snapshot_s": self.snapshot_s,
+            "capture_s_max": self.capture_s_max,  # the longest a snapshot held the owner's lock
             "snapshot_bytes": self._last_snapshot_bytes,
         }
 
@@ -354,11 +357,13 @@ class Journal:
         with self._snapshotting:  # one at a time: an older snapshot must never replace a newer one
             start = time.perf_counter()
             with self._lock():
+                held = time.perf_counter()
                 state = self._capture()
                 with self._cv:
                     seq = self._seq
                     self._rotate_at = seq + 1  # later records go to a new segment
-            self._save(state, seq)
+                self.capture_s_max = max(self.capture_s_max, time.perf_counter() - held)
+            self._save(self._finish(state), seq)
             for first, name in segments(self.path):
                 if first <= seq:  # every record in it is in the snapshot (an open one is written on, then dropped)
                     with contextlib.suppress(OSError):
