@@ -49,7 +49,7 @@ __attribute__((target("avx512f,avx512vl"))) int64_t compact_rows_simd(const Colu
     move64(c.finish_step, read, write, keep);
     move64(c.dispatch_ns, read, write, keep);
     move64(c.complete_ns, read, write, keep);
-    move64(c.meta, read, write, keep);
+    if (c.meta != nullptr) move64(c.meta, read, write, keep);  // null: every row's meta is the same, left in place
     move32(c.uses, read, write, keep);
     move32(c.group_len, read, write, keep);
     write += __builtin_popcount(keep);

@@ -12,8 +12,10 @@ namespace pyfast_buffer {
 bool simd_compaction_available();
 
 /// Compacts rows [read, read + n) onto [write, ...) keeping rows with key >= cutoff (`key` is one of the
-/// columns: the age stamps), eight at a time; requires write <= read, read + n <= capacity and write + n <=
-/// capacity (no wrap), n % 8 == 0, and simd_compaction_available(). Returns the number of rows kept.
+/// columns: the age stamps), eight at a time, and the meta column unless `cols.meta` is null (moved, it must be
+/// moved by every later row pass too: the rows past the kept ones are left zeroed); requires write <= read,
+/// read + n <= capacity and write + n <= capacity (no wrap), n % 8 == 0, and simd_compaction_available().
+/// Returns the number of rows kept.
 int64_t compact_rows_simd(const ColumnPointers& cols, const int64_t* key, int64_t read, int64_t write, int64_t n,
                           int64_t cutoff);
 

@@ -62,12 +62,17 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
       for (int64_t i = 0; i < total; i += c.group_len[phys(i)])
         if (keys[phys(i)] < cutoff) observe_lost_group(phys(i), false);
     const bool simd = simd_compaction_available();
+    // Both passes move the meta column or both skip it (every entry's meta the same): the vector pass's
+    // full-width store zeroes the lanes past its kept rows, which only a later pass that moves meta overwrites.
+    const bool move_meta = !plain_meta_;
+    ColumnPointers simd_cols = c;
+    if (!move_meta) simd_cols.meta = nullptr;
     int64_t read = head_, write = head_, kept = 0;
     for (int64_t done = 0; done < total;) {
       if (simd) {
         const int64_t span = std::min({total - done, cap - read, cap - write}) / 8 * 8;
         if (span > 0) {
-          const int64_t n_kept = compact_rows_simd(c, keys, read, write, span, cutoff);
+          const int64_t n_kept = compact_rows_simd(simd_cols, keys, read, write, span, cutoff);
           kept += n_kept, done += span, read += span, write += n_kept;
           read -= (read == cap) ? cap : 0;
           write -= (write == cap) ? cap : 0;
@@ -95,10 +100,10 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
           read -= (read == cap) ? cap : 0;
         }
       };
-      if (plain_meta_)
-        rows(std::false_type{});
-      else
+      if (move_meta)
         rows(std::true_type{});
+      else
+        rows(std::false_type{});
     }
     // The survivors are sorted iff no kept stamp is below its predecessor; stop at the first descent.
     bool sorted = true;

@@ -11,7 +11,9 @@ from _helpers import assert_balanced
 
 import pyfast_buffer as pfb
 
-KEYS = ("traj_id", "group_id", "sample_step", "policy_version", "uses", "group_len")
+# meta too: the vectorised pass once zeroed the meta (response length, source, flags) of a row the scalar tail
+# after it moved without its meta (a put-only ring's shortcut); only a comparison of the column shows it.
+KEYS = ("traj_id", "group_id", "sample_step", "policy_version", "finish_step", "uses", "group_len", "meta")
 
 
 def _contents(buf):
@@ -47,6 +49,29 @@ def test_compaction_matches_the_reference_across_the_wrap_point(seed):
     assert native.ledger() == ref.ledger()
 
 
+def test_the_vectorised_pass_keeps_every_survivors_meta():
+    """Eight rows for the vectorised pass (four kept), then two for the scalar tail: the tail's kept row sits
+    where the vector store left zeros. Its meta must stay "no length, untagged" (as put), and so must a
+    completed row's response length (a ring whose metas differ moves them in both passes)."""
+    stamps = [11, 11, 11, 11, 12, 13, 13, 12, 13, 10]
+    for lengths in (False, True):
+        pair = (pfb.StalenessBuffer(64, max_age=2), pfb.ReferenceBuffer(64, max_age=2))
+        for buf in pair:
+            for i, stamp in enumerate(stamps):
+                if lengths:
+                    buf.dispatch([i], stamp)
+                    buf.complete([30 + i], [i], lengths=[100 + i])
+                else:
+                    buf.put([30 + i], stamp)
+            assert buf.evict_stale(14) == 5
+        assert _contents(pair[0]) == _contents(pair[1])
+        meta = pair[0].state_dict()["entries"]["meta"].tolist()
+        if lengths:
+            assert [m & 0xFFFFFFFF for m in meta] == [104, 105, 106, 107, 108]
+        else:
+            assert meta == [0xFFFFFFFF] * 5
+
+
 def test_survivors_that_are_sorted_are_then_cut_by_binary_search():
     stamps = np.array([5, 1, 6, 0, 7, 8, 2, 9] * 100)  # out of order; the ones kept at step 9 are not sorted
     native = pfb.StalenessBuffer(1000, max_age=2, track_released=True)
@@ -80,7 +105,7 @@ for seed in range(20):
             buf.take(k, step)
         assert pair[0].evict_stale(step) == pair[1].evict_stale(step)
         entries = [buf.state_dict()["entries"] for buf in pair]
-        for key in ("traj_id", "group_id", "sample_step", "uses", "group_len"):
+        for key in ("traj_id", "group_id", "sample_step", "uses", "group_len", "meta"):
             assert entries[0][key].tolist() == entries[1][key].tolist(), key
         released = [buf.released() for buf in pair]
         assert released[0].ids.tolist() == released[1].ids.tolist(), "released ids"

@@ -25,6 +25,10 @@
 // Core bugs this fuzzer found are fixed and fuzzed as any other input (docs/reliability-ci.md lists them):
 //   K1: import_state accepted ledger counters near INT64_MAX; now bounded by Ledger::kMaxCounter.
 //   K2: take's int64 age sum overflowed at steps near INT64_MAX; now summed in 128 bits.
+//   K3: evict_stale's AVX-512 pass zeroed the meta of rows its scalar tail then moved without meta (a put-only
+//       ring's shortcut); the vector pass now moves meta exactly when the scalar one does (simd-evict-meta-zeroed).
+// And one bug of this file's own: its evict_stale model dropped protected (max_attempts) entries, which the core
+// rightly keeps (check-evict-keeps-protected); fixing it, the model and same_state began to compare meta: K3.
 
 namespace pfb = pyfast_buffer;
 namespace chk = pyfast_buffer_checks;
@@ -528,24 +532,27 @@ class Session {
     const int64_t s = pick_step();
     both("evict_stale", [&](pfb::StalenessRing& r, Result& res) { res.stats = r.evict_stale(s); },
          [&](const pfb::RingState& before, const Result& res, const pfb::RingState& after) {
-           // The survivors are exactly the fresh entries, in their order.
+           // The survivors are exactly the fresh entries and the protected ones (a prompt's max_attempts-th
+           // untrained attempt is never stale: docs/design.md), in their order.
            pfb::RingState fresh = before;
            size_t w = 0;
            for (size_t i = 0; i < before.traj_id.size(); ++i) {
              const int64_t stamp =
                  config_.age_from == pfb::AgeFrom::kFinish ? before.finish_step[i] : before.sample_step[i];
-             if (stamp < s - max_age_) continue;
+             const bool protect = (before.meta[i] & pfb::kMetaProtected) != 0;
+             if (stamp < s - max_age_ && !protect) continue;
              fresh.traj_id[w] = before.traj_id[i], fresh.group_id[w] = before.group_id[i];
              fresh.sample_step[w] = before.sample_step[i], fresh.uses[w] = before.uses[i];
              fresh.group_len[w] = before.group_len[i], fresh.policy_version[w] = before.policy_version[i];
-             fresh.finish_step[w] = before.finish_step[i];
+             fresh.finish_step[w] = before.finish_step[i], fresh.meta[w] = before.meta[i];
              ++w;
            }
-           for (auto* c : {&fresh.traj_id, &fresh.group_id, &fresh.sample_step, &fresh.policy_version, &fresh.finish_step})
+           for (auto* c : {&fresh.traj_id, &fresh.group_id, &fresh.sample_step, &fresh.policy_version,
+                           &fresh.finish_step, &fresh.meta})
              c->resize(w);
            fresh.uses.resize(w), fresh.group_len.resize(w);
            if (fresh.traj_id != after.traj_id || fresh.group_len != after.group_len || fresh.uses != after.uses ||
-               fresh.sample_step != after.sample_step)
+               fresh.sample_step != after.sample_step || fresh.meta != after.meta)
              chk::fail_check("evict_stale: survivors are not the fresh entries in order: " + chk::describe(before));
            if (res.stats.dropped_stale != static_cast<int64_t>(before.traj_id.size() - w))
              chk::fail_check("evict_stale: dropped count wrong");

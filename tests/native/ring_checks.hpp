@@ -52,7 +52,7 @@ inline bool ledger_grew(const Ledger& before, const Ledger& after) {
 inline bool same_state(const RingState& a, const RingState& b, bool with_times, bool with_leases = true) {
   bool same = a.traj_id == b.traj_id && a.group_id == b.group_id && a.sample_step == b.sample_step &&
               a.policy_version == b.policy_version && a.finish_step == b.finish_step && a.uses == b.uses &&
-              a.group_len == b.group_len && a.next_take == b.next_take &&
+              a.group_len == b.group_len && a.meta == b.meta && a.next_take == b.next_take &&
               a.in_flight_prompt == b.in_flight_prompt && a.in_flight_step == b.in_flight_step &&
               same_ledger(a.ledger, b.ledger) && a.clock == b.clock && a.evicted_unreported == b.evicted_unreported;
   if (with_leases)
