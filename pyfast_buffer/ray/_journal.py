@@ -209,7 +209,7 @@ class Journal:
         self._snapshot_due = False
         self._last_snapshot_bytes = 0
         self.records = self.bytes = self.writes = self.snapshots = 0
-        self.write_s = self.snapshot_s = self.capture_s_max = 0.0
+        self.write_s = self.snapshot_s = 0.0
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with lock():
             state = capture()
@@ -273,7 +273,6 @@ class Journal:
             "write_s": self.write_s,
             "snapshots": self.snapshots,
             "snapshot_s": self.snapshot_s,
-            "capture_s_max": self.capture_s_max,  # the longest a snapshot held the owner's lock
             "snapshot_bytes": self._last_snapshot_bytes,
         }
 
@@ -304,12 +303,12 @@ class Journal:
         try:
             start = time.perf_counter()
             _write_all(self._fd, b"".join(f for s, f in batch if s < switch))
-            later = b"".join(f for s, f in batch if s >= switch)
-            if later:  # a snapshot was captured: its later records start a new segment
+            rest = b"".join(f for s, f in batch if s >= switch)
+            if rest:  # a snapshot was captured: its later records start a new segment
                 if self._segment_first < switch:
                     os.close(self._fd)
                     self._fd, self._segment_first = self._open(switch), switch
-                _write_all(self._fd, later)
+                _write_all(self._fd, rest)
             size = sum(len(f) for _, f in batch)
             self.write_s += time.perf_counter() - start
             self.writes += 1
@@ -318,9 +317,7 @@ class Journal:
         except BaseException as exc:  # reported to every waiting call
             self._cv.acquire()
             self._writing = False
-            self._failure = exc
-            self._cv.notify_all()
-            self._wake.notify_all()
+            self._fail(exc)
             return
         self._cv.acquire()
         self._writing = False
@@ -332,6 +329,12 @@ class Journal:
         self._cv.notify_all()
         if self._pending or self._closed:
             self._wake.notify()  # marked during the write with nobody waiting yet, or close waits for the flush
+
+    def _fail(self, exc: BaseException) -> None:
+        """Records why the journal stopped (lock held): every waiting and later call raises it."""
+        self._failure = exc
+        self._cv.notify_all()
+        self._wake.notify_all()
 
     # -- snapshots -----------------------------------------------------------------------------------------------
     def _snapshots(self) -> None:
@@ -347,9 +350,7 @@ class Journal:
                 self.snapshot()
             except BaseException as exc:
                 with self._cv:
-                    self._failure = exc
-                    self._cv.notify_all()
-                    self._wake.notify_all()
+                    self._fail(exc)
                 return
 
     def snapshot(self) -> None:
@@ -357,12 +358,10 @@ class Journal:
         with self._snapshotting:  # one at a time: an older snapshot must never replace a newer one
             start = time.perf_counter()
             with self._lock():
-                held = time.perf_counter()
                 state = self._capture()
                 with self._cv:
                     seq = self._seq
                     self._rotate_at = seq + 1  # later records go to a new segment
-                self.capture_s_max = max(self.capture_s_max, time.perf_counter() - held)
             self._save(self._finish(state), seq)
             for first, name in segments(self.path):
                 if first <= seq:  # every record in it is in the snapshot (an open one is written on, then dropped)
