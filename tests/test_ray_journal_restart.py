@@ -123,3 +123,37 @@ def test_the_index_restarts_only_where_its_journal_can_be(journal, soft):
     placement = index_placement(journal)
     assert isinstance(placement, NodeAffinitySchedulingStrategy)
     assert placement.node_id == ray.get_runtime_context().get_node_id() and placement.soft is soft
+
+
+@pytest.mark.parametrize("how", ["load", "load_state_dict"])
+def test_a_load_is_journaled_as_one_snapshot_and_comes_back_after_a_kill(tmp_path, how):
+    """A load replaces the whole state: the index journals it as a snapshot before the call answers, not as a
+    record of every entry; a SIGKILL after it (and calls after it) brings back exactly the loaded state."""
+    client = RemoteBuffer.create(1 << 17, max_age=50, on_full="evict_oldest")
+    client.put(np.arange(60_000, dtype=np.int64), 0)  # a ring whose record would be ~3 MB
+    path = tmp_path / "buffer.ckpt"  # on the index's node: here, the same machine
+    saved = _state(client)
+    client.save(path)
+    client.take(1_000, 1)  # the live state moves on from the checkpoint
+    client.put(np.arange(4, dtype=np.int64) + 500_000, 1)
+    before = ray.get(client.actor.journal_stats.remote())
+    if how == "load":
+        client.load(path)
+    else:
+        client.load_state_dict(saved)
+    after = ray.get(client.actor.journal_stats.remote())
+    assert after["snapshots"] == before["snapshots"] + 1
+    assert after["bytes"] - before["bytes"] < 100_000  # no record of the 60,000 entries was appended
+    assert len(client) == 60_000
+    client.put(np.arange(4, dtype=np.int64) + 600_000, 1)  # a record after the load's snapshot
+    state, ledger = _state(client), client.ledger()
+    pid = ray.get(client.actor.pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    _after_restart(client, pid)
+    again = _state(client)
+    for column, values in state["entries"].items():
+        assert torch.equal(values, again["entries"][column]), column
+    assert len(client) == 60_004
+    restarted = client.ledger()
+    assert restarted.pop("index_restarts") == ledger.pop("index_restarts") + 1 and restarted == ledger
+    client.kill()

@@ -42,9 +42,12 @@ PER_CALL = {64 * 1024: 16, 1024 * 1024: 4}
 INDEX_BOUND = {"sizes": (1024,), "producers": (4, 16), "nodes": (1,), "kinds": ("unjournaled", "ours")}
 #: Trajectories per take of the trainer (a training batch; the index's CPU per payload includes its takes).
 TAKE_BATCH = 64
-#: Seconds the trainer's take waits for a full batch: longer than a batch takes to arrive at every rate here,
-#: so it seldom times out (a timeout is an exception through Ray, and a second, non-blocking take).
+#: Seconds the trainer's take of ``TAKE_BATCH`` waits for a full batch: longer than a batch takes to arrive at
+#: every rate here, so it seldom times out (a timeout is an exception through Ray, and a second, non-blocking
+#: take). A bigger ``--take-batch`` waits as much longer.
 TAKE_TIMEOUT_S = 2.0
+#: Ring entries of the bench's buffers: 256, or room for 4 takes of a bigger ``--take-batch``.
+RING = 256
 #: Seconds over which a row first measures the actor's CPU with the trainer waiting and no producer running.
 IDLE_S = 1.5
 OURS, UNJOURNALED, QUEUE = "pyfast_buffer", "pyfast_buffer, journal=False", "ray Queue (producer refs)"
@@ -125,7 +128,7 @@ def _one_row(
 
         def take() -> int:  # blocking: an idle trainer does not spin calls on the index
             try:
-                return len(client.take(take_batch, 0, timeout=TAKE_TIMEOUT_S))
+                return len(client.take(take_batch, 0, timeout=TAKE_TIMEOUT_S * max(1.0, take_batch / TAKE_BATCH)))
             except TimeoutError:
                 return len(client.take(take_batch, 0))
     else:
@@ -237,6 +240,7 @@ def payload_rows(
     kinds: Tuple[str, ...] = ("ours", "unjournaled", "queue"),
     pin_nodes: bool = False,
     per_call: Optional[int] = None,
+    seconds: Optional[float] = None,
 ) -> List[Dict[str, Any]]:
     """Starts a two-node loopback cluster, measures every row (every contender), stops the cluster.
 
@@ -249,7 +253,8 @@ def payload_rows(
 
     from ..ray import RemoteBuffer
 
-    seconds = max(1.0, plan.throughput_seconds * 2)
+    seconds = seconds or max(1.0, plan.throughput_seconds * 2)
+    ring = max(RING, 4 * take_batch)
     cores = _halves() if pin_nodes else None
     cluster = LocalCluster(nodes=2, cpus_per_node=16, object_store_bytes=512 * 2**20, cores=cores)
     driver_cores = os.sched_getaffinity(0)
@@ -265,8 +270,8 @@ def payload_rows(
             for i, w in enumerate(split):
                 if not set(ray.get(w.cores.remote())) <= set(cores[i % 2]):
                     raise RuntimeError(f"a producer of node {i % 2} runs off that node's cores {cores[i % 2]}")
-        client = RemoteBuffer.create(256, max_age=10, on_full="evict_oldest", num_cpus=0, name="bench-payloads")
-        unjournaled = RemoteBuffer.create(256, max_age=10, num_cpus=0, name="bench-payloads-nj", journal=False)
+        client = RemoteBuffer.create(ring, max_age=10, on_full="evict_oldest", num_cpus=0, name="bench-payloads")
+        unjournaled = RemoteBuffer.create(ring, max_age=10, num_cpus=0, name="bench-payloads-nj", journal=False)
         queue = Queue(maxsize=0, actor_options={"num_cpus": 0})
         state = {"workers": split, "workers_node0": node0, "client": client, "queue": queue, "next_id": 0}
         state["unjournaled"] = unjournaled
@@ -342,10 +347,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", help="payload sizes in KiB (default 64 1024)")
     parser.add_argument("--producers", type=int, nargs="+", help="producer counts (default 4 8)")
     parser.add_argument("--per-call", type=int, help="payloads per put call (default 16 of 64 KiB, 4 of 1 MiB)")
+    parser.add_argument("--seconds", type=float, help="seconds of producing per row (default 2; 0.8 with --quick)")
     parser.add_argument("--kinds", nargs="+", choices=("ours", "unjournaled", "queue"), help="contenders (default all)")
     args = parser.parse_args(argv)
     if args.per_call is not None and args.per_call < 1:
         parser.error(f"--per-call {args.per_call}: pass a number of payloads >= 1")
+    if args.seconds is not None and args.seconds <= 0:
+        parser.error(f"--seconds {args.seconds}: pass a number of seconds > 0")
+    if args.take_batch < 1:
+        parser.error(f"--take-batch {args.take_batch}: pass a number of trajectories >= 1")
     plan = Plan.quick() if args.quick else Plan()
     if args.index_bound:
         bound: Dict[str, Any] = INDEX_BOUND
@@ -359,6 +369,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             kinds=tuple(args.kinds) if args.kinds else ("ours", "unjournaled", "queue"),
             pin_nodes=can_pin() and not args.share_cores,
             per_call=args.per_call,
+            seconds=args.seconds,
         )
     if args.json:
         import json

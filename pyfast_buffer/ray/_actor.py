@@ -26,7 +26,7 @@ from ray.exceptions import RayActorError
 from ..buffer import StalenessBuffer, packed_state
 from ..config import BufferConfig
 from ..released import RELEASE_REASONS, Released, default_release_bound
-from . import _effects, _journal
+from . import _effects, _journal, _packed
 from ._admission import REMEMBERED_PUTS, AdmissionCalls
 from ._calls import ADMISSION_GROUP, BLOCKING_GROUP
 from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S, Deliveries, DeliveryCalls
@@ -297,9 +297,10 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         current_step: int,
         timeout: Optional[float],
         receipts: Sequence[int] = (),
-    ) -> Tuple[Any, ...]:
-        """One batch: (columns, metrics, owner slot per id or None, which ids this take retired). ``receipts``:
-        the client's earlier takes it received (``_receipts``), applied first, in this take's journal record."""
+    ) -> bytes:
+        """One batch: (columns, metrics, owner slot per id or None, which ids this take retired), packed as one
+        bytes object (``_packed``). ``receipts``: the client's earlier takes it received (``_receipts``),
+        applied first, in this take's journal record."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             receipted = self._receive_all(receipts)
@@ -307,7 +308,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
                 self._extra["duplicate_requests"] += 1
                 if receipted:
                     self._journal.mark(later=True)  # like a lone receipt: nobody waits for it
-                return self._done_takes[request]
+                return _packed.pack(self._done_takes[request])
             self._close_overdue()
             try:
                 batch = self._until(deadline, lambda wait: self._buf.take(batch_size, current_step, wait))
@@ -325,14 +326,15 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
             self._deliveries.open(request, ids[retire], None if slots is None else slots[retire])
             reply = (columns, dict(batch.metrics), slots, retire)
             if not self._settle() and not len(ids) and not receipted:
-                return reply  # nothing changed (an empty take): nothing to journal, and a repeat is harmless
+                return _packed.pack(reply)  # nothing changed (an empty take): nothing to journal, a repeat is harmless
             self._done_takes[request] = reply
             while len(self._done_takes) > REMEMBERED_TAKES:
                 self._done_takes.popitem(last=False)
             version = self._journal.mark()
             self._changed.notify_all()
+        packed = _packed.pack(reply)  # while its record is written (if another call is writing it)
         self._journal.wait(version)
-        return reply
+        return packed
 
     def evict_stale(self, current_step: int) -> int:
         return self._apply(None, lambda: self._buf.evict_stale(current_step))
@@ -444,14 +446,14 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         return self._buf.state_dict()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        self._apply(None, lambda: self._buf.load_state_dict(state_dict))
+        self._apply(None, lambda: self._buf.load_state_dict(state_dict), journal=False)
         self._after_restore()
 
     def save(self, path: str) -> None:
         self._buf.save(path)
 
     def load(self, path: str, in_flight: str) -> Any:
-        failed = self._apply(None, lambda: self._buf.load(path, in_flight))
+        failed = self._apply(None, lambda: self._buf.load(path, in_flight), journal=False)
         self._after_restore()
         return failed
 
@@ -460,8 +462,10 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         with self._lock:
             keep = set(self._buf.state_dict()["entries"]["traj_id"].tolist())
             self._forget(np.asarray([k for k in self._where if k not in keep], np.int64), notify=True)
-            version = self._journal.mark()
-        self._journal.wait(version)
+        # The whole state was replaced: journaled as a snapshot before the call answers, not as a record of
+        # every entry (encoded under the lock, and then written a second time by the snapshot its size starts).
+        # Had the process died before this, the call never answered, and the state before it comes back.
+        self._journal.snapshot()
 
     def journal_stats(self) -> Dict[str, Any]:
         return self._journal.stats()

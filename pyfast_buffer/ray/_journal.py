@@ -395,5 +395,8 @@ class NoJournal:
     def commit(self) -> None:
         return None
 
+    def snapshot(self) -> None:
+        return None
+
     def stats(self) -> Dict[str, Any]:
         return {"path": "", "records": 0, "bytes": 0, "writes": 0, "write_s": 0.0, "snapshots": 0}

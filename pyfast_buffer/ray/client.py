@@ -29,7 +29,7 @@ from ..buffer import Ids
 from ..config import BufferConfig, SourceMaxAge, config_from_arguments, source_max_age_pairs
 from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
-from . import _wire
+from . import _packed, _wire
 from ._actor import BLOCKING_GROUP, BufferActor
 from ._arguments import PER_TRAJECTORY as _PER_TRAJECTORY
 from ._arguments import fetch_request as _fetch_request
@@ -326,14 +326,12 @@ class RemoteBuffer:
         receipts = _receipts_for(self.actor)
         carried = receipts.carry()  # the receipts of this process's earlier takes ride in this call
         try:
-            columns, metrics, slots, retire = self._call(
-                "take", request, n, step, wait, carried, blocking=wait is not None, timeout_arg=3
+            columns, metrics, slots, retire = _packed.unpack(
+                self._call("take", request, n, step, wait, carried, blocking=wait is not None, timeout_arg=3)
             )
         except BaseException:
             receipts.send(carried)  # it may not have reached the index: they go alone (a repeat is harmless)
             raise
-        if not columns.flags.writeable:  # zero-copy from the object store: the caller owns its tensors
-            columns = columns.copy()
         batch = RemoteBatch(torch.from_numpy(columns), metrics)
         lost = None
         if slots is not None and (slots >= 0).any():
