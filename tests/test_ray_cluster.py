@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip ins
 from _ray_producer import PAYLOAD_WORDS, payload, pinned  # noqa: E402
 
 from pyfast_buffer.bench.ray_cluster import object_store_stats  # noqa: E402
-from pyfast_buffer.ray import RemoteBuffer  # noqa: E402
+from pyfast_buffer.ray import RemoteBuffer, _packed  # noqa: E402
 from pyfast_buffer.ray._calls import BufferUnavailableError  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -124,8 +124,8 @@ def test_a_retried_put_and_take_are_applied_once():
     ray.get(client.actor.admit.remote(request, call, None, -1))  # the duplicate a retry would send
     led = client.ledger()
     assert led["put_total"] == 4 and led["duplicate_requests"] == 1 and len(client) == 4
-    first = ray.get(client.actor.take.remote(777, 2, 1, None))
-    again = ray.get(client.actor.take.remote(777, 2, 1, None))
+    first = _packed.unpack(ray.get(client.actor.take.remote(777, 2, 1, None)))
+    again = _packed.unpack(ray.get(client.actor.take.remote(777, 2, 1, None)))
     assert first[0].tolist() == again[0].tolist() and len(client) == 2
     led = client.ledger()  # no receipt yet: the two ids are retired and in delivery
     assert (led["taken"], led["in_delivery"], led["duplicate_requests"]) == (2, 2, 2)

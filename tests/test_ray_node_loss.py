@@ -127,7 +127,8 @@ cluster = object.__new__(LocalCluster)  # only for connect()'s loopback settings
 cluster.address, cluster.nodes = address, 1
 cluster.connect(namespace=namespace)
 buf = RemoteBuffer.get(name, namespace=namespace)
-columns = ray.get(buf.actor.take.remote(4242, 8, 0, None))[0]  # the index answers: the ids are retired ...
+from pyfast_buffer.ray import _packed
+columns = _packed.unpack(ray.get(buf.actor.take.remote(4242, 8, 0, None)))[0]  # the index answers: retired ...
 print(" ".join(map(str, columns[0].tolist())), flush=True)
 os.kill(os.getpid(), 9)  # ... and the client dies before it fetched the refs or sent its receipt
 """
