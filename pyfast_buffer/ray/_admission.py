@@ -192,7 +192,8 @@ class AdmissionCalls:
         journal: bool = True,
     ) -> Any:
         """Runs one change under the lock (at most once per request id), settles it, journals it, then returns
-        (without ``journal``, neither records nor waits: ``register`` records its whole group once)."""
+        (without ``journal``, neither records nor waits: ``register`` records its whole group once, and a load
+        is journaled as a snapshot)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             if request is not None and request in self._done_puts:

@@ -1,13 +1,12 @@
-"""A call's argument or reply as one bytes object, for the index's busiest calls: a take's reply and a payload
-owner's registrations.
+"""A take's reply as one bytes object: what the index sends back to the taking client.
 
-Ray serializes every numpy array of a call's arguments or reply on its own (a buffer, its metadata, and the
-machinery that lets a large one be read zero-copy from the store), and for these calls that cost the index
-more than its own work: a take's reply of four arrays and a dict took ~0.3 ms more of the index's CPU than
-one bytes object of the same data (docs/ray.md, "Where the index's CPU per payload goes"). These messages
-are a few KiB, so one end pickles them in band (one buffer, no out-of-band parts) and the other unpickles
-them into arrays it owns. Both ends are this package's own processes of one Ray job, which already trade
-pickles in every call.
+Ray serializes every numpy array of a call's reply on its own (a buffer, its metadata, and the machinery
+that lets a large one be read zero-copy from the store): for a take's reply of four arrays and a dict, that
+cost the index ~0.1-0.2 ms more CPU than one bytes object of the same data (docs/ray.md, "Where the index's
+CPU per payload goes"; the same packing of a payload owner's registrations showed no gain and was not kept).
+The reply is a few KiB, so the index pickles it in band (one buffer, no out-of-band parts) and the client
+unpickles it into arrays it owns. Both ends are this package's own processes of one Ray job, which already
+trade pickles in every call.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 
 
 def pack(message: Any) -> bytes:
-    """``message`` (a reply or an argument of tuples, dicts, numbers and small arrays) as one bytes object."""
+    """``message`` (a tuple of small arrays, a dict of numbers, None) as one bytes object."""
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
