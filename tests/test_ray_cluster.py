@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import List
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
@@ -36,12 +36,19 @@ NAMESPACE = "pyfast_buffer_cluster_tests"
 MARGIN_S = 5.0
 
 
-def timed_take(client: RemoteBuffer, n: int, timeout: float, late: List[float]):
-    """A take with a timeout; records how far past its timeout it returned (it must be within MARGIN_S)."""
+def timed_take(client: RemoteBuffer, n: int, timeout: float, late: List[float], calls: List[str]):
+    """A take with a timeout; records how far past its timeout it returned (it must be within MARGIN_S), and
+    how it ended in ``calls``: "ok", "timeout" (the index answered: nothing to take), or the retryable error."""
     start = time.monotonic()
     try:
-        return client.take(n, 0, timeout=timeout)
-    except (TimeoutError, BufferUnavailableError):
+        batch = client.take(n, 0, timeout=timeout)
+        calls.append("ok")
+        return batch
+    except TimeoutError:
+        calls.append("timeout")
+        return None
+    except BufferUnavailableError as exc:
+        calls.append(f"unavailable: {exc}")
         return None
     finally:
         late.append(time.monotonic() - start - timeout)
@@ -56,14 +63,12 @@ def test_every_id_is_taken_once_or_counted_through_index_owner_and_producer_kill
     taken: List[int] = []
     lost: List[int] = []
     late: List[float] = []
-    unavailable = 0
+    calls_made: List[str] = []  # how each take ended, with a line where the index was killed
 
     def take_some(rounds: int) -> None:
-        nonlocal unavailable
         for _ in range(rounds):
-            batch = timed_take(client, 16, 2.0, late)
+            batch = timed_take(client, 16, 2.0, late, calls_made)
             if batch is None:
-                unavailable += 1
                 continue
             lost.extend(batch.lost.tolist())
             for i, ref in zip(batch.traj_ids.tolist(), batch.payloads or []):
@@ -75,10 +80,21 @@ def test_every_id_is_taken_once_or_counted_through_index_owner_and_producer_kill
     take_some(3)
     index_pid = ray.get(client.actor.pid.remote())
     os.kill(index_pid, signal.SIGKILL)  # the index dies mid-run; Ray restarts it from its journal
+    calls_made.append("index killed")
     take_some(3)
-    owners = {o["node_id"]: o for o in client.payload_owners()}
     node1 = ray_cluster.node_ids()[1]
-    assert node1 in owners, owners  # node 1's producers put through their own node's owner
+    # Node 1's producers put through their own node's owner. On a loaded machine their worker processes
+    # may start late (the CI run that failed here had only 12 payloads in after 6 takes): keep taking until
+    # node 1's owner answers, a bound on the wait, not a speed claim.
+    deadline = time.monotonic() + 300
+    owners: Dict[str, Dict[str, Any]] = {}
+    while node1 not in owners:
+        assert time.monotonic() < deadline, f"no payload owner on node 1 after 300 s: {owners}"
+        take_some(1)
+        try:
+            owners = {o["node_id"]: o for o in client.payload_owners()}
+        except ray.exceptions.GetTimeoutError:  # an owner whose process is still starting does not answer yet
+            continue
     os.kill(owners[node1]["pid"], signal.SIGKILL)  # node 1's payloads go with it; its producers get a new one
     take_some(3)
     ray.kill(producers[3])  # a producer dies: what it put stays, held by its node's owner
@@ -112,7 +128,13 @@ def test_every_id_is_taken_once_or_counted_through_index_owner_and_producer_kill
     assert len(unaccounted) <= led["lost_in_restart"], (sorted(unaccounted)[:10], led)
     assert not (set(taken) & put_failed) or led["duplicate_requests"] >= 0
     assert max(late) <= MARGIN_S, f"a take returned {max(late):.1f} s past its timeout"
-    assert unavailable <= 9 + 1  # at most one retryable error per call, and only around the kills
+    # A call meets one retryable error at most (it returns with it), and only while the index restarts: the
+    # calls right after its kill until one is answered; the owner's and the producer's deaths cause none.
+    # (How many calls that is depends on how long the restart takes, which is no bound on a loaded machine.)
+    killed = calls_made.index("index killed")
+    back = next(k for k in range(killed + 1, len(calls_made)) if not calls_made[k].startswith("unavailable"))
+    errors = [k for k, how in enumerate(calls_made) if how.startswith("unavailable")]
+    assert all(killed < k < back for k in errors), calls_made
 
 
 def test_a_retried_put_and_take_are_applied_once():

@@ -314,6 +314,34 @@ def test_snapshots_bound_the_log_and_keep_the_state(tmp_path):
     assert got == list(range(1, 200)) and last == 199
 
 
+def test_a_snapshot_the_log_made_due_shows_as_busy_until_written_and_a_call_snapshot_stands_for_it(tmp_path):
+    """``snapshot_busy`` is true from the moment the log's size makes a snapshot due until it is written (a test
+    that counts a call's snapshots waits for it to clear); a snapshot a call takes holds the log so far, so
+    the bytes logged before it no longer count towards the next one."""
+    path = str(tmp_path / "index.pfb")
+    done: list = []
+    j, lock, box = _open_journal(path, done, snapshot_bytes=256)
+    with lock:  # held: the snapshot thread can take the due snapshot but not capture it
+        for i in range(1, 40):
+            _append(j, lock, box, done, i)  # the RLock lets the caller's own marks through
+        assert j.stats()["bytes"] >= 256
+        assert j.stats()["snapshot_busy"] and j.stats()["snapshots"] == 0  # due or waiting for the lock
+    deadline = time.monotonic() + 30  # a hang guard, not a speed check
+    while j.stats()["snapshot_busy"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not j.stats()["snapshot_busy"] and j.stats()["snapshots"] == 1
+    small = _journal.Journal(
+        str(tmp_path / "other.pfb"), lambda: lock, lambda: {"upto": np.asarray(done, np.int64)}, lambda: {"n": 0}
+    )
+    with small._cv:
+        small._since_snapshot, small._snapshot_due = 10**9, True  # as after a large record
+    small.snapshot()
+    assert small._since_snapshot == 0 and not small._snapshot_due
+    small.close()
+    j.close()
+    assert _state_after(_journal.read(path)) == (list(range(1, 40)), 39)
+
+
 @pytest.mark.parametrize("snapshot_bytes", [256, 1 << 30])
 def test_concurrent_callers_write_for_each_other_and_every_record_lands_in_order(tmp_path, snapshot_bytes):
     """The waiting caller writes the pending records itself (group commit without a writer hand-off): with many

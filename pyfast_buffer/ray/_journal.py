@@ -207,6 +207,7 @@ class Journal:
         self._failure: Optional[BaseException] = None
         self._since_snapshot = 0
         self._snapshot_due = False
+        self._snapshot_running = False  # the snapshot thread took the due one and is writing it
         self._last_snapshot_bytes = 0
         self.records = self.bytes = self.writes = self.snapshots = 0
         self.write_s = self.snapshot_s = 0.0
@@ -274,6 +275,7 @@ class Journal:
             "snapshots": self.snapshots,
             "snapshot_s": self.snapshot_s,
             "snapshot_bytes": self._last_snapshot_bytes,
+            "snapshot_busy": self._snapshot_due or self._snapshot_running,  # one is due or being written
         }
 
     # -- the writer ----------------------------------------------------------------------------------------------
@@ -345,13 +347,17 @@ class Journal:
                 if self._closed:
                     return
                 self._snapshot_due = False
+                self._snapshot_running = True
                 self._since_snapshot = 0
             try:
                 self.snapshot()
             except BaseException as exc:
                 with self._cv:
+                    self._snapshot_running = False
                     self._fail(exc)
                 return
+            with self._cv:
+                self._snapshot_running = False
 
     def snapshot(self) -> None:
         """Captures the state (under the owner's lock), writes it, and drops the segments it makes redundant."""
@@ -362,6 +368,9 @@ class Journal:
                 with self._cv:
                     seq = self._seq
                     self._rotate_at = seq + 1  # later records go to a new segment
+                    # This snapshot holds the log so far: the next one is due after as much log again (a
+                    # call's snapshot, a load's, also stands for one the log's size had made due).
+                    self._since_snapshot, self._snapshot_due = 0, False
             self._save(self._finish(state), seq)
             for first, name in segments(self.path):
                 if first <= seq:  # every record in it is in the snapshot (an open one is written on, then dropped)
@@ -399,4 +408,5 @@ class NoJournal:
         return None
 
     def stats(self) -> Dict[str, Any]:
-        return {"path": "", "records": 0, "bytes": 0, "writes": 0, "write_s": 0.0, "snapshots": 0}
+        none = {"path": "", "records": 0, "bytes": 0, "writes": 0, "write_s": 0.0, "snapshots": 0}
+        return {**none, "snapshot_busy": False}
