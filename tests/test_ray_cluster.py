@@ -126,13 +126,18 @@ def test_every_id_is_taken_once_or_counted_through_index_owner_and_producer_kill
     # Every id whose put answered ok is taken once or counted as lost under a named reason.
     unaccounted = put_ok - set(taken) - set(lost)
     assert len(unaccounted) <= led["lost_in_restart"], (sorted(unaccounted)[:10], led)
-    assert not (set(taken) & put_failed) or led["duplicate_requests"] >= 0
+    # A put that raised may still have landed and been taken (the index or the owner died after applying it,
+    # before its answer came back). Each producer has one put in flight at a time, so each death leaves at
+    # most one such put per producer that used it: the index's, all four; node 1's owner's, its two.
+    in_doubt = per_call * (len(producers) + 2)
+    assert len(set(taken) & put_failed) <= in_doubt, sorted(set(taken) & put_failed)
     assert max(late) <= MARGIN_S, f"a take returned {max(late):.1f} s past its timeout"
     # A call meets one retryable error at most (it returns with it), and only while the index restarts: the
     # calls right after its kill until one is answered; the owner's and the producer's deaths cause none.
     # (How many calls that is depends on how long the restart takes, which is no bound on a loaded machine.)
     killed = calls_made.index("index killed")
-    back = next(k for k in range(killed + 1, len(calls_made)) if not calls_made[k].startswith("unavailable"))
+    answered = (k for k in range(killed + 1, len(calls_made)) if not calls_made[k].startswith("unavailable"))
+    back = next(answered, len(calls_made))  # none answered: the errors are still all after the kill
     errors = [k for k, how in enumerate(calls_made) if how.startswith("unavailable")]
     assert all(killed < k < back for k in errors), calls_made
 
