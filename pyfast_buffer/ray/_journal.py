@@ -346,18 +346,16 @@ class Journal:
                     self._snapshot_cv.wait()
                 if self._closed:
                     return
-                self._snapshot_due = False
-                self._snapshot_running = True
-                self._since_snapshot = 0
+                self._snapshot_running = True  # snapshot() clears what is due when it captures
             try:
                 self.snapshot()
             except BaseException as exc:
                 with self._cv:
-                    self._snapshot_running = False
                     self._fail(exc)
                 return
-            with self._cv:
-                self._snapshot_running = False
+            finally:
+                with self._cv:
+                    self._snapshot_running = False
 
     def snapshot(self) -> None:
         """Captures the state (under the owner's lock), writes it, and drops the segments it makes redundant."""
@@ -408,5 +406,12 @@ class NoJournal:
         return None
 
     def stats(self) -> Dict[str, Any]:
-        none = {"path": "", "records": 0, "bytes": 0, "writes": 0, "write_s": 0.0, "snapshots": 0}
-        return {**none, "snapshot_busy": False}
+        return {
+            "path": "",
+            "records": 0,
+            "bytes": 0,
+            "writes": 0,
+            "write_s": 0.0,
+            "snapshots": 0,
+            "snapshot_busy": False,
+        }
