@@ -152,6 +152,19 @@ def test_errors_come_back_as_the_buffers_exception_types_and_close_wakes_a_block
         client.put([5], 0)
 
 
+def test_a_lease_that_runs_out_frees_a_take_blocked_by_its_prompt_though_no_call_wakes_it():
+    # A blocked call looks at the core again while prompts are in flight (RECHECK_S): a lease's end is no call.
+    client = RemoteBuffer.create(16, max_age=2, strategy="wait")
+    client.put([1], 2)
+    client.dispatch([9], 0, lease=0.5)
+    began = time.monotonic()
+    batch = client.take(1, 2, timeout=60)  # prompt 9 could still come back fresh enough: wait blocks for it
+    assert time.monotonic() - began >= 0.4  # not before its lease ran out (the actor's clock, a call away)
+    assert batch.traj_ids.tolist() == [1]
+    led = client.ledger()
+    assert led["in_flight"] == 0 and led["expired"] == 1
+
+
 def test_a_blocked_take_stalls_no_other_caller_and_a_put_from_another_process_wakes_it():
     client = RemoteBuffer.create(1024, max_age=5, blocking_calls=2)
     producer = Producer.remote(client)

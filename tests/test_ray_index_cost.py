@@ -236,6 +236,62 @@ def test_a_caller_never_lingers_for_its_own_announced_item():
     assert calls == [["reserve"], ["admit"]]
 
 
+def _lingering(group: Any) -> None:
+    """Returns once a leader waits for announced items: its item is queued (it sets busy and starts waiting in
+    the same hold of the lock, so a queued item seen from here is one waiting)."""
+    deadline = time.monotonic() + WAIT_S
+    while group.queued() != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_a_registration_waits_for_puts_announced_before_it_began_not_for_those_after():
+    group, calls = _recording_group(linger_s=10 * WAIT_S)  # a wait for the later put would outlast the joins
+    first_announced, second_go, later_announced, later_go = (threading.Event() for _ in range(4))
+
+    def put(item: int, announced: threading.Event, go: threading.Event) -> None:
+        group.announce()
+        announced.set()
+        assert go.wait(WAIT_S)
+        group.submit(item, announced=True)
+
+    writing = _in_thread(lambda: put(2, first_announced, second_go))
+    assert first_announced.wait(WAIT_S)
+    lead = _in_thread(lambda: group.submit(1))
+    _lingering(group)
+    later = _in_thread(lambda: put(3, later_announced, later_go))  # announced while the leader waits
+    assert later_announced.wait(WAIT_S)
+    second_go.set()  # the put being written when the leader began arrives: the call goes without the later one
+    lead.join(WAIT_S)
+    writing.join(WAIT_S)
+    assert not lead.is_alive() and calls == [[1, 2]]
+    later_go.set()
+    later.join(WAIT_S)
+    assert calls == [[1, 2], [3]]
+
+
+def test_a_registration_does_not_wait_for_a_put_whose_reservation_queues_behind_it():
+    group, calls = _recording_group(linger_s=10 * WAIT_S)
+    announced, reserved = threading.Event(), threading.Event()
+
+    def budgeted_put() -> None:
+        group.announce()
+        announced.set()
+        assert reserved.wait(WAIT_S)
+        group.submit("reserve")  # its admission cannot come before this answers
+        group.submit("admit", announced=True)
+
+    other = _in_thread(budgeted_put)
+    assert announced.wait(WAIT_S)
+    lead = _in_thread(lambda: group.submit(1))
+    _lingering(group)  # it waits for the announced admission...
+    reserved.set()  # ...whose thread now queues its reservation behind it: the call goes with both
+    lead.join(WAIT_S)
+    other.join(WAIT_S)
+    assert not lead.is_alive() and not other.is_alive()
+    assert calls == [[1, "reserve"], ["admit"]]
+
+
 @pytest.mark.usefixtures("ray_namespace")
 def test_a_receipt_left_when_the_process_leaves_ray_breaks_no_later_session(ray_cluster):
     """The timer must not send a receipt after ``ray.shutdown()``: that call, on a handle of the session that

@@ -5,7 +5,8 @@ admits their ids with ``admit``. Every change is under ``self._lock`` (the core 
 it together) and is written to the journal before the call returns, so a restarted actor (Ray's
 ``max_restarts``) continues from the last answered call. Calls that may block never wait inside the core
 while holding the lock: they retry the core's non-blocking call whenever something changed (``_changed``),
-up to their deadline.
+up to their deadline, and also every ``RECHECK_S`` while prompts are in flight (a lease that runs out is no
+call), else every ``QUIET_RECHECK_S``.
 """
 
 from __future__ import annotations

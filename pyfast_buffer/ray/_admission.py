@@ -21,8 +21,12 @@ from ._calls import DEFER
 
 #: Request ids of puts/completes the index remembers (a retry older than this many calls is applied again).
 REMEMBERED_PUTS = 16384
-#: Longest wait of a blocked call between two looks at the core (it is also woken by every change).
+#: Longest wait of a blocked call between two looks at the core while prompts are in flight: a lease that
+#: runs out changes what the call may do, and no call wakes it for that (it is also woken by every change).
 RECHECK_S = 0.1
+#: The same with no prompt in flight, when only a call can change what a blocked call waits for (and wakes
+#: it): a safety net, not a poll. A trainer blocked in ``take`` then costs the index 1 wake-up a second, not 10.
+QUIET_RECHECK_S = 1.0
 _NO_WAIT = 1e-9  # the core's take/put "timeout" that never blocks but applies the blocking call's rules
 _EVICTED = RELEASE_REASONS.index("evicted")
 
@@ -57,7 +61,7 @@ class AdmissionCalls:
                         f"no room for {nbytes} payload bytes within the timeout: the buffer holds "
                         f"{self._bytes_held} of capacity_bytes={self._capacity_bytes}; take faster or raise it"
                     )
-                self._changed.wait(min(left, RECHECK_S))
+                self._changed.wait(min(left, self._recheck_s()))
 
     def _reserve_now(self, request: int, nbytes: int, timeout: Optional[float]) -> bool:
         """Reserves room now (True), raises what ``on_full`` says, or returns False: wait for room and retry
@@ -217,6 +221,10 @@ class AdmissionCalls:
             self._journal.wait(version)
         return result
 
+    def _recheck_s(self) -> float:
+        """How long a blocked call waits for a change before it looks at the core again (under the lock)."""
+        return RECHECK_S if self._buf.in_flight else QUIET_RECHECK_S
+
     def _until(self, deadline: Optional[float], attempt: Callable[[Optional[float]], Any]) -> Any:
         """Runs ``attempt`` without blocking in the core; with a deadline, retries on every change until it passes."""
         if deadline is None:
@@ -228,4 +236,4 @@ class AdmissionCalls:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise
-                self._changed.wait(min(left, RECHECK_S))
+                self._changed.wait(min(left, self._recheck_s()))

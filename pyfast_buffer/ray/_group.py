@@ -5,22 +5,26 @@ them all in the next call. So a lone producer pays one round trip per item, and 
 answers one call for many producers' puts: its cost per payload falls as the producers rise.
 
 Callers may also ``announce`` an item before they have it (a put whose payloads are still being written):
-a caller about to send waits up to ``linger_s`` for the announced items, so that they share its call
-instead of each paying an index call of its own. Nothing announced (a lone producer): no wait at all.
+a caller about to send waits up to ``linger_s`` for the items announced before it began to wait, so that
+they share its call instead of each paying an index call of its own. It does not wait for items announced
+after that (under a steady stream of puts it would wait its whole ``linger_s`` every time), nor for one
+whose caller waits in the queue behind it (a byte budget's reservation goes before its put's admission).
+Nothing announced (a lone producer): no wait at all.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Set
 
 
 class _Waiter:
-    __slots__ = ("done", "error", "item", "outcome")
+    __slots__ = ("done", "error", "item", "outcome", "ticket")
 
-    def __init__(self, item: Any) -> None:
+    def __init__(self, item: Any, ticket: int) -> None:
         self.item = item
+        self.ticket = ticket  # its thread's announcement still to come (0: none); it cannot come while this waits
         self.done = False
         self.outcome: Any = None
         self.error: Optional[BaseException] = None
@@ -39,32 +43,34 @@ class GroupCall:
         self._cv = threading.Condition()
         self._queue: List[_Waiter] = []
         self._busy = False
-        self._announced = 0  # items callers said are coming (``announce``), not yet submitted or withdrawn
-        self._mine = threading.local()  # whether this thread's announced item is still to come
+        self._announced: Set[int] = set()  # tickets of items said to be coming, not yet submitted or withdrawn
+        self._tickets = 0  # the last ticket given: announcements are numbered in order
+        self._mine = threading.local()  # ``ticket``: this thread's announced item still to come (0: none)
         self.calls = 0  # calls sent (the index's cost), next to ``items``: their ratio is the grouping
         self.items = 0
 
     def announce(self) -> None:
         """Says this thread will submit an item (``submit(..., announced=True)``), or else ``withdraw``."""
         with self._cv:
-            if not getattr(self._mine, "pending", False):
-                self._mine.pending = True
-                self._announced += 1
+            if not self._ticket():
+                self._tickets += 1
+                self._mine.ticket = self._tickets
+                self._announced.add(self._tickets)
 
     def withdraw(self) -> None:
         """This thread's announced item will not come (its put failed first); nothing if it was submitted."""
         with self._cv:
-            if getattr(self._mine, "pending", False):
-                self._mine.pending = False
-                self._announced -= 1
+            if self._ticket():
+                self._announced.discard(self._mine.ticket)
+                self._mine.ticket = 0
                 self._cv.notify_all()
 
     def submit(self, item: Any, announced: bool = False) -> Any:
-        me = _Waiter(item)
         with self._cv:
-            if announced and getattr(self._mine, "pending", False):
-                self._mine.pending = False
-                self._announced -= 1
+            if announced and self._ticket():
+                self._announced.discard(self._mine.ticket)
+                self._mine.ticket = 0
+            me = _Waiter(item, self._ticket())
             self._queue.append(me)
             self._cv.notify_all()  # a caller lingering for announced items counts this one
             while self._busy and not me.done:
@@ -72,10 +78,10 @@ class GroupCall:
             lead = not me.done
             if lead:  # nothing in flight: this caller sends every queued item, its own among them
                 self._busy = True
-                mine = 1 if getattr(self._mine, "pending", False) else 0  # its own item to come is not awaited
-                if self._announced > mine and self._linger_s > 0:
+                horizon = self._tickets  # wait for what is being written now, not for what comes later
+                if self._linger_s > 0 and self._awaited(horizon):
                     deadline = time.monotonic() + self._linger_s
-                    while self._announced > mine and time.monotonic() < deadline:
+                    while self._awaited(horizon) and time.monotonic() < deadline:
                         self._cv.wait(deadline - time.monotonic())
                 batch, self._queue = self._queue, []
         if lead:
@@ -83,6 +89,15 @@ class GroupCall:
         if me.error is not None:
             raise me.error
         return me.outcome
+
+    def _ticket(self) -> int:
+        return getattr(self._mine, "ticket", 0)
+
+    def _awaited(self, horizon: int) -> bool:
+        """Whether an item announced up to ticket ``horizon`` may still come before this call goes (lock held):
+        not one whose thread waits in the queue (the leader's own included), which comes after this call."""
+        queued = {w.ticket for w in self._queue}
+        return any(t <= horizon and t not in queued for t in self._announced)
 
     def queued(self) -> int:
         """Items waiting for the call in flight to answer."""
