@@ -61,15 +61,13 @@ class GroupCall:
         """This thread's announced item will not come (its put failed first); nothing if it was submitted."""
         with self._cv:
             if self._ticket():
-                self._announced.discard(self._mine.ticket)
-                self._mine.ticket = 0
+                self._drop_ticket()
                 self._cv.notify_all()
 
     def submit(self, item: Any, announced: bool = False) -> Any:
         with self._cv:
-            if announced and self._ticket():
-                self._announced.discard(self._mine.ticket)
-                self._mine.ticket = 0
+            if announced:
+                self._drop_ticket()
             me = _Waiter(item, self._ticket())
             self._queue.append(me)
             self._cv.notify_all()  # a caller lingering for announced items counts this one
@@ -92,6 +90,11 @@ class GroupCall:
 
     def _ticket(self) -> int:
         return getattr(self._mine, "ticket", 0)
+
+    def _drop_ticket(self) -> None:
+        """This thread's announced item came or will not come (lock held); nothing if none is pending."""
+        self._announced.discard(self._ticket())
+        self._mine.ticket = 0
 
     def _awaited(self, horizon: int) -> bool:
         """Whether an item announced up to ticket ``horizon`` may still come before this call goes (lock held):

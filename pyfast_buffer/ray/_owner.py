@@ -105,8 +105,7 @@ class PayloadOwner:
         with self._lock:
             self._pending.update(zip(keys, zip(objects, sizes)))
         try:
-            left = {**call, "timeout": _left(call.get("timeout"), began)}  # the time spent writing counts
-            self._register(("admit", request, left, np.asarray(sizes, np.int64), self._slot), began)
+            self._register(("admit", request, call, np.asarray(sizes, np.int64), self._slot), began)
         except BaseException:
             with self._lock:  # the index did not admit them: hold nothing either
                 for k in keys:
