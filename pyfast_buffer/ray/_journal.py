@@ -43,7 +43,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..checkpoint import CheckpointError, _decode, load_state, save_state
-from ._record_tree import encode_tree
+from ._record_tree import record_head
 
 #: Smallest log, in bytes, written between two snapshots (the bound grows with the snapshot's size).
 SNAPSHOT_BYTES = 4 << 20
@@ -58,16 +58,12 @@ SEGMENT_HEADER_BYTES = _SEGMENT_HEAD.size
 _FRAME = struct.Struct("<IIQ")  # payload length, crc32 of seq + payload, seq
 _SEQ = struct.Struct("<Q")
 _JSON_LEN = struct.Struct("<I")
-#: ``json.dumps(..., separators=(",", ":"))``, made once (a fresh tree has no cycles to check for).
-_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 
 
 def encode_record(record: Dict[str, Any]) -> bytes:
     """The payload of one record: a u32 JSON length, the JSON tree, then the bytes of its arrays in order."""
     arrays: List[np.ndarray] = []
-    tree = encode_tree(record, arrays)  # checkpoint._encode's tree, built faster
-    specs = [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in arrays]
-    head = _JSON.encode({"tree": tree, "arrays": specs}).encode()
+    head = record_head(record, arrays).encode()  # checkpoint._encode's tree and the specs, as JSON, written faster
     return b"".join([_JSON_LEN.pack(len(head)), head, *(a.tobytes() for a in arrays)])
 
 

@@ -1,52 +1,107 @@
-"""The journal record's JSON tree, built fast: the same tree as the checkpoint module's ``_encode``, byte for
-byte once dumped, for the types a record holds (one per index call, so its encoding is per-call CPU).
+"""The journal record's JSON head, written fast: byte for byte what ``json.dumps`` gives for the checkpoint
+module's tree (``checkpoint._encode``) and its array specs, for the types a record holds (one record per index
+call, so its encoding is per-call CPU).
 
 ``checkpoint._encode`` formats the location of every node it visits (for its error messages) and tests each
-node against every type in turn; a record is ~100 nodes, mostly small arrays and ints, so that is most of
-its cost. Here each node's exact type picks its encoding; any other type (a subclass, a numpy scalar, a
-tensor) and any error go to ``checkpoint._encode`` itself, which then decides and words the error.
+node against every type in turn, then ``json`` walks the tree it built a second time; a record is ~100 nodes,
+mostly small arrays and ints, so those walks are most of its cost. Here one walk writes the JSON text itself,
+each node's exact type picking its text, and an array's spec is written once per (dtype, shape) seen. Any
+other type (a subclass, a numpy scalar, a tensor) and any error go to ``checkpoint._encode`` itself, which
+then decides and words the error.
 """
 
 from __future__ import annotations
 
-from typing import Any, List
+import json
+from json.encoder import encode_basestring_ascii as _quoted
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
 from ..checkpoint import _ARRAY_KINDS, _MAX_DEPTH, _encode
 
+#: ``json.dumps(..., separators=(",", ":"))``, made once (a fresh tree has no cycles to check for).
+_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+#: The JSON of an array's spec by (dtype, shape): a record's arrays take a few shapes, over and over.
+_SPECS: Dict[Tuple[np.dtype, Tuple[int, ...]], str] = {}
+_SPECS_KEPT = 4096  # a bound on the cache (shapes vary with call sizes): past it, specs are written afresh
+_INF = float("inf")
 
-def encode_tree(record: Any, arrays: List[np.ndarray]) -> Any:
-    """``checkpoint._encode(record, "record", arrays)``: the JSON tree, ``record``'s arrays appended in order."""
+
+def record_head(record: Any, arrays: List[np.ndarray]) -> str:
+    """``json.dumps({"tree": checkpoint._encode(record), "arrays": specs})`` with ``record``'s arrays appended to
+    ``arrays`` in order (C-contiguous), where a spec is ``{"dtype": a.dtype.str, "shape": list(a.shape)}``."""
     start = len(arrays)
+    out = ['{"tree":']
     try:
-        return _fast(record, arrays, 0)
+        _text(record, out, arrays, 0)
     except TypeError:
         del arrays[start:]
-        return _encode(record, "record", arrays)  # raises the checkpoint module's own error, or encodes
+        tree = _encode(record, "record", arrays)  # raises the checkpoint module's own error, or encodes
+        out = ['{"tree":', _JSON.encode(tree)]
+    out.append(',"arrays":[')
+    for i in range(start, len(arrays)):
+        array = arrays[i]
+        if not array.flags.c_contiguous:
+            array = arrays[i] = np.ascontiguousarray(array)
+        key = (array.dtype, array.shape)
+        spec = _SPECS.get(key)
+        if spec is None:
+            spec = _JSON.encode({"dtype": array.dtype.str, "shape": list(array.shape)})
+            if len(_SPECS) < _SPECS_KEPT:
+                _SPECS[key] = spec
+        out.append(spec if i == start else "," + spec)
+    out.append("]}")
+    return "".join(out)
 
 
-def _fast(node: Any, arrays: List[np.ndarray], depth: int) -> Any:
-    if depth > _MAX_DEPTH:
-        raise TypeError("too deep")  # checkpoint._encode words it
+def _text(node: Any, out: List[str], arrays: List[np.ndarray], depth: int) -> None:
+    """Appends ``node``'s tree as JSON text to ``out``; TypeError for anything left to ``checkpoint._encode``."""
     kind = type(node)
-    if node is None or kind is bool or kind is str or kind is int or kind is float:
-        return node
-    if kind is np.ndarray:
-        array = np.ascontiguousarray(node)
-        if array.dtype.kind not in _ARRAY_KINDS:
-            raise TypeError("not a numeric array")
-        arrays.append(array)
-        return {"ndarray": len(arrays) - 1}
-    if kind is dict:
-        out = {}
-        for k, v in node.items():
-            if type(k) is not str:
+    if kind is str:
+        out.append(_quoted(node))
+    elif kind is int:
+        out.append(int.__repr__(node))
+    elif kind is np.ndarray:
+        if node.dtype.kind not in _ARRAY_KINDS or not node.ndim:
+            raise TypeError("not a numeric array, or 0-d (which the checkpoint module stores as 1-d)")
+        out.append(f'{{"ndarray":{len(arrays)}}}')
+        arrays.append(node)
+    elif kind is dict:
+        if not node:
+            out.append('{"dict":{}}')
+            return
+        if depth >= _MAX_DEPTH:
+            raise TypeError("too deep")  # its items would be deeper than the checkpoint format allows
+        sep = '{"dict":{'
+        for key, value in node.items():
+            if type(key) is not str:
                 raise TypeError("a key that is not a str")
-            out[k] = _fast(v, arrays, depth + 1)
-        return {"dict": out}
-    if kind is list:
-        return {"list": [_fast(v, arrays, depth + 1) for v in node]}
-    if kind is tuple:
-        return {"tuple": [_fast(v, arrays, depth + 1) for v in node]}
-    return _encode(node, "record", arrays, depth)  # any other type: exactly as the checkpoint module does
+            out.append(sep + _quoted(key) + ":")
+            _text(value, out, arrays, depth + 1)
+            sep = ","
+        out.append("}}")
+    elif kind is list or kind is tuple:
+        tag = '{"list":[' if kind is list else '{"tuple":['
+        if not node:
+            out.append(tag + "]}")
+            return
+        if depth >= _MAX_DEPTH:
+            raise TypeError("too deep")
+        for i, value in enumerate(node):
+            out.append(tag if i == 0 else ",")
+            _text(value, out, arrays, depth + 1)
+        out.append("]}")
+    elif node is None:
+        out.append("null")
+    elif kind is bool:
+        out.append("true" if node else "false")
+    elif kind is float:
+        # json's own spelling: repr for finite floats, its names for the rest
+        out.append(
+            float.__repr__(node)
+            if node == node and node not in (_INF, -_INF)
+            else ("NaN" if node != node else ("Infinity" if node > 0 else "-Infinity"))
+        )
+    else:
+        raise TypeError("a type left to checkpoint._encode")
