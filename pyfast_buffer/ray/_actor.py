@@ -18,7 +18,7 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import ray
@@ -447,26 +447,29 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         return self._buf.state_dict()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        self._apply(None, lambda: self._buf.load_state_dict(state_dict), journal=False)
-        self._after_restore()
+        self._restore_whole(lambda: self._buf.load_state_dict(state_dict))
 
     def save(self, path: str) -> None:
         self._buf.save(path)
 
     def load(self, path: str, in_flight: str) -> Any:
-        failed = self._apply(None, lambda: self._buf.load(path, in_flight), journal=False)
-        self._after_restore()
-        return failed
+        return self._restore_whole(lambda: self._buf.load(path, in_flight))
 
-    def _after_restore(self) -> None:
-        # Payloads are not part of a checkpoint: keep only those of ids that are in the buffer again.
-        with self._lock:
+    def _restore_whole(self, load: Callable[[], Any]) -> Any:
+        """Replaces the whole state by ``load`` and journals it as a snapshot before the call answers, not as a
+        record of every entry (encoded under the lock, then written a second time by the snapshot its size
+        starts). The load runs inside the snapshot's hold of the lock, so no other call's record comes between
+        them. Had the process died before the snapshot was written, the call never answered, and the state
+        before it comes back."""
+
+        def change() -> Any:
+            result = self._apply(None, load, journal=False)
+            # Payloads are not part of a checkpoint: keep only those of ids that are in the buffer again.
             keep = set(self._buf.state_dict()["entries"]["traj_id"].tolist())
             self._forget(np.asarray([k for k in self._where if k not in keep], np.int64), notify=True)
-        # The whole state was replaced: journaled as a snapshot before the call answers, not as a record of
-        # every entry (encoded under the lock, and then written a second time by the snapshot its size starts).
-        # Had the process died before this, the call never answered, and the state before it comes back.
-        self._journal.snapshot()
+            return result
+
+        return self._journal.snapshot(change)
 
     def journal_stats(self) -> Dict[str, Any]:
         return self._journal.stats()

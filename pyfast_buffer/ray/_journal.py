@@ -353,11 +353,15 @@ class Journal:
                 with self._cv:
                     self._snapshot_running = False
 
-    def snapshot(self) -> None:
-        """Captures the state (under the owner's lock), writes it, and drops the segments it makes redundant."""
+    def snapshot(self, change: Optional[Callable[[], Any]] = None) -> Any:
+        """Captures the state (under the owner's lock), writes it, and drops the segments it makes redundant.
+        ``change`` (a load replacing the whole state) runs in the same hold of the lock, just before the capture,
+        so that no other call's record can come between them (it would carry the whole new state); returns
+        what ``change`` returned."""
         with self._snapshotting:  # one at a time: an older snapshot must never replace a newer one
             start = time.perf_counter()
             with self._lock():
+                result = change() if change is not None else None
                 state = self._capture()
                 with self._cv:
                     seq = self._seq
@@ -372,6 +376,7 @@ class Journal:
                         os.unlink(name)
             self.snapshots += 1
             self.snapshot_s += time.perf_counter() - start
+            return result
 
     def _save(self, state: Dict[str, Any], seq: int) -> None:
         save_state({"format": FORMAT, "seq": seq, "state": state}, self.path, fsync=False)
@@ -398,8 +403,8 @@ class NoJournal:
     def commit(self) -> None:
         return None
 
-    def snapshot(self) -> None:
-        return None
+    def snapshot(self, change: Optional[Callable[[], Any]] = None) -> Any:
+        return change() if change is not None else None
 
     def stats(self) -> Dict[str, Any]:
         return {
