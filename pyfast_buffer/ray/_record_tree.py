@@ -25,7 +25,6 @@ _JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 #: The JSON of an array's spec by (dtype, shape): a record's arrays take a few shapes, over and over.
 _SPECS: Dict[Tuple[np.dtype, Tuple[int, ...]], str] = {}
 _SPECS_KEPT = 4096  # a bound on the cache (shapes vary with call sizes): past it, specs are written afresh
-_INF = float("inf")
 
 
 def record_head(record: Any, arrays: List[np.ndarray]) -> str:
@@ -97,11 +96,6 @@ def _text(node: Any, out: List[str], arrays: List[np.ndarray], depth: int) -> No
     elif kind is bool:
         out.append("true" if node else "false")
     elif kind is float:
-        # json's own spelling: repr for finite floats, its names for the rest
-        out.append(
-            float.__repr__(node)
-            if node == node and node not in (_INF, -_INF)
-            else ("NaN" if node != node else ("Infinity" if node > 0 else "-Infinity"))
-        )
+        out.append(_JSON.encode(node))  # json's own spelling, NaN and the infinities included (floats are rare)
     else:
         raise TypeError("a type left to checkpoint._encode")
