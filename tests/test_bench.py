@@ -45,9 +45,32 @@ def test_every_case_measures_real_work(case):
         assert any(r["contender"] == "copy (floor)" for r in rows)  # the physical floor is in the table
         report.add_ratios(rows)
         assert all(r["x_floor"] > 0 for r in ours if r["order"].startswith(("put u", "put g", "take")))
+    if case == "ray":  # every payload row of ours has Ray's floor measured and its index calls counted
+        payload = [r for r in ours if "nodes" in r]
+        assert all(r["index_calls_per_payload"] > 0 and r["ray_floor_ms_per_payload"] > 0 for r in payload)
     if case == "overhead":
         assert {r["order"] for r in ours} == {"put", "take"}
         assert all(set(r["split_s"]) >= {"argument checks", "binding call", "core"} for r in ours)
+
+
+def test_rays_floor_per_payload_is_its_idle_rate_and_its_calls_spread_over_the_payloads():
+    from pyfast_buffer.bench.ray_payloads import markdown, ray_floor
+
+    # 12 ms/s for 4 s and 40 calls of 0.6 ms, over 800 payloads: (0.048 + 0.024) / 800 s
+    assert ray_floor(0.012, 0.0006, 40, 4.0, 800) == pytest.approx(9e-5)
+    with pytest.raises(ValueError, match="payloads=0"):
+        ray_floor(0.012, 0.0006, 40, 4.0, 0)
+    row = {
+        "payload_bytes": 65536, "producers": 8, "nodes": 1, "contender": "pyfast_buffer", "entries_per_s": 200.0,
+        "mb_per_s": 13.1, "actor_cpu_ms_per_payload": 0.2, "actor_cpu_ms_per_payload_less_idle": 0.14,
+        "actor_idle_cpu_ms_per_s": 12.0, "ray_floor_ms_per_payload": 0.09, "index_calls_per_payload": 0.05,
+        "ray_empty_call_cpu_ms": 0.6, "actor_cpu_ms_per_payload_above_floor": 0.11, "puts_per_index_call": 2.5,
+        "writes_per_byte_producer_nodes": 1.0, "writes_per_byte_all_nodes": 1.0,
+    }  # fmt: skip
+    line = markdown([row]).splitlines()[-1]
+    assert "| 0.090 ms (0.050 x 0.60 ms) | 0.110 ms |" in line
+    queue = dict(row, contender="ray Queue (producer refs)", ray_floor_ms_per_payload=None)
+    assert "| - | 0.110 ms |" in markdown([queue]).splitlines()[-1]
 
 
 def test_ratios_and_targets_are_computed_from_the_rows():

@@ -236,8 +236,10 @@ def test_a_take_carries_the_receipt_of_the_previous_take_instead_of_a_call_of_it
     assert len(first) == 4 and _in_delivery(client) == 4  # its receipt waits for the next take
     second = client.take(4, 0)
     assert len(second) == 2 and _in_delivery(client) == 2  # that take carried it; its own receipt waits
+    assert _receipts.receipts_for(client.actor).alone == 0  # no receipt was a call of its own
     led = client.ledger()  # sends what waits, collects it
     assert (led["in_delivery"], led["retired"], led["lost_in_delivery"], led["late_receipts"]) == (0, 6, 0, 0)
+    assert _receipts.receipts_for(client.actor).alone == 1  # the one ledger() sent
 
 
 @on_cluster
@@ -251,11 +253,13 @@ def test_a_receipt_no_take_carries_is_sent_alone_and_one_a_failed_take_carried_t
     while _in_delivery(client):  # the timer sends it after the linger: no take follows
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    assert _receipts.receipts_for(client.actor).alone == 1
     monkeypatch.setattr(_receipts, "RECEIPT_LINGER_S", 10 * WAIT_S)
     assert len(client.take(2, 0)) == 2 and _in_delivery(client) == 2
     with pytest.raises(TimeoutError):
         client.take(2, 0, timeout=0.05)  # the buffer is empty: this take fails, and its receipt is not lost
     assert _in_delivery(client) == 0
+    assert _receipts.receipts_for(client.actor).alone == 2  # the failed take's carried receipt went alone
     led = client.ledger()
     assert (led["retired"], led["lost_in_delivery"], led["late_receipts"]) == (4, 0, 0)
 

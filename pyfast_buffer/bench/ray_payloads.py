@@ -11,6 +11,14 @@ payloads), how many puts one index call registered (the payload owners' group co
 byte on the producers' nodes, from each raylet's own ``cumulative_created_bytes``. The trainer takes
 ``TAKE_BATCH`` trajectories per call.
 
+Ray's floor: what any Ray actor serving the same calls costs, whatever it does in them. An actor that does
+nothing spends ~10 ms of CPU per second on Ray's own threads (its main thread's periodic wake-ups), and
+each call costs the actor Ray's machinery before any of our code runs. So each row also measures the
+index's CPU per empty call (``ping``, ``FLOOR_CALLS`` of them just before the row, less the idle rate),
+counts the index calls of the row (the owners' registrations, the trainer's takes and the receipts it sent
+alone), and reports the floor per payload, (idle rate x seconds + calls x empty call) / payloads, and the
+index's CPU per payload above it: what our code in the index costs beyond what Ray charges any actor.
+
 Two "nodes" on one machine share its cores unless told otherwise, and then a second node adds processes but
 no CPU, which no second machine does. So by default each node (its raylet, workers and actors) and this
 driver with node 0 are pinned to their own half of the cores (``LocalCluster(cores=...)``): a one-node row
@@ -50,6 +58,8 @@ TAKE_TIMEOUT_S = 2.0
 RING = 256
 #: Seconds over which a row first measures the actor's CPU with the trainer waiting and no producer running.
 IDLE_S = 1.5
+#: Empty calls (``ping``) over which a row measures the index's CPU per call before any code of ours runs.
+FLOOR_CALLS = 200
 OURS, UNJOURNALED, QUEUE = "pyfast_buffer", "pyfast_buffer, journal=False", "ray Queue (producer refs)"
 CASE = "ray"
 
@@ -121,15 +131,18 @@ def _one_row(
     workers = state["workers"][:producers] if nodes == 2 else state["workers_node0"][:producers]
     client = state["unjournaled"] if kind == "unjournaled" else state["client"]
     queue = state["queue"]
+    takes = [0]  # index calls the trainer's takes made
     if kind != "queue":
 
         def cpu() -> Optional[float]:
             return float(ray.get(client.actor.cpu_seconds.remote(), timeout=60))
 
         def take() -> int:  # blocking: an idle trainer does not spin calls on the index
+            takes[0] += 1
             try:
                 return len(client.take(take_batch, 0, timeout=TAKE_TIMEOUT_S * max(1.0, take_batch / TAKE_BATCH)))
             except TimeoutError:
+                takes[0] += 1
                 return len(client.take(take_batch, 0))
     else:
 
@@ -152,15 +165,23 @@ def _one_row(
     # The index's CPU per second with the trainer waiting and no producer. Not the queue's: its trainer polls
     # (ray Queue has no blocking batch get), and how often depends on the load, so an idle rate says nothing.
     idle = _idle_rate(cpu) if kind != "queue" else None
+    empty_call = None if idle is None else _empty_call_cpu(cpu, lambda: ray.get(client.actor.ping.remote()), idle)
     before = object_store_stats()
     grouped0 = _registrations(client) if kind != "queue" else None
+    alone0 = _receipts_alone(client) if kind != "queue" else 0
+    takes0 = takes[0]
     cpu0: Optional[float] = cpu()
     began = time.perf_counter()
     sent = sum(ray.get([w.run.remote(target, kind, size, per_call, seconds, _next(state)) for w in workers]))
     elapsed = time.perf_counter() - began
     after = object_store_stats()
     cpu1: Optional[float] = cpu()
+    index_calls = takes[0] - takes0 + 1  # + the CPU reading that closes the row
     grouped1 = _registrations(client) if kind != "queue" else None
+    if kind != "queue":
+        index_calls += _receipts_alone(client) - alone0
+        index_calls += 0 if grouped0 is None or grouped1 is None else grouped1[0] - grouped0[0]
+    floor = None if idle is None or empty_call is None else ray_floor(idle, empty_call, index_calls, elapsed, sent)
     stop.set()
     trainer.join()
     while take():
@@ -187,6 +208,12 @@ def _one_row(
         "actor_cpu_ms_per_payload_less_idle": (
             None if cpu0 is None or cpu1 is None or idle is None else (cpu1 - cpu0 - idle * elapsed) * 1e3 / sent
         ),
+        "ray_empty_call_cpu_ms": None if empty_call is None else empty_call * 1e3,
+        "index_calls_per_payload": None if kind == "queue" else index_calls / sent,
+        "ray_floor_ms_per_payload": None if floor is None else floor * 1e3,
+        "actor_cpu_ms_per_payload_above_floor": (
+            None if cpu0 is None or cpu1 is None or floor is None else (cpu1 - cpu0) * 1e3 / sent - floor * 1e3
+        ),
         "take_batch": take_batch,
         "puts_per_index_call": _grouping(grouped0, grouped1),
         "writes_per_byte_producer_nodes": sum(written[n] for n in producer_nodes) / offered,
@@ -204,6 +231,34 @@ def _idle_rate(cpu: Any) -> Optional[float]:
     time.sleep(IDLE_S)
     last = cpu()
     return None if first is None or last is None else (last - first) / (time.perf_counter() - began)
+
+
+def _empty_call_cpu(cpu: Any, call: Any, idle: float) -> Optional[float]:
+    """The index's CPU seconds per empty call (``FLOOR_CALLS`` of them, one at a time), less its idle rate over
+    the block: what Ray's machinery costs an actor per call before any code of ours runs."""
+    first = cpu()
+    began = time.perf_counter()
+    for _ in range(FLOOR_CALLS):
+        call()
+    last = cpu()  # a call too: the block is FLOOR_CALLS + 1 calls between the two readings
+    took = time.perf_counter() - began
+    return None if first is None or last is None else max(0.0, last - first - idle * took) / (FLOOR_CALLS + 1)
+
+
+def ray_floor(idle: float, empty_call: float, calls: int, seconds: float, payloads: int) -> float:
+    """CPU seconds per payload that Ray charges any actor serving ``calls`` calls over ``seconds`` (its idle rate
+    ``idle`` per second, ``empty_call`` per call), whatever the calls do: the physical floor of the index's
+    CPU per payload. Raises ValueError for no payloads (a rate of nothing)."""
+    if payloads <= 0:
+        raise ValueError(f"payloads={payloads}: the floor is per payload; pass a row that moved payloads (> 0)")
+    return (idle * seconds + empty_call * calls) / payloads
+
+
+def _receipts_alone(client: Any) -> int:
+    """Receipts this process has sent to the buffer's index as calls of their own (not carried by a take)."""
+    from ..ray._receipts import receipts_for
+
+    return receipts_for(client.actor).alone
 
 
 def _registrations(client: Any) -> Optional[Tuple[int, int]]:
@@ -310,8 +365,9 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
     """The table of docs/ray.md: per row, ours next to the queue, and the second node's speed-up."""
     out = [
         "| payload | producers | nodes | contender | payloads/s | MB/s | actor CPU per payload | less its idle "
-        "rate | puts per index call | store writes per byte (producer nodes / all) | 2 nodes / 1 node |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "rate | Ray's floor per payload (index calls per payload x empty call) | index CPU above the floor "
+        "| puts per index call | store writes per byte (producer nodes / all) | 2 nodes / 1 node |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     by_key: Dict[Tuple[int, int, int, str], Dict[str, Any]] = {
         (r["payload_bytes"], r["producers"], r["nodes"], r["contender"]): r for r in rows if "nodes" in r
@@ -323,14 +379,26 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
         less = r.get("actor_cpu_ms_per_payload_less_idle")
         idle = r.get("actor_idle_cpu_ms_per_s")
         grouped = r.get("puts_per_index_call")
+        above = r.get("actor_cpu_ms_per_payload_above_floor")
         out.append(
             f"| {size // 1024} KiB | {producers} | {nodes} | {contender} | {r['entries_per_s']:.0f} "
             f"| {r['mb_per_s']:.0f} | {'-' if cpu is None else f'{cpu:.3f} ms'} "
             f"| {'-' if less is None or idle is None else f'{less:.3f} ms (idle {idle:.0f} ms/s)'} "
+            f"| {_floor_cell(r)} "
+            f"| {'-' if above is None else f'{above:.3f} ms'} "
             f"| {'-' if grouped is None else f'{grouped:.1f}'} "
             f"| {r['writes_per_byte_producer_nodes']:.2f} / {r['writes_per_byte_all_nodes']:.2f} | {scale} |"
         )
     return "\n".join(out)
+
+
+def _floor_cell(row: Dict[str, Any]) -> str:
+    floor, calls, empty = (
+        row.get(k) for k in ("ray_floor_ms_per_payload", "index_calls_per_payload", "ray_empty_call_cpu_ms")
+    )
+    if floor is None or calls is None or empty is None:
+        return "-"
+    return f"{floor:.3f} ms ({calls:.3f} x {empty:.2f} ms)"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
