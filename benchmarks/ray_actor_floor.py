@@ -58,17 +58,6 @@ def idle(actor: Any, seconds: float) -> Tuple[float, List[Tuple[str, float]]]:
     return sum(by_name.values()), sorted(by_name.items(), key=lambda kv: -kv[1])
 
 
-def per_call(actor: Any, calls: int, idle_rate: float) -> float:
-    """CPU seconds of the actor per empty call, less its idle rate over the block."""
-    import ray
-
-    first, began = ray.get(actor.cpu_seconds.remote()), time.perf_counter()
-    for _ in range(calls):
-        ray.get(actor.ping.remote())
-    last, took = ray.get(actor.cpu_seconds.remote()), time.perf_counter() - began
-    return max(0.0, last - first - idle_rate * took) / (calls + 1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds of idling per actor")
@@ -76,6 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
+    from pyfast_buffer.bench.ray_payloads import empty_call_cpu
     from pyfast_buffer.ray import RemoteBuffer
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", namespace="pyfast_buffer_floor")
@@ -95,7 +85,13 @@ def main() -> None:
             ("RemoteBuffer index", index.actor),
         ):
             rate, threads = idle(actor, args.seconds)
-            call = per_call(actor, args.calls, rate)
+            call = empty_call_cpu(
+                lambda a=actor: ray.get(a.cpu_seconds.remote()),
+                lambda a=actor: ray.get(a.ping.remote()),
+                rate,
+                args.calls,
+            )
+            assert call is not None  # both readings are numbers here
             top = ", ".join(f"{n} {r * 1e3:.1f}" for n, r in threads[:3] if r > 0)
             print(f"| {name} | {rate * 1e3:.1f} ms/s | {top} ms/s | {call * 1e3:.2f} ms |")
         index.kill()

@@ -165,22 +165,18 @@ def _one_row(
     # The index's CPU per second with the trainer waiting and no producer. Not the queue's: its trainer polls
     # (ray Queue has no blocking batch get), and how often depends on the load, so an idle rate says nothing.
     idle = _idle_rate(cpu) if kind != "queue" else None
-    empty_call = None if idle is None else _empty_call_cpu(cpu, lambda: ray.get(client.actor.ping.remote()), idle)
+    empty_call = None if idle is None else empty_call_cpu(cpu, lambda: ray.get(client.actor.ping.remote()), idle)
     before = object_store_stats()
     grouped0 = _registrations(client) if kind != "queue" else None
-    alone0 = _receipts_alone(client) if kind != "queue" else 0
-    takes0 = takes[0]
+    calls0 = _index_calls(client, grouped0, takes[0]) if kind != "queue" else 0
     cpu0: Optional[float] = cpu()
     began = time.perf_counter()
     sent = sum(ray.get([w.run.remote(target, kind, size, per_call, seconds, _next(state)) for w in workers]))
     elapsed = time.perf_counter() - began
     after = object_store_stats()
     cpu1: Optional[float] = cpu()
-    index_calls = takes[0] - takes0 + 1  # + the CPU reading that closes the row
     grouped1 = _registrations(client) if kind != "queue" else None
-    if kind != "queue":
-        index_calls += _receipts_alone(client) - alone0
-        index_calls += 0 if grouped0 is None or grouped1 is None else grouped1[0] - grouped0[0]
+    index_calls = _index_calls(client, grouped1, takes[0]) - calls0 + 1 if kind != "queue" else 0  # + the last cpu()
     floor = None if idle is None or empty_call is None else ray_floor(idle, empty_call, index_calls, elapsed, sent)
     stop.set()
     trainer.join()
@@ -233,16 +229,17 @@ def _idle_rate(cpu: Any) -> Optional[float]:
     return None if first is None or last is None else (last - first) / (time.perf_counter() - began)
 
 
-def _empty_call_cpu(cpu: Any, call: Any, idle: float) -> Optional[float]:
-    """The index's CPU seconds per empty call (``FLOOR_CALLS`` of them, one at a time), less its idle rate over
-    the block: what Ray's machinery costs an actor per call before any code of ours runs."""
+def empty_call_cpu(cpu: Any, call: Any, idle: float, calls: int = FLOOR_CALLS) -> Optional[float]:
+    """An actor's CPU seconds per empty ``call()`` (``calls`` of them, one at a time; ``cpu()`` reads its CPU
+    seconds), less its idle rate over the block: what Ray's machinery costs an actor per call before any code
+    of ours runs."""
     first = cpu()
     began = time.perf_counter()
-    for _ in range(FLOOR_CALLS):
+    for _ in range(calls):
         call()
-    last = cpu()  # a call too: the block is FLOOR_CALLS + 1 calls between the two readings
+    last = cpu()  # a call too: the block is calls + 1 calls between the two readings
     took = time.perf_counter() - began
-    return None if first is None or last is None else max(0.0, last - first - idle * took) / (FLOOR_CALLS + 1)
+    return None if first is None or last is None else max(0.0, last - first - idle * took) / (calls + 1)
 
 
 def ray_floor(idle: float, empty_call: float, calls: int, seconds: float, payloads: int) -> float:
@@ -254,11 +251,12 @@ def ray_floor(idle: float, empty_call: float, calls: int, seconds: float, payloa
     return (idle * seconds + empty_call * calls) / payloads
 
 
-def _receipts_alone(client: Any) -> int:
-    """Receipts this process has sent to the buffer's index as calls of their own (not carried by a take)."""
+def _index_calls(client: Any, registered: Optional[Tuple[int, int]], takes: int) -> int:
+    """Index calls so far of the payload rows' kinds: the owners' registrations (``_registrations``), the
+    trainer's ``takes`` and the receipts this process sent alone (not carried by a take)."""
     from ..ray._receipts import receipts_for
 
-    return receipts_for(client.actor).alone
+    return (0 if registered is None else registered[0]) + takes + receipts_for(client.actor).alone
 
 
 def _registrations(client: Any) -> Optional[Tuple[int, int]]:
