@@ -37,3 +37,39 @@ def test_a_pinned_node_keeps_every_process_on_its_cores():
                 continue
     finally:
         cluster.stop()
+
+
+def test_ports_picked_at_once_are_distinct_and_avoid_the_ones_named():
+    from pyfast_buffer.bench import ray_cluster
+
+    for _ in range(200):
+        avoid = ray_cluster._free_ports(2)
+        ports = ray_cluster._free_ports(7, avoid=avoid)
+        assert len(set(ports)) == 7 and not set(ports) & set(avoid)
+
+
+def test_a_node_whose_start_meets_a_port_collision_starts_again_on_other_ports(monkeypatch):
+    """What CI met once: two of a node's components were handed one port (each picked free on its own), and
+    ``ray start`` refused. The first pick here repeats one port on purpose; the node must still come up."""
+    from pyfast_buffer.bench import ray_cluster
+
+    picks = []
+    real = ray_cluster._free_ports
+
+    def first_pick_collides(count, avoid=()):
+        ports = real(count, avoid)
+        if count > 1:  # a node's ports (not the head's GCS port, picked first)
+            if not picks:
+                ports[4] = ports[2]  # the runtime-env agent on the dashboard agent's port, as in that CI run
+            picks.append(ports)
+        return ports
+
+    monkeypatch.setattr(ray_cluster, "_free_ports", first_pick_collides)
+    cluster = LocalCluster(nodes=1, cpus_per_node=1, object_store_bytes=80 * 2**20)
+    try:
+        assert len(picks) == 2 and len(set(picks[1])) == len(picks[1])
+        assert cluster.node_processes(0), "the node left no process running"
+        # The refused attempt left nothing behind: every process of the cluster belongs to the node.
+        assert {p.pid for p in cluster._processes()} <= {p.pid for p in cluster.node_processes(0)}
+    finally:
+        cluster.stop()

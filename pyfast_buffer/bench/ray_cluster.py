@@ -21,9 +21,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 LOOPBACK = "127.0.0.1"
+#: How many times a node's ``ray start`` is tried when it fails on a port (one picked free, then taken).
+START_ATTEMPTS = 3
 #: Environment of the node processes: no usage report, no token auth, and health checks patient enough for
 #: a machine whose cores are shared with other work: a live node is declared dead only after 24 checks in a
 #: row each got no answer within 30 s, a node whose raylet is gone (checks refused at once) after ~24 s.
@@ -54,9 +56,29 @@ _LOOPBACK_RAY_START = (
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+    return _free_ports(1)[0]
+
+
+def _free_ports(count: int, avoid: Sequence[int] = ()) -> List[int]:
+    """``count`` distinct ports free on loopback now, none of them in ``avoid``.
+
+    The sockets stay bound until all are picked: a port closed and asked for again may be handed out again
+    (two components of one node given the same port make ``ray start`` refuse to start).
+    """
+    held: List[socket.socket] = []
+    ports: List[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket()
+            held.append(s)
+            s.bind((LOOPBACK, 0))
+            port = int(s.getsockname()[1])
+            if port not in avoid:
+                ports.append(port)
+    finally:
+        for s in held:
+            s.close()
+    return ports
 
 
 def init_local_cluster(**kwargs: Any) -> None:
@@ -126,40 +148,54 @@ class LocalCluster:
             str(self._object_store_bytes),
             "--disable-usage-stats",
         ]
-        env = {**os.environ, **CLUSTER_ENV}
         head = ["--head", "--port", str(self.port), "--include-dashboard", "false"]
         where = head if i == 0 else ["--address", self.address]
-        # Each node gets its own ports, picked free now (two nodes on one machine must not share them).
+        env = {**os.environ, **CLUSTER_ENV}
+        for attempt in range(1, START_ATTEMPTS + 1):
+            before = {p.pid for p in self._processes()}
+            out = self._ray_start(i, [*where, *common], env)
+            roots = self._new_roots(before)
+            if not out.returncode:
+                self._node_roots[i] = roots
+                return
+            # A port picked free may be taken by another process before the node binds it: what that attempt
+            # started is ended and the node starts again on other ports.
+            self._end(roots)
+            if attempt == START_ATTEMPTS or "port" not in out.stdout + out.stderr:
+                raise RuntimeError(f"ray start of node {i} failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+
+    def _ray_start(self, i: int, args: List[str], env: Dict[str, str]) -> subprocess.CompletedProcess[str]:
+        """One ``ray start`` of node ``i`` (``args``: where and what) on ports picked free now."""
+        # Each node gets its own ports, distinct from each other and from the cluster's head port.
+        picked = _free_ports(7, avoid=(self.port,))
         ports = [
             "--node-manager-port",
-            str(_free_port()),
+            str(picked[0]),
             "--object-manager-port",
-            str(_free_port()),
+            str(picked[1]),
             "--min-worker-port",
             "0",
             "--max-worker-port",
             "0",
             "--dashboard-agent-listen-port",
-            str(_free_port()),
+            str(picked[2]),
             "--dashboard-agent-grpc-port",
-            str(_free_port()),
+            str(picked[3]),
             "--runtime-env-agent-port",
-            str(_free_port()),
+            str(picked[4]),
             "--metrics-export-port",
-            str(_free_port()),
+            str(picked[5]),
         ]
         if i == 0:
-            ports += ["--ray-client-server-port", str(_free_port())]
+            ports += ["--ray-client-server-port", str(picked[6])]
         resources = f'{{"node{i}": 1000}}'
-        before = {p.pid for p in self._processes()}
-        out = subprocess.run(
+        return subprocess.run(
             [
                 sys.executable,
                 "-c",
                 _LOOPBACK_RAY_START,
                 "start",
-                *where,
-                *common,
+                *args,
                 *ports,
                 "--resources",
                 resources,
@@ -173,38 +209,33 @@ class LocalCluster:
             preexec_fn=None if self.cores is None else _pin(self.cores[i]),
             timeout=int(os.environ.get("PFB_RAY_START_TIMEOUT", "300")),
         )
-        if out.returncode:
-            raise RuntimeError(f"ray start of node {i} failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+
+    def _new_roots(self, before: Set[int]) -> List[int]:
+        """The daemons a ``ray start`` left running since ``before`` (pids), not a worker another node's raylet
+        happened to spawn meanwhile."""
         started = {p.pid: p for p in self._processes(children=False) if p.pid not in before}
-        # The node's own daemons, not a worker another node's raylet happened to spawn meanwhile.
-        self._node_roots[i] = sorted(pid for pid, p in started.items() if _parent(p) not in before | set(started))
+        return sorted(pid for pid, p in started.items() if _parent(p) not in before | set(started))
 
     def node_processes(self, i: int) -> List[Any]:
         """The live processes of node ``i``: what its ``ray start`` left running and all their children."""
-        import psutil
-
-        found: Dict[int, Any] = {}
-        for pid in self._node_roots.get(i, []):
-            try:
-                root = psutil.Process(pid)
-                found[pid] = root
-                found.update((child.pid, child) for child in root.children(recursive=True))
-            except psutil.Error:
-                continue
-        return list(found.values())
+        return _with_children(self._node_roots.get(i, []))
 
     def kill_node(self, i: int) -> List[int]:
         """SIGKILLs every process of node ``i`` at once (a machine lost, not a drain); returns their pids."""
+        return self._end(self._node_roots.pop(i, []))
+
+    @staticmethod
+    def _end(roots: List[int]) -> List[int]:
+        """SIGKILLs the processes ``roots`` and all their children at once; returns their pids."""
         import psutil
 
-        procs = self.node_processes(i)
+        procs = _with_children(roots)
         for proc in procs:
             try:
                 proc.kill()
             except psutil.Error:
                 continue
         psutil.wait_procs(procs, timeout=30)
-        self._node_roots.pop(i, None)
         return [p.pid for p in procs]
 
     def connect(self, **kwargs: Any) -> None:
@@ -228,7 +259,8 @@ class LocalCluster:
         deadline = time.monotonic() + 120
         while len([n for n in ray.nodes() if n["Alive"]]) < self.nodes:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(ray.nodes())} of {self.nodes} Ray nodes came up")
+                alive = len([n for n in ray.nodes() if n["Alive"]])
+                raise RuntimeError(f"only {alive} of {self.nodes} Ray nodes are alive ({len(ray.nodes())} known)")
             time.sleep(0.2)
 
     def wait_for_nodes(self, timeout_s: float = 180.0) -> None:
@@ -310,6 +342,21 @@ def _pin(cores: List[int]) -> Any:
         os.sched_setaffinity(0, cores)
 
     return pin
+
+
+def _with_children(roots: List[int]) -> List[Any]:
+    """The live processes ``roots`` (pids) and all their children."""
+    import psutil
+
+    found: Dict[int, Any] = {}
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            found[pid] = root
+            found.update((child.pid, child) for child in root.children(recursive=True))
+        except psutil.Error:
+            continue
+    return list(found.values())
 
 
 def _parent(proc: Any) -> int:
