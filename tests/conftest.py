@@ -50,6 +50,9 @@ def ray_namespace(request, ray_cluster):
     from _ray_helpers import kill_named_actors
 
     namespace = request.module.NAMESPACE
+    # A node an earlier module lost and could not start again is started here: its failure stays with it.
+    for i in ray_cluster.missing():
+        ray_cluster.start_node(i)
     ray_cluster.connect(namespace=namespace)
     try:
         yield namespace

@@ -71,5 +71,8 @@ def test_a_node_whose_start_meets_a_port_collision_starts_again_on_other_ports(m
         assert cluster.node_processes(0), "the node left no process running"
         # The refused attempt left nothing behind: every process of the cluster belongs to the node.
         assert {p.pid for p in cluster._processes()} <= {p.pid for p in cluster.node_processes(0)}
+        assert cluster.missing() == []
+        cluster.kill_node(0)
+        assert cluster.missing() == [0] and not cluster._processes()  # what the Ray test modules start again
     finally:
         cluster.stop()

@@ -216,6 +216,10 @@ class LocalCluster:
         started = {p.pid: p for p in self._processes(children=False) if p.pid not in before}
         return sorted(pid for pid, p in started.items() if _parent(p) not in before | set(started))
 
+    def missing(self) -> List[int]:
+        """The nodes not running now: ended by ``kill_node`` and not started again (or whose start failed)."""
+        return [i for i in range(self.nodes) if i not in self._node_roots]
+
     def node_processes(self, i: int) -> List[Any]:
         """The live processes of node ``i``: what its ``ray start`` left running and all their children."""
         return _with_children(self._node_roots.get(i, []))
