@@ -1,13 +1,15 @@
 """What Ray charges an actor that does nothing (docs/ray.md, "Ray's floor").
 
-Usage: python benchmarks/ray_actor_floor.py [--seconds 10] [--calls 400]
+Usage: python benchmarks/ray_actor_floor.py [--seconds 10] [--calls 400] [--gaps-ms 1 5 20 60]
 
 On a private one-node loopback cluster, three actors with no code of ours in their calls: a plain one, a
 threaded one laid out as the index is (``max_concurrency`` 16 and two concurrency groups), and a real index
 (``RemoteBuffer``, journal on, empty). For each: its CPU per second while idle, split by thread (from each
 thread's ``/proc/<pid>/task/<tid>/schedstat``, nanoseconds on the CPU), and its CPU per empty call (``--calls``
-calls one at a time from this driver, less the idle rate over the block). The index's CPU per payload in the
-payload bench cannot go below these: idle rate / payloads per second + calls per payload x CPU per call.
+calls one at a time from this driver, less the idle rate over the block), back to back and then with each
+of ``--gaps-ms`` between the calls (a call that finds the actor idle costs it more: Ray's threads went to
+sleep). The index's CPU per payload in the payload bench cannot go below these: idle rate / payloads per
+second + calls per payload x CPU per call at the row's spacing.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds of idling per actor")
     parser.add_argument("--calls", type=int, default=400, help="empty calls per actor")
+    parser.add_argument(
+        "--gaps-ms", type=float, nargs="*", default=[1, 5, 20, 60], help="gaps between spaced empty calls"
+    )
+    parser.add_argument("--spaced-calls", type=int, default=40, help="empty calls per actor at each gap")
     args = parser.parse_args()
     import ray
 
@@ -77,23 +83,21 @@ def main() -> None:
             .remote()
         )
         index = RemoteBuffer.create(1024, max_age=10, num_cpus=0)
-        print("| actor | idle CPU | by thread | CPU per empty call |")
-        print("| --- | --- | --- | --- |")
+        gaps = " | ".join(f"{g:g} ms apart" for g in args.gaps_ms)
+        print(f"| actor | idle CPU | by thread | CPU per empty call, back to back | {gaps} |")
+        print("| --- | --- | --- | --- |" + " --- |" * len(args.gaps_ms))
         for name, actor in (
             ("plain", plain),
             ("threaded, as the index", threaded),
             ("RemoteBuffer index", index.actor),
         ):
             rate, threads = idle(actor, args.seconds)
-            call = empty_call_cpu(
-                lambda a=actor: ray.get(a.cpu_seconds.remote()),
-                lambda a=actor: ray.get(a.ping.remote()),
-                rate,
-                args.calls,
-            )
-            assert call is not None  # both readings are numbers here
+            cpu, ping = (lambda a=actor: ray.get(a.cpu_seconds.remote())), (lambda a=actor: ray.get(a.ping.remote()))
+            per_call = [empty_call_cpu(cpu, ping, rate, args.calls)]
+            per_call += [empty_call_cpu(cpu, ping, rate, args.spaced_calls, gap / 1e3) for gap in args.gaps_ms]
             top = ", ".join(f"{n} {r * 1e3:.1f}" for n, r in threads[:3] if r > 0)
-            print(f"| {name} | {rate * 1e3:.1f} ms/s | {top} ms/s | {call * 1e3:.2f} ms |")
+            cells = " | ".join("-" if c is None else f"{c * 1e3:.2f} ms" for c in per_call)
+            print(f"| {name} | {rate * 1e3:.1f} ms/s | {top} ms/s | {cells} |")
         index.kill()
     finally:
         ray.shutdown()

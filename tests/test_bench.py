@@ -65,12 +65,48 @@ def test_rays_floor_per_payload_is_its_idle_rate_and_its_calls_spread_over_the_p
         "mb_per_s": 13.1, "actor_cpu_ms_per_payload": 0.2, "actor_cpu_ms_per_payload_less_idle": 0.14,
         "actor_idle_cpu_ms_per_s": 12.0, "ray_floor_ms_per_payload": 0.09, "index_calls_per_payload": 0.05,
         "ray_empty_call_cpu_ms": 0.6, "actor_cpu_ms_per_payload_above_floor": 0.11, "puts_per_index_call": 2.5,
-        "writes_per_byte_producer_nodes": 1.0, "writes_per_byte_all_nodes": 1.0,
+        "writes_per_byte_producer_nodes": 1.0, "writes_per_byte_all_nodes": 1.0, "ray_empty_call_gap_ms": 20.0,
     }  # fmt: skip
     line = markdown([row]).splitlines()[-1]
-    assert "| 0.090 ms (0.050 x 0.60 ms) | 0.110 ms |" in line
+    assert "| 0.090 ms (0.050 x 0.60 ms, 20 ms apart) | 0.110 ms |" in line
     queue = dict(row, contender="ray Queue (producer refs)", ray_floor_ms_per_payload=None)
     assert "| - | 0.110 ms |" in markdown([queue]).splitlines()[-1]
+
+
+class _FakeClock:
+    """``time`` for the bench module: ``sleep`` moves the clock on, nothing else does."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list = []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_empty_calls_are_spaced_and_the_idle_rate_over_their_gaps_is_taken_off(monkeypatch):
+    from pyfast_buffer.bench import ray_payloads
+
+    clock = _FakeClock()
+    monkeypatch.setattr(ray_payloads, "time", clock)
+    spent = [0.0]  # the actor's CPU seconds: 1 ms per call (a CPU reading is a call too), 10 ms/s idle
+
+    def cpu() -> float:
+        spent[0] += 1e-3
+        return spent[0] + 0.010 * clock.now
+
+    def call() -> None:
+        spent[0] += 1e-3
+
+    per_call = ray_payloads.empty_call_cpu(cpu, call, idle=0.010, calls=5, gap_s=0.02)
+    assert clock.slept == [0.02] * 4  # between the calls, not before the first
+    assert per_call == pytest.approx(1e-3)
+    # Without the gaps' idle CPU taken off, the same calls would read 0.8 ms / 6 more each.
+    assert ray_payloads.empty_call_cpu(cpu, call, idle=0.0, calls=5, gap_s=0.02) == pytest.approx(1e-3 + 0.0008 / 6)
 
 
 def test_ratios_and_targets_are_computed_from_the_rows():

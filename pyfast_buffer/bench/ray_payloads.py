@@ -13,11 +13,14 @@ byte on the producers' nodes, from each raylet's own ``cumulative_created_bytes`
 
 Ray's floor: what any Ray actor serving the same calls costs, whatever it does in them. An actor that does
 nothing spends ~10 ms of CPU per second on Ray's own threads (its main thread's periodic wake-ups), and
-each call costs the actor Ray's machinery before any of our code runs. So each row also measures the
-index's CPU per empty call (``ping``, ``FLOOR_CALLS`` of them just before the row, less the idle rate),
-counts the index calls of the row (the owners' registrations, the trainer's takes and the receipts it sent
-alone), and reports the floor per payload, (idle rate x seconds + calls x empty call) / payloads, and the
-index's CPU per payload above it: what our code in the index costs beyond what Ray charges any actor.
+each call costs the actor Ray's machinery before any of our code runs: about twice as much for a call that
+finds the actor idle (5 ms or more since the last) as for one of a back-to-back stream, and a row's calls
+come tens of milliseconds apart. So each row also measures, just after its producers stop, the index's CPU
+per empty call (``ping``, ``FLOOR_CALLS`` of them spaced as the row's index calls were, up to
+``FLOOR_GAP_S`` apart, less the idle rate), counts the index calls of the row (the owners' registrations,
+the trainer's takes and the receipts it sent alone), and reports the floor per payload, (idle rate x
+seconds + calls x empty call) / payloads, and the index's CPU per payload above it: what our code in the
+index costs beyond what Ray charges any actor.
 
 Two "nodes" on one machine share its cores unless told otherwise, and then a second node adds processes but
 no CPU, which no second machine does. So by default each node (its raylet, workers and actors) and this
@@ -59,7 +62,12 @@ RING = 256
 #: Seconds over which a row first measures the actor's CPU with the trainer waiting and no producer running.
 IDLE_S = 1.5
 #: Empty calls (``ping``) over which a row measures the index's CPU per call before any code of ours runs.
-FLOOR_CALLS = 200
+FLOOR_CALLS = 40
+#: Longest gap between those empty calls: they are spaced as the row's index calls were (its seconds over its
+#: calls), up to this. Ray charges a call that finds the actor idle about twice what it charges one of a
+#: back-to-back stream (its threads go to sleep between them), and the charge levels off from ~5-20 ms apart
+#: (``python benchmarks/ray_actor_floor.py``), so spacing them further only makes the row slower.
+FLOOR_GAP_S = 0.02
 OURS, UNJOURNALED, QUEUE = "pyfast_buffer", "pyfast_buffer, journal=False", "ray Queue (producer refs)"
 CASE = "ray"
 
@@ -165,7 +173,6 @@ def _one_row(
     # The index's CPU per second with the trainer waiting and no producer. Not the queue's: its trainer polls
     # (ray Queue has no blocking batch get), and how often depends on the load, so an idle rate says nothing.
     idle = _idle_rate(cpu) if kind != "queue" else None
-    empty_call = None if idle is None else empty_call_cpu(cpu, lambda: ray.get(client.actor.ping.remote()), idle)
     before = object_store_stats()
     grouped0 = _registrations(client) if kind != "queue" else None
     calls0 = _index_calls(client, grouped0, takes[0]) if kind != "queue" else 0
@@ -177,6 +184,10 @@ def _one_row(
     cpu1: Optional[float] = cpu()
     grouped1 = _registrations(client) if kind != "queue" else None
     index_calls = _index_calls(client, grouped1, takes[0]) - calls0 + 1 if kind != "queue" else 0  # + the last cpu()
+    gap = min(FLOOR_GAP_S, elapsed / max(1, index_calls))  # the empty calls come as far apart as the row's did
+    empty_call = (
+        None if idle is None else empty_call_cpu(cpu, lambda: ray.get(client.actor.ping.remote()), idle, gap_s=gap)
+    )  # while the trainer still waits in its take, as when the idle rate was measured
     floor = None if idle is None or empty_call is None else ray_floor(idle, empty_call, index_calls, elapsed, sent)
     stop.set()
     trainer.join()
@@ -205,6 +216,7 @@ def _one_row(
             None if cpu0 is None or cpu1 is None or idle is None else (cpu1 - cpu0 - idle * elapsed) * 1e3 / sent
         ),
         "ray_empty_call_cpu_ms": None if empty_call is None else empty_call * 1e3,
+        "ray_empty_call_gap_ms": None if kind == "queue" else gap * 1e3,
         "index_calls_per_payload": None if kind == "queue" else index_calls / sent,
         "ray_floor_ms_per_payload": None if floor is None else floor * 1e3,
         "actor_cpu_ms_per_payload_above_floor": (
@@ -229,13 +241,15 @@ def _idle_rate(cpu: Any) -> Optional[float]:
     return None if first is None or last is None else (last - first) / (time.perf_counter() - began)
 
 
-def empty_call_cpu(cpu: Any, call: Any, idle: float, calls: int = FLOOR_CALLS) -> Optional[float]:
-    """An actor's CPU seconds per empty ``call()`` (``calls`` of them, one at a time; ``cpu()`` reads its CPU
-    seconds), less its idle rate over the block: what Ray's machinery costs an actor per call before any code
-    of ours runs."""
+def empty_call_cpu(cpu: Any, call: Any, idle: float, calls: int = FLOOR_CALLS, gap_s: float = 0.0) -> Optional[float]:
+    """An actor's CPU seconds per empty ``call()`` (``calls`` of them, one at a time, ``gap_s`` apart; ``cpu()``
+    reads its CPU seconds), less its idle rate over the block, sleeps included: what Ray's machinery costs an
+    actor per call before any code of ours runs, for calls that come ``gap_s`` apart."""
     first = cpu()
     began = time.perf_counter()
-    for _ in range(calls):
+    for i in range(calls):
+        if i and gap_s > 0:
+            time.sleep(gap_s)
         call()
     last = cpu()  # a call too: the block is calls + 1 calls between the two readings
     took = time.perf_counter() - began
@@ -363,8 +377,8 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
     """The table of docs/ray.md: per row, ours next to the queue, and the second node's speed-up."""
     out = [
         "| payload | producers | nodes | contender | payloads/s | MB/s | actor CPU per payload | less its idle "
-        "rate | Ray's floor per payload (index calls per payload x empty call) | index CPU above the floor "
-        "| puts per index call | store writes per byte (producer nodes / all) | 2 nodes / 1 node |",
+        "rate | Ray's floor per payload (index calls per payload x empty call, calls apart) | index CPU above "
+        "the floor | puts per index call | store writes per byte (producer nodes / all) | 2 nodes / 1 node |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     by_key: Dict[Tuple[int, int, int, str], Dict[str, Any]] = {
@@ -396,7 +410,8 @@ def _floor_cell(row: Dict[str, Any]) -> str:
     )
     if floor is None or calls is None or empty is None:
         return "-"
-    return f"{floor:.3f} ms ({calls:.3f} x {empty:.2f} ms)"
+    gap = row.get("ray_empty_call_gap_ms")
+    return f"{floor:.3f} ms ({calls:.3f} x {empty:.2f} ms{'' if gap is None else f', {gap:.0f} ms apart'})"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
