@@ -10,7 +10,8 @@ carrying the previous take's receipt (as the client sends them). Each block runs
 
 ``--records`` instead times one journal record's parts inside the index (``__ray_call__``, so no Ray call is
 in the timing): building the record, encoding it, and a whole commit (mark under the lock, then wait until it
-is written), as process CPU and wall time per record, for a registration's record.
+is written), as process CPU and wall time per record, for a registration's record; and the payload tables'
+work for 64 ids (their owner and size set as a put is admitted, dropped as a take hands them out).
 
 ``--snapshot-ids N`` instead fills the index's payload tables (owner slot and bytes per id) with N ids inside
 the index and takes snapshots: how long each held the index lock, and how long the whole snapshot took.
@@ -97,7 +98,7 @@ def _time_records(self: Any, n: int) -> List[Tuple[str, float, float]]:
     """Inside the index: CPU and wall seconds per record of its parts (the state changes nothing: no call runs)."""
     import time
 
-    from pyfast_buffer.ray import _journal
+    from pyfast_buffer.ray import _effects, _journal
 
     def timed(name: str, fn: Callable[[], Any]) -> Tuple[str, float, float]:
         cpu, wall = time.process_time(), time.perf_counter()
@@ -110,9 +111,19 @@ def _time_records(self: Any, n: int) -> List[Tuple[str, float, float]]:
             version = self._journal.mark()
         self._journal.wait(version)
 
+    ids = iter(range(1 << 50, 1 << 51, 64))
+
+    def tables() -> None:  # what a payload's owner and size cost the index: set at admission, dropped at take
+        traj_ids = np.arange(64, dtype=np.int64) + next(ids)
+        _run, record, _repeat = self._admission(0, {"kind": "put", "traj_ids": traj_ids}, np.full(64, 65536), 0)
+        record()
+        self._forget(traj_ids, notify=False)
+        _effects.start_logs(self._where, self._sizes)  # as the record of each call takes its logs
+
     with self._lock:
         record = self._record()
         rows = [timed("build the record", self._record), timed("encode it", lambda: _journal.encode_record(record))]
+        rows.append(timed("payload tables of 64 ids: set at admission, dropped at take", tables))
     return [*rows, timed("commit: mark + wait until written", commit)]
 
 

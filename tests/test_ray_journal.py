@@ -27,7 +27,7 @@ pytest.importorskip("ray", reason="the ray extra is not installed: pip install '
 
 from pyfast_buffer.bench import journal_records as records
 from pyfast_buffer.ray import _journal
-from pyfast_buffer.ray._ring_replay import CoreReplay
+from pyfast_buffer.ray._ring_replay import CoreReplay, trimmed
 
 OPS = (
     "put",
@@ -140,11 +140,16 @@ def test_deltas_replay_to_the_exact_state(data, ops, capacity, max_uses, strateg
     out-of-order complete, evict_oldest (the Ray index's byte budget), loads."""
     drv = _Driver(data, capacity, max_uses, strategy, sources)
     drv.run("put")
-    replay = CoreReplay(drv.buf._journal_delta(full=True))
+    whole = drv.buf._journal_delta(full=True)
+    replay, from_records = CoreReplay(whole), CoreReplay(whole)
     for op in ops:
         drv.run(op)
-        replay.apply(drv.buf._journal_delta())
+        delta = drv.buf._journal_delta()
+        replay.apply(delta)
+        # As the index journals it: trimmed of its empty arrays, through a record's encoding and back.
+        from_records.apply(_journal.decode_record(_journal.encode_record({"core": trimmed(delta)}), "test")["core"])
         _same(packed_state(drv.buf.config, replay.export()), drv.buf.state_dict())
+        _same(packed_state(drv.buf.config, from_records.export()), drv.buf.state_dict())
     again = pfb.StalenessBuffer(**_config(capacity, max_uses, strategy, sources), pin_memory=False)
     again.load_state_dict(packed_state(again.config, replay.export()))  # and the core accepts it
 
@@ -532,3 +537,44 @@ def test_the_index_tables_replay_from_their_logs(ops):
         assert np.array_equal(replay.done_takes[k][0], reply[0]) and replay.done_takes[k][1] == reply[1]
     got, want = replay.report.peek(), report.peek()
     assert np.array_equal(got.ids, want.ids) and replay.report.overflow == report.overflow
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.booleans(), st.lists(st.integers(0, 12), max_size=8), st.integers(0, 3)),
+        max_size=30,
+    ),
+    logging=st.booleans(),
+)
+def test_batch_calls_of_a_logged_dict_act_and_log_as_one_call_per_key(ops, logging):
+    """``set_many``/``pop_many`` (the index's puts and takes) leave the table, the log and the values returned
+    as the same calls one key at a time would, repeated and absent keys included."""
+    from pyfast_buffer.ray import _effects
+
+    batched, single = _effects.LoggedDict(), _effects.LoggedDict()
+    if logging:
+        _effects.start_logs(batched, single)
+    for is_set, keys, value in ops:
+        if is_set:
+            values = [value + k for k in keys]
+            batched.set_many(keys, values)
+            for k, v in zip(keys, values):
+                single[k] = v
+        else:
+            assert batched.pop_many(keys, -value) == [single.pop(k, -value) for k in keys]
+    assert batched == single
+    assert batched.log == single.log
+
+
+def test_a_trimmed_delta_leaves_out_what_is_empty():
+    """A take's record carries no entry columns and no in-flight or attempt arrays: they are empty."""
+    buf = pfb.StalenessBuffer(capacity=64, max_age=4, pin_memory=False)
+    buf.put(np.arange(8, dtype=np.int64), 0)
+    buf._journal_delta()
+    buf.take(4, 0)
+    delta = buf._journal_delta()
+    small = trimmed(delta)
+    assert "traj_id" not in small and "in_flight_prompt" not in small and "attempts" not in small
+    assert all(small[k] is delta[k] for k in small)  # what it keeps, it keeps as it was
+    assert set(small) >= {"ledger", "source_counts", "runs", "now_ns"}

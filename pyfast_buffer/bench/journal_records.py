@@ -4,8 +4,9 @@ Each ring is filled to capacity and laid out so that one round of a call changes
 of 64, 64 single-group ``evict_oldest`` calls (what the Ray index's ``capacity_bytes`` eviction makes), an
 ``evict_stale`` removing 64 rows spread over the ring (stamps out of order; or sorted stamps with a tighter
 per-source bound), and pace's re-sort after an out-of-order complete (64 rows that go before the ring's). A
-record's size is ``len(encode_record({"core": buf._journal_delta()}))`` after the round, the largest of 8
-rounds; the whole ring's export is the snapshot's. ``tests/test_ray_journal.py`` replays every delta.
+record's size is ``len(encode_record({"core": trimmed(buf._journal_delta())}))`` after the round (the core's
+part of the record as the index writes it, its empty arrays left out), the largest of 8 rounds; the whole
+ring's export is the snapshot's. ``tests/test_ray_journal.py`` replays every delta.
 
 ``python -m pyfast_buffer.bench.journal_records [--sizes 1024 16384 1048576]`` prints the table of docs/ray.md,
 then what the snapshot's copy of a full ring costs under the lock beside a copy of the same bytes.
@@ -21,6 +22,7 @@ import numpy as np
 
 import pyfast_buffer as pfb
 from pyfast_buffer.ray import _journal
+from pyfast_buffer.ray._ring_replay import trimmed
 
 CALLS = ("take", "put", "evict_oldest", "evict_stale_out_of_order", "evict_stale_per_source", "pace_resort")
 ROUNDS = 8
@@ -69,8 +71,8 @@ def run_round(buf: pfb.StalenessBuffer, call: str, capacity: int, i: int) -> Non
 
 
 def record_bytes(delta: Dict[str, Any]) -> int:
-    """The size of a journal record holding `delta`."""
-    return len(_journal.encode_record({"core": delta}))
+    """The size of a journal record holding `delta`, as the index writes it (trimmed of its empty arrays)."""
+    return len(_journal.encode_record({"core": trimmed(delta)}))
 
 
 def measure(sizes: Sequence[int]) -> List[Dict[str, Any]]:

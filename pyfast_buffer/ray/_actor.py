@@ -31,7 +31,7 @@ from . import _effects, _journal, _packed
 from ._admission import REMEMBERED_PUTS, AdmissionCalls
 from ._calls import ADMISSION_GROUP, BLOCKING_GROUP
 from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S, Deliveries, DeliveryCalls
-from ._ring_replay import CoreReplay
+from ._ring_replay import CoreReplay, trimmed
 
 __all__ = ["ADMISSION_GROUP", "BLOCKING_GROUP", "BufferActor"]
 
@@ -63,8 +63,8 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         )
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
-        self._where: Dict[int, int] = _effects.LoggedDict()  # traj id -> owner slot
-        self._sizes: Dict[int, int] = _effects.LoggedDict()  # traj id -> payload bytes
+        self._where = _effects.LoggedDict()  # traj id -> owner slot
+        self._sizes = _effects.LoggedDict()  # traj id -> payload bytes
         self._bytes_held = 0
         self._reserved: Dict[int, int] = {}  # request id -> bytes reserved before the owner's ray.put
         self._done_puts: collections.OrderedDict[int, None] = _effects.LoggedOrderedDict()
@@ -142,7 +142,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
     def _record(self) -> Dict[str, Any]:
         """One change's record (under the lock): the core's delta, the tables' logs, the small counters whole."""
         return {
-            "core": self._buf._journal_delta(),
+            "core": trimmed(self._buf._journal_delta()),  # its empty arrays left out: fewer nodes to encode
             "max_age": self._buf.max_age,
             "extra": dict(self._extra),
             "owner_nodes": list(self._owner_nodes),
@@ -322,7 +322,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
             retire = columns[4] >= self._max_uses
             slots = None
             if self._where:
-                slots = np.asarray([self._where.get(k, -1) for k in ids.tolist()], np.int64)
+                slots = np.fromiter(map(self._where.get, ids.tolist(), itertools.repeat(-1)), np.int64, len(ids))
                 self._forget(ids[retire], notify=False)  # the owners let go of these at hand-out
             self._deliveries.open(request, ids[retire], None if slots is None else slots[retire])
             reply = (columns, dict(batch.metrics), slots, retire)
@@ -345,13 +345,15 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
 
     def _forget(self, traj_ids: np.ndarray, notify: bool) -> None:
         """Drops the payload bookkeeping of ids that left the buffer; with ``notify`` their owners let go too."""
-        by_slot: Dict[int, List[int]] = collections.defaultdict(list)
-        for k in traj_ids.tolist():
-            slot = self._where.pop(k, None)
-            if slot is not None:
-                self._bytes_held -= self._sizes.pop(k, 0)
-                by_slot[slot].append(k)
+        keys = traj_ids.tolist()
+        held = [(k, slot) for k, slot in zip(keys, self._where.pop_many(keys)) if slot is not None]
+        if not held:
+            return
+        self._bytes_held -= sum(self._sizes.pop_many([k for k, _ in held], 0))
         if notify:
+            by_slot: Dict[int, List[int]] = collections.defaultdict(list)
+            for k, slot in held:
+                by_slot[slot].append(k)
             for slot, ids in by_slot.items():
                 owner = self._owners[slot] if slot < len(self._owners) else None
                 if owner is not None:

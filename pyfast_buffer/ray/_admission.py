@@ -18,6 +18,7 @@ from ..config import BufferConfig
 from ..errors import BufferFullError
 from ..released import RELEASE_REASONS, Released
 from ._calls import DEFER
+from ._effects import LoggedDict
 
 #: Request ids of puts/completes the index remembers (a retry older than this many calls is applied again).
 REMEMBERED_PUTS = 16384
@@ -41,8 +42,8 @@ class AdmissionCalls:
     _capacity_bytes: Optional[int]
     _bytes_held: int
     _reserved: Dict[int, int]
-    _where: Dict[int, int]
-    _sizes: Dict[int, int]
+    _where: LoggedDict  # traj id -> owner slot
+    _sizes: LoggedDict  # traj id -> payload bytes
     _done_puts: collections.OrderedDict[int, None]
     _extra: Dict[str, int]
     _journal: Any
@@ -168,9 +169,10 @@ class AdmissionCalls:
         def record() -> None:
             self._reserved.pop(request, None)
             if sizes is not None:
-                for k, n in zip(trajs.tolist(), sizes.tolist()):
-                    self._where[k], self._sizes[k] = slot, n
-                    self._bytes_held += n
+                keys, nbytes = trajs.tolist(), sizes.tolist()
+                self._where.set_many(keys, [slot] * len(keys))
+                self._sizes.set_many(keys, nbytes)
+                self._bytes_held += sum(nbytes)
 
         def on_repeat() -> None:
             if sizes is not None:  # a retry after the first owner died: the new owner holds the payloads

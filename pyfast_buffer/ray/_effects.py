@@ -8,6 +8,7 @@ log, not the table, so it costs what the call changed. The logs are off (None) w
 from __future__ import annotations
 
 import collections
+import itertools
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -17,6 +18,7 @@ from ._report import ReleasedReport
 
 _GONE = -1  # a removed key's value in an encoded log (owner slots and byte counts are >= 0)
 _REMOVED = object()  # a removed key's value in a log
+_ABSENT = object()  # what pop_many's dict.pop gives for a key that was not there
 
 
 class _Logged:
@@ -62,7 +64,22 @@ class _Logged:
 
 
 class LoggedDict(_Logged, dict):
-    pass
+    """A logged dict with batch calls: the index sets and drops the owner and size of every id of a put or a
+    take, and one call per id through ``_Logged`` cost a take of 64 ids ~0.1-0.2 ms of the index's CPU."""
+
+    def set_many(self, keys: List[Any], values: List[Any]) -> None:
+        """``self[k] = v`` for each pair in order, logged as those sets would be."""
+        pairs = list(zip(keys, values))
+        dict.update(self, pairs)
+        if self.log is not None:
+            self.log.extend(pairs)
+
+    def pop_many(self, keys: List[Any], default: Any = None) -> List[Any]:
+        """``[self.pop(k, default) for k in keys]``, logged as those pops would be (a removal per key present)."""
+        values = list(map(dict.pop, itertools.repeat(self, len(keys)), keys, itertools.repeat(_ABSENT)))
+        if self.log is not None:
+            self.log.extend((k, _REMOVED) for k, v in zip(keys, values) if v is not _ABSENT)
+        return [default if v is _ABSENT else v for v in values]
 
 
 class LoggedOrderedDict(_Logged, collections.OrderedDict):

@@ -7,6 +7,9 @@ rows; in-flight prompts and attempt records come as changed rows and removed ids
 scalars whole. Applying one costs what it carries: the entries are kept as a deque of row blocks, so a take
 or a put (at most one run) touches only the blocks at the ends, and a compaction or a re-sort (several runs)
 slices the blocks it keeps.
+
+A journal record carries its delta ``trimmed``: without its empty arrays (a take adds no rows, most calls move
+no prompt and no attempt record), which are half of a record's nodes; ``apply`` reads a missing array as empty.
 """
 
 from __future__ import annotations
@@ -30,6 +33,26 @@ IN_FLIGHT_KEYS = (
     "in_flight_held_ns",
 )
 SCALAR_KEYS = ("ledger", "clock", "evicted_unreported", "next_take", "attempt_counters", "source_counts")
+_EMPTY = np.empty(0, np.int64)
+
+
+def trimmed(delta: Dict[str, Any]) -> Dict[str, Any]:
+    """``delta`` without its empty arrays, the attempt records' included (the state's scalars stay whole):
+    what ``apply`` rebuilds the same state from, in fewer of the journal record's nodes to encode."""
+    out: Dict[str, Any] = {}
+    for key, value in delta.items():
+        if key == "attempts":
+            attempts: Dict[str, np.ndarray] = value
+            kept = {column: array for column, array in attempts.items() if array.size}
+            if kept:
+                out[key] = kept
+        elif key in SCALAR_KEYS or type(value) is not np.ndarray or value.size:
+            out[key] = value
+    return out
+
+
+def _array(delta: Dict[str, Any], key: str) -> Any:
+    return delta.get(key, _EMPTY)
 
 
 class _Rows:
@@ -90,7 +113,7 @@ class _Rows:
 
 
 def _row_block(delta: Dict[str, Any], start: int, stop: int) -> np.ndarray:
-    return np.stack([np.asarray(delta[k][start:stop], np.int64) for k in ENTRY_KEYS], axis=1)
+    return np.stack([np.asarray(_array(delta, k)[start:stop], np.int64) for k in ENTRY_KEYS], axis=1)
 
 
 class CoreReplay:
@@ -105,9 +128,9 @@ class CoreReplay:
         self.apply(whole)
 
     def apply(self, delta: Dict[str, Any]) -> None:
-        """Applies one delta (the next one exported after those applied so far)."""
-        pieces = [(a, b, c) for a, b, c in np.asarray(delta["runs"], np.int64).reshape(-1, 3).tolist()]
-        n = len(delta["traj_id"])
+        """Applies one delta (the next one exported after those applied so far), whole or ``trimmed``."""
+        pieces = [(a, b, c) for a, b, c in np.asarray(_array(delta, "runs"), np.int64).reshape(-1, 3).tolist()]
+        n = len(_array(delta, "traj_id"))
         if len(pieces) > 1:  # a compaction or a re-sort: rows kept from the middle
             self._rows.rebuild(pieces, _row_block(delta, 0, n))
         else:  # a take, a put or an eviction: the previous rows minus both ends, one block each side
@@ -118,16 +141,16 @@ class CoreReplay:
         now = int(delta["now_ns"])
         if delta["in_flight_all"]:
             self._in_flight.clear()
-        for prompt in np.asarray(delta["in_flight_gone"]).tolist():
+        for prompt in np.asarray(_array(delta, "in_flight_gone")).tolist():
             self._in_flight.pop(prompt, None)
-        columns = [np.asarray(delta[k]).tolist() for k in IN_FLIGHT_KEYS]
+        columns = [np.asarray(_array(delta, k)).tolist() for k in IN_FLIGHT_KEYS]
         for row in zip(*columns):
             self._in_flight[row[0]] = (*row[1:], now)
-        attempts = delta["attempts"]
-        records = list(zip(*(np.asarray(attempts[k]).tolist() for k in state.ATTEMPT_COLUMNS)))
+        attempts = delta.get("attempts", {})
+        records = list(zip(*(np.asarray(_array(attempts, k)).tolist() for k in state.ATTEMPT_COLUMNS)))
         if delta["attempts_all"]:
             self._attempts.clear()
-        for prompt in np.asarray(delta["attempts_gone"]).tolist():
+        for prompt in np.asarray(_array(delta, "attempts_gone")).tolist():
             self._attempts.pop(prompt, None)
         moved = int(delta["attempts_moved"])
         for i, record in enumerate(records):
