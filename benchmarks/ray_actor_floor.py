@@ -2,14 +2,15 @@
 
 Usage: python benchmarks/ray_actor_floor.py [--seconds 10] [--calls 400] [--gaps-ms 1 5 20 60]
 
-On a private one-node loopback cluster, three actors with no code of ours in their calls: a plain one, a
-threaded one laid out as the index is (``max_concurrency`` 16 and two concurrency groups), and a real index
-(``RemoteBuffer``, journal on, empty). For each: its CPU per second while idle, split by thread (from each
-thread's ``/proc/<pid>/task/<tid>/schedstat``, nanoseconds on the CPU), and its CPU per empty call (``--calls``
-calls one at a time from this driver, less the idle rate over the block), back to back and then with each
-of ``--gaps-ms`` between the calls (a call that finds the actor idle costs it more: Ray's threads went to
-sleep). The index's CPU per payload in the payload bench cannot go below these: idle rate / payloads per
-second + calls per payload x CPU per call at the row's spacing.
+On a private one-node loopback cluster, actors with no code of ours in their calls: a plain one, a threaded
+one laid out as the index is (``max_concurrency`` 16 and two concurrency groups), the same with Ray's task
+events off (``enable_task_events=False``, as the index is created), and a real index (``RemoteBuffer``,
+journal on, empty), as created and with its task events on. For each: its CPU per second while idle, split
+by thread (from each thread's ``/proc/<pid>/task/<tid>/schedstat``, nanoseconds on the CPU), and its CPU per
+empty call (``--calls`` calls one at a time from this driver, less the idle rate over the block), back to
+back and then with each of ``--gaps-ms`` between the calls (a call that finds the actor idle costs it more:
+Ray's threads went to sleep). The index's CPU per payload in the payload bench cannot go below these: idle
+rate / payloads per second + calls per payload x CPU per call at the row's spacing.
 """
 
 from __future__ import annotations
@@ -77,19 +78,20 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", namespace="pyfast_buffer_floor")
     try:
         plain = ray.remote(num_cpus=0)(Empty).remote()
-        threaded = (
-            ray.remote(num_cpus=0, concurrency_groups={"blocking": 16, "admission": 4})(Empty)
-            .options(max_concurrency=16)
-            .remote()
-        )
+        threaded_cls = ray.remote(num_cpus=0, concurrency_groups={"blocking": 16, "admission": 4})(Empty)
+        threaded = threaded_cls.options(max_concurrency=16).remote()
+        untraced = threaded_cls.options(max_concurrency=16, enable_task_events=False).remote()
         index = RemoteBuffer.create(1024, max_age=10, num_cpus=0)
+        traced = RemoteBuffer.create(1024, max_age=10, num_cpus=0, actor_options={"enable_task_events": True})
         gaps = " | ".join(f"{g:g} ms apart" for g in args.gaps_ms)
         print(f"| actor | idle CPU | by thread | CPU per empty call, back to back | {gaps} |")
         print("| --- | --- | --- | --- |" + " --- |" * len(args.gaps_ms))
         for name, actor in (
             ("plain", plain),
             ("threaded, as the index", threaded),
-            ("RemoteBuffer index", index.actor),
+            ("threaded, task events off", untraced),
+            ("RemoteBuffer index (task events off)", index.actor),
+            ("RemoteBuffer index, task events on", traced.actor),
         ):
             rate, threads = idle(actor, args.seconds)
             cpu, ping = (lambda a=actor: ray.get(a.cpu_seconds.remote())), (lambda a=actor: ray.get(a.ping.remote()))
@@ -99,6 +101,7 @@ def main() -> None:
             cells = " | ".join("-" if c is None else f"{c * 1e3:.2f} ms" for c in per_call)
             print(f"| {name} | {rate * 1e3:.1f} ms/s | {top} ms/s | {cells} |")
         index.kill()
+        traced.kill()
     finally:
         ray.shutdown()
 

@@ -354,3 +354,36 @@ def test_a_receipt_left_when_the_process_leaves_ray_breaks_no_later_session(ray_
 
     producer = pinned(1)  # a producer actor of the test modules, started and answering
     ray.kill(producer)
+
+
+# -- Ray's task events: off for the index and its payload owners unless asked for --------------------------------
+def _worker_id(handle: Any) -> str:
+    return ray.get(handle.__ray_call__.remote(lambda self: ray.get_runtime_context().get_worker_id()), timeout=WAIT_S)
+
+
+@on_cluster
+def test_the_index_and_its_owners_are_out_of_rays_task_events_unless_actor_options_ask():
+    quiet = RemoteBuffer.create(64, max_age=5)
+    traced = RemoteBuffer.create(64, max_age=5, actor_options={"enable_task_events": True})
+    workers = {}
+    for label, client in (("quiet", quiet), ("traced", traced)):
+        client.put([1, 2], 0, payloads=[np.zeros(4), np.ones(4)])
+        assert sorted(client.take(2, 0, timeout=WAIT_S).traj_ids.tolist()) == [1, 2]
+        (owner,) = [o for o in ray.get(client.actor.owners.remote(), timeout=WAIT_S) if o is not None]
+        workers[label] = {"index": _worker_id(client.actor), "owner": _worker_id(owner)}
+    seen: dict = {}
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:  # Ray reports task events about once a second
+        seen = {}
+        for event in ray.timeline():
+            seen.setdefault(str(event.get("tid", "")).removeprefix("worker:"), set()).add(event.get("cat"))
+        if "task::BufferActor.take" in seen.get(workers["traced"]["index"], ()) and any(
+            str(c).startswith("task::PayloadOwner.") for c in seen.get(workers["traced"]["owner"], ())
+        ):
+            break
+        time.sleep(0.5)
+    assert "task::BufferActor.take" in seen.get(workers["traced"]["index"], set()), "the traced index was recorded"
+    assert any(str(c).startswith("task::PayloadOwner.") for c in seen.get(workers["traced"]["owner"], set()))
+    assert workers["quiet"]["index"] not in seen and workers["quiet"]["owner"] not in seen, (
+        "the default index and its owner record nothing"
+    )

@@ -53,11 +53,13 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         capacity_bytes: Optional[int],
         journal: Union[str, bool, None],
         receipt_timeout_s: float = DEFAULT_RECEIPT_TIMEOUT_S,
+        task_events: bool = False,
     ) -> None:
         self._user_config = BufferConfig(**buffer_kwargs)
         self._buf = StalenessBuffer(**{**buffer_kwargs, "track_released": True}, pin_memory=False)
         self._max_uses = self._buf.config.max_uses
         self._capacity_bytes = capacity_bytes
+        self._task_events = task_events  # the payload owners record their calls in Ray's task events as the index does
         self._report = _effects.JournaledReport(
             self._user_config.release_bound or default_release_bound(self._user_config.capacity)
         )
@@ -231,6 +233,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
                     lifetime="detached",  # owned by Ray's control store: outlives this index and its creator
                     num_cpus=0,
                     max_concurrency=64,
+                    enable_task_events=self._task_events,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 )
                 .remote(ray.get_runtime_context().current_actor, slot, self._capacity_bytes is not None)

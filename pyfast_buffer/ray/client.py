@@ -127,7 +127,9 @@ class RemoteBuffer:
         a take's ids count as ``in_delivery`` (within ``retired``) until its client confirms it received the
         batch, and move to ``lost_in_delivery`` if no receipt comes within ``receipt_timeout_s`` (the client
         died: docs/ray.md);
-        ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``).
+        ``actor_options`` go to ``.options()`` (e.g. ``scheduling_strategy``); the index and its payload
+        owners are not listed in Ray's task events (``ray list tasks``, the dashboard's task view) unless
+        ``actor_options={"enable_task_events": True}``: recording each call costs it CPU.
         """
         config = config_from_arguments(locals())
         if capacity_bytes is not None:
@@ -149,7 +151,13 @@ class RemoteBuffer:
             concurrency_groups={BLOCKING_GROUP: blocking_calls, ADMISSION_GROUP: admission_calls},
         )
         remote_cls = ray.remote(**threads)(BufferActor)
-        options: Dict[str, Any] = dict(num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=0)
+        # Ray records every call of an actor for its state API and dashboard unless told not to; the index and
+        # its payload owners serve thousands of calls per second, and that record costs each call CPU (Ray
+        # Serve's actors leave it off for the same reason). actor_options={"enable_task_events": True} lists
+        # them in `ray list tasks` again.
+        options: Dict[str, Any] = dict(
+            num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=0, enable_task_events=False
+        )
         if "scheduling_strategy" not in (actor_options or {}):
             options["scheduling_strategy"] = _index_placement(journal)
         options.update(actor_options or {})
@@ -159,7 +167,7 @@ class RemoteBuffer:
         if name is not None:
             _reclaim_if_dead(name, namespace)
         handle = remote_cls.options(**options).remote(
-            dataclasses.asdict(config), capacity_bytes, journal, receipt_timeout_s
+            dataclasses.asdict(config), capacity_bytes, journal, receipt_timeout_s, bool(options["enable_task_events"])
         )
         client = cls(cast(ActorHandle, handle))
         client.ping()  # surfaces a failed start here, not at the first call
