@@ -371,19 +371,25 @@ def test_the_index_and_its_owners_are_out_of_rays_task_events_unless_actor_optio
         assert sorted(client.take(2, 0, timeout=WAIT_S).traj_ids.tolist()) == [1, 2]
         (owner,) = [o for o in ray.get(client.actor.owners.remote(), timeout=WAIT_S) if o is not None]
         workers[label] = {"index": _worker_id(client.actor), "owner": _worker_id(owner)}
-    seen: dict = {}
+    seen: dict[str, set[object]] = {}
+
+    def traced_recorded() -> tuple[bool, bool]:  # (its index's take, a call to its owner) are in `seen`
+        def has(actor: str, prefix: str) -> bool:
+            return any(str(c).startswith(prefix) for c in seen.get(workers["traced"][actor], ()))
+
+        return has("index", "task::BufferActor.take"), has("owner", "task::PayloadOwner.")
+
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:  # Ray reports task events about once a second
         seen = {}
         for event in ray.timeline():
             seen.setdefault(str(event.get("tid", "")).removeprefix("worker:"), set()).add(event.get("cat"))
-        if "task::BufferActor.take" in seen.get(workers["traced"]["index"], ()) and any(
-            str(c).startswith("task::PayloadOwner.") for c in seen.get(workers["traced"]["owner"], ())
-        ):
+        if all(traced_recorded()):
             break
         time.sleep(0.5)
-    assert "task::BufferActor.take" in seen.get(workers["traced"]["index"], set()), "the traced index was recorded"
-    assert any(str(c).startswith("task::PayloadOwner.") for c in seen.get(workers["traced"]["owner"], set()))
+    index_recorded, owner_recorded = traced_recorded()
+    assert index_recorded, "the traced index's take was recorded"
+    assert owner_recorded, "the traced index's owner was recorded"
     assert workers["quiet"]["index"] not in seen and workers["quiet"]["owner"] not in seen, (
         "the default index and its owner record nothing"
     )
