@@ -244,3 +244,32 @@ def test_evict_oldest_under_capacity_bytes_evicts_the_oldest_whole_groups_in_ord
     batch = client.take(8, 0)
     assert batch.traj_ids.tolist() == [5, 6, 7]
     assert [int(v[0]) for v in ray.get(batch.payloads)] == [5, 6, 7]
+
+
+BIG_WORDS = 3 * 2**17  # 3 MiB payloads: two fit the bytes one call carries (_wire.CALL_BYTES), three do not
+
+
+@on_cluster
+def test_a_put_past_one_calls_bytes_is_one_admission_and_all_or_nothing():
+    from pyfast_buffer.ray import _wire
+
+    assert 2 * BIG_WORDS * 8 < _wire.CALL_BYTES < 3 * BIG_WORDS * 8  # so the puts below are staged
+    client = RemoteBuffer.create(16, max_age=5)
+    client.put([7], 0, payloads=[payload(7)])  # starts this node's owner; id 7 now holds a payload
+    owner = _owner_of_this_node(client)
+    before = ray.get(owner.registrations.remote())
+    # A repeated id in the last payload: the whole put is refused, its first payloads too.
+    with pytest.raises(ValueError, match="already hold payloads"):
+        client.put([100, 101, 7], 0, payloads=[payload(k, BIG_WORDS) for k in (100, 101, 7)])
+    led = client.ledger()
+    assert led["put_total"] == 1 and len(client) == 1 and client.payloads_held() == 1
+    assert ray.get(owner.registrations.remote())["calls"] == before["calls"]
+    # A put of 9 MiB in one group: one registration at the index, the group whole.
+    client.put([100, 101, 102], 0, group_ids=[9, 9, 9], payloads=[payload(k, BIG_WORDS) for k in (100, 101, 102)])
+    after = ray.get(owner.registrations.remote())
+    assert (after["calls"] - before["calls"], after["items"] - before["items"]) == (1, 1)
+    batch = client.take(4, 0)
+    assert sorted(batch.traj_ids.tolist()) == [7, 100, 101, 102]
+    for traj, value in zip(batch.traj_ids.tolist(), ray.get(list(batch.payloads))):
+        assert int(value[0]) == traj and int(value[-1]) == traj and len(value) in (WORDS, BIG_WORDS)
+    assert client.ledger()["put_total"] == 4

@@ -38,10 +38,6 @@ def fetch_request(actor: ActorHandle, ids: np.ndarray) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
-#: Arguments of a put/complete that are one int for the whole call or one value per trajectory.
-PER_TRAJECTORY = ("sample_step", "finish_step", "source", "lengths")
-
-
 def source_tags(slots: Optional[np.ndarray]) -> Union[int, np.ndarray, None]:
     """The checked source tags as the index's buffer takes them: one int for all, or one per id (int64)."""
     if slots is None:

@@ -38,7 +38,7 @@ def get_owner(ref: Union[ray.ObjectRef, List[ray.ObjectRef]]) -> Any:
 def send_to_owner(
     owner: Any, request: int, call: Dict[str, Any], headers: List[Any], refs: List[Any], pieces: List[bytes]
 ) -> None:
-    """One store call at the owner; pieces past what one call carries inline (a payload over CALL_BYTES) are
+    """One store call at the owner; pieces past what one call carries inline (CALL_BYTES, from big payloads or many) are
     staged first, in calls of their own, so that no byte goes through an argument object in the store."""
     chunks = _wire.chunk_pieces(pieces)
     if len(chunks) > 1:

@@ -6,9 +6,9 @@ Arguments under that size travel inside the call's RPC (up to ``task_rpc_inlined
 call) and never touch the store. So ``pack`` pickles the payloads (protocol 5, large buffers out of band,
 without copying them) and cuts every buffer into pieces under the inline limit, each a top-level argument;
 ``unpack`` joins them back in the owner, whose ``ray.put`` is the one store write of each payload byte.
-A put's payloads are cut into calls of at most ``CALL_BYTES`` (``split_for_calls``); a single payload
-larger than that is sent in several calls (``chunk_pieces``): its first pieces are staged at the owner,
-its last ones come with the store call, so no call carries more than Ray inlines.
+A put whose pieces come to more than ``CALL_BYTES`` is sent in several calls (``chunk_pieces``): its first
+pieces are staged at the owner, its last ones come with the one store call of the put, so no call carries
+more than Ray inlines and the put is still one admission at the index.
 """
 
 from __future__ import annotations
@@ -66,18 +66,6 @@ def unpack(headers: Sequence[Header], pieces: Sequence[bytes]) -> List[Any]:
             main = bytes(buffers.pop())
         values.append(pickle.loads(main, buffers=buffers))
     return values
-
-
-def split_for_calls(sizes: Sequence[int]) -> List[Tuple[int, int]]:
-    """Cuts payloads (by their byte sizes) into [start, stop) runs of at most CALL_BYTES each (one at least)."""
-    runs, start, total = [], 0, 0
-    for i, n in enumerate(sizes):
-        if i > start and total + n > CALL_BYTES:
-            runs.append((start, i))
-            start, total = i, 0
-        total += n
-    runs.append((start, len(sizes)))
-    return runs
 
 
 def chunk_pieces(pieces: Sequence[bytes]) -> List[Tuple[int, List[bytes]]]:

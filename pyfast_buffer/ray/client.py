@@ -31,7 +31,6 @@ from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
 from . import _packed, _wire
 from ._actor import BLOCKING_GROUP, BufferActor
-from ._arguments import PER_TRAJECTORY as _PER_TRAJECTORY
 from ._arguments import fetch_request as _fetch_request
 from ._arguments import finish_steps as _finish_steps
 from ._arguments import index_placement as _index_placement
@@ -297,20 +296,10 @@ class RemoteBuffer:
                 headers.append(header)
                 pieces.append(cut)
                 refs.append(None)
-        sizes = [_wire.size(h) if h is not None else 0 for h in headers]
-        runs = _wire.split_for_calls(sizes)
-        for start, stop in runs:
-            part = dict(call)
-            part["traj_ids"] = call["traj_ids"][start:stop]
-            for key in ("prompt_ids", "group_ids"):
-                if part.get(key) is not None:
-                    part[key] = call[key][start:stop]
-            for key in _PER_TRAJECTORY:  # one per trajectory: cut with them; one int: shared
-                if isinstance(call.get(key), np.ndarray):
-                    part[key] = call[key][start:stop]
-            flat = [p for cut in pieces[start:stop] for p in cut]
-            sub = request if len(runs) == 1 else _request()
-            self._store(sub, part, headers[start:stop], refs[start:stop], flat)
+        # One store call, one admission, one request id for the whole put, however many bytes it carries:
+        # pieces past what one call inlines are staged at the owner first (``_send_to_owner``). So a put is
+        # applied whole or not at all, its groups arrive together, and it costs the index one registration.
+        self._store(request, call, headers, refs, [p for cut in pieces for p in cut])
 
     def _store(
         self, request: int, call: Dict[str, Any], headers: List[Any], refs: List[Any], pieces: List[bytes]
