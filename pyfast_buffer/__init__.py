@@ -8,7 +8,7 @@ from .buffer import StalenessBuffer
 from .checkpoint import CheckpointError
 from .config import BufferConfig
 from .errors import AdmissionError, BufferClosedError, BufferFullError
-from .integrations.verl_mapping import config_from_verl, max_age_from_threshold, sample_step_from_tag
+from .verl_mapping import config_from_verl, max_age_from_threshold, sample_step_from_tag
 from .reference import ReferenceBuffer
 from .released import RELEASE_REASONS, Released
 

@@ -15,7 +15,7 @@ from typing import Any, Type, TypeVar
 from .checkpoint import CheckpointMethods
 from .config import BufferConfig, check_capacity_fits, config_from_arguments
 from .errors import NO_COPY
-from .integrations.verl_mapping import config_from_verl
+from .verl_mapping import config_from_verl
 
 _Buffer = TypeVar("_Buffer", bound="BufferBase")
 

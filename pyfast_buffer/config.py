@@ -1,6 +1,6 @@
 """Buffer configuration: the fields, their validation, and the checks of the machine they run on.
 
-The mapping from verl's sampler config lives in ``integrations/verl_mapping.py``; its names are
+The mapping from verl's sampler config lives in ``verl_mapping.py``; its names are
 re-exported here, where they were first importable.
 """
 
@@ -16,19 +16,19 @@ import torch
 
 from . import _core
 from ._args import MAX_CAPACITY, MAX_SOURCE, STRATEGIES, as_count
-from .integrations.verl_mapping import (
+from .verl_mapping import (
     DEFAULT_VERL_CAPACITY as DEFAULT_VERL_CAPACITY,
 )
-from .integrations.verl_mapping import (
+from .verl_mapping import (
     DEFAULT_VERL_THRESHOLD as DEFAULT_VERL_THRESHOLD,
 )
-from .integrations.verl_mapping import (
+from .verl_mapping import (
     config_from_verl as config_from_verl,
 )
-from .integrations.verl_mapping import (
+from .verl_mapping import (
     max_age_from_threshold as max_age_from_threshold,
 )
-from .integrations.verl_mapping import (
+from .verl_mapping import (
     sample_step_from_tag as sample_step_from_tag,
 )
 

@@ -146,8 +146,8 @@ def test_the_walk_sees_the_package():
     assert f"{PACKAGE}._buffer_base" in GRAPH[f"{PACKAGE}.reference"]  # from ._buffer_base import
     assert PACKAGE in GRAPH[f"{PACKAGE}.cli"]  # `from . import __version__`, inside a function
     assert f"{PACKAGE}.workflow.output" in GRAPH[f"{PACKAGE}.workflow.audit"]  # from .output import
-    assert f"{PACKAGE}.integrations._verl_options" in GRAPH[f"{PACKAGE}.integrations.verl"]  # absolute
-    assert f"{PACKAGE}.integrations.verl_mapping" in GRAPH[f"{PACKAGE}.config"]
+    assert f"{PACKAGE}.integrations.verl._options" in GRAPH[f"{PACKAGE}.integrations.verl._sampler"]  # absolute
+    assert f"{PACKAGE}.verl_mapping" in GRAPH[f"{PACKAGE}.config"]
     assert {f"{PACKAGE}.buffer", f"{PACKAGE}.reference"} <= GRAPH[f"{PACKAGE}.bench.peers"]
     assert _wing(f"{PACKAGE}.workflow.rhythm") == "workflow" and _wing(f"{PACKAGE}.ray.client") is None
 

@@ -132,10 +132,19 @@ def test_verl_sampler_cut_and_wait_gate_equal_todays_verl(threshold):
     assert not sync._stale_groups(now, "train") and not sync._blocked_by_wait(now, "train")
 
 
-def test_pace_is_refused_in_verl_with_the_reason():
-    import pytest
-
-    from pyfast_buffer.integrations.verl_mapping import config_from_verl
-
-    with pytest.raises(ValueError, match=r"pace.*refill_fn.*cannot hold them back.*'drop' or 'wait'"):
+def test_pace_from_verl_needs_the_prompts_per_step_and_builds_a_paced_buffer(impl):
+    with pytest.raises(ValueError, match=r"pace.*needs the prompt groups one trainer step takes.*prompts_per_step"):
         config_from_verl({"max_off_policy_strategy": "pace"}, {})
+    sampler = {"max_off_policy_threshold": 3, "max_off_policy_strategy": "pace", "sampler_kwargs": {"prompts_per_step": 4}}
+    buf = impl.from_verl(sampler, {}, capacity=64)
+    assert (buf.config.strategy, buf.config.max_age, buf.config.prompts_per_step) == ("pace", 2, 4)
+    assert buf.admissible(0) == (2 + 1) * 4  # lookahead defaults to max_age
+    assert impl.from_verl({**sampler, "sampler_kwargs": {}}, {}, capacity=64, prompts_per_step=2).admissible(0) == 6
+
+
+def test_a_null_threshold_is_refused_by_from_verl_unless_max_age_is_given(impl):
+    # verl 0.9.1: max_off_policy_threshold: null turns staleness control off; a buffer always has a bound.
+    with pytest.raises(ValueError, match=r"max_off_policy_threshold=null turns verl's staleness control off.*max_age="):
+        impl.from_verl({"max_off_policy_threshold": None}, {})
+    assert impl.from_verl({"max_off_policy_threshold": None}, {}, capacity=8, max_age=3).config.max_age == 3
+    assert impl.from_verl({}, {}, capacity=8).config.max_age == 7  # absent (not null): verl's default 8

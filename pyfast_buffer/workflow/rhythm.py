@@ -15,7 +15,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..integrations.verl_mapping import max_age_from_threshold
+from ..verl_mapping import max_age_from_threshold
 from ._config_files import find_config_files, read_config
 from ._known_keys import GENERIC_CAPACITY, match_keyword, match_known
 from .output import print_output

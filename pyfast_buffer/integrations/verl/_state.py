@@ -12,8 +12,11 @@ index uid -> trajectory keys (so clearing or returning a group never scans the p
 terminal groups sorted by ``(global_steps, uid)`` (oldest-first selection without a sort per call),
 and a ``StalenessBuffer`` whose native in-flight table and ledger count every prompt: dispatched
 when first listed, completed and taken when sampled, failed when evicted or cleared by someone else.
+Under ``pace`` (async ``train`` partitions) the core is a pace buffer instead: a pending prompt is only
+*submitted* until the agent-loop manager asks for its admission (``_pace.py``), finished groups wait in its
+ring, and its take gate decides when a batch may go (docs/verl.md, "pace inside verl").
 
-Absolute imports only: verl loads ``verl.py`` by file path, outside the package.
+Absolute imports only: verl may load the sampler package by file path, outside the package.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Optional
 
 import transfer_queue as tq
 
 from pyfast_buffer import StalenessBuffer, sample_step_from_tag
+from pyfast_buffer.integrations.verl._metrics import VAL
 
 logger = logging.getLogger("pyfast_buffer.verl")
 
@@ -52,6 +56,14 @@ LEDGER_KEYS = (
     "refill_short",
     "refill_failed",
     "unrefilled",
+    "admitted",
+    "evicted_unadmitted",
+)
+#: The manager key to name when a prompt reaches generation without admission under pace.
+UNADMITTED_FIX = (
+    "under max_off_policy_strategy=pace every prompt must reach generation through "
+    "pyfast_buffer.integrations.verl.PacedAgentLoopManager: set "
+    "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=pyfast_buffer.integrations.verl.PacedAgentLoopManager"
 )
 
 
@@ -61,18 +73,42 @@ def uid_of(key: str) -> str:
 
 
 class PartitionBook:
-    """The per-partition state that is ours alone (see the module docstring)."""
+    """The per-partition state that is ours alone (see the module docstring).
 
-    def __init__(self, capacity: int) -> None:
+    ``pace`` is ``(max_age, prompts_per_step, lookahead)`` for a paced partition, else None.
+    """
+
+    def __init__(self, capacity: int, pace: Optional[tuple] = None) -> None:
         self.known: set[str] = set()  # keys applied from the listings so far
         self.groups: dict[str, dict[str, None]] = {}  # uid -> its trajectory keys, in listing order
         self.indexed = 0  # trajectory keys in ``groups``; differs from len(partitions[pid]) after an outside edit
         self.order: list[tuple[int, str]] = []  # terminal groups, sorted by (global_steps, uid)
         self.consumed: set[str] = set()  # prompt keys we cleared; ignored while TransferQueue still lists them
-        self.core_id: dict[str, int] = {}  # uid -> id in the core, while the prompt is held
+        self.core_id: dict[str, int] = {}  # uid -> id in the core, while the prompt is held (under pace: admitted)
         self.next_id = 0
         self.clock = 0  # the core's clock: it refuses a step below one it has seen
-        self.core = StalenessBuffer(capacity, max_age=NO_AGE_CUT, strategy="drop", on_full="error", pin_memory=False)
+        self.paced = pace is not None
+        if pace is None:
+            self.core = StalenessBuffer(capacity, max_age=NO_AGE_CUT, strategy="drop", on_full="error", pin_memory=False)
+        else:
+            max_age, per_step, lookahead = pace
+            self.core = StalenessBuffer(
+                capacity,
+                max_age=max_age,
+                strategy="pace",
+                prompts_per_step=per_step,
+                lookahead=lookahead,
+                on_full="error",
+                pin_memory=False,
+            )
+        # pace: the core's ready groups in its take order (age stamp, arrival), as (stamp, arrival, core id);
+        # a core id no longer in ``cid_uid`` is a ghost (its group vanished from TransferQueue while ready).
+        self.ready: list[tuple[int, int, int]] = []
+        self.cid_uid: dict[int, str] = {}
+        self.arrivals = 0
+        self.age_stamps: dict[str, int] = {}  # age_from=generation_*: a finished group's stamp, read once
+        self.refused: set[str] = set()  # pace: finished groups that bypassed admission and did not fit: evicted
+        self.waiting_for = ""  # pace: why the last take attempt did not go (for the timeout message)
         self.ledger: Counter = Counter({k: 0 for k in LEDGER_KEYS})
         self.last_list_s = 0.0  # how long the last kv_list took: polling pauses at least that long
 
@@ -93,7 +129,8 @@ def _parse_prompt(partition_id: str, key: str, tag: Any) -> tuple[str, int]:
 class VerlState:
     """verl's sampler state, refreshed incrementally; subclassed by the samplers in ``verl.py``."""
 
-    def _init_state(self, capacity: int) -> None:
+    def _init_state(self, capacity: int, pace: Optional[tuple] = None) -> None:
+        """``pace``: ``(max_age, prompts_per_step, lookahead)`` when the training partitions are paced."""
         self.partitions: dict[str, dict[str, dict]] = defaultdict(dict)
         self.pending_keys: dict[str, set[str]] = defaultdict(set)
         self.running_keys: dict[str, set[str]] = defaultdict(set)
@@ -102,13 +139,16 @@ class VerlState:
         self.prompt_global_steps: dict[str, dict[str, int]] = defaultdict(dict)
         self._dapo_classification_cache: dict[str, dict[str, float | None]] = defaultdict(dict)
         self._capacity = capacity
+        self._pace = pace
+        self._trainer_step = 0  # pace: the trainer's step as last seen (PacedSampling.observe_step)
         self._books: dict[str, PartitionBook] = {}
         self._lock = threading.RLock()  # one poll (list -> apply -> evict -> take -> clear) at a time
 
     def _book(self, partition_id: str) -> PartitionBook:
         book = self._books.get(partition_id)
         if book is None:
-            book = self._books[partition_id] = PartitionBook(self._capacity)
+            pace = self._pace if partition_id != VAL else None  # validation is never paced
+            book = self._books[partition_id] = PartitionBook(self._capacity, pace)
         return book
 
     def _status_sets(self, partition_id: str) -> dict[str, set[str]]:
@@ -139,6 +179,9 @@ class VerlState:
                 self._apply_listing(pid, listing.get(pid) or {})
             return listing
 
+    def _after_listing(self, partition_id: str) -> None:
+        """Hook run after a listing is applied (the pace half dispatches groups that bypassed admission)."""
+
     def _apply_listing(self, partition_id: str, items: dict[str, dict]) -> None:
         book = self._book(partition_id)
         sets = self._status_sets(partition_id)
@@ -167,6 +210,14 @@ class VerlState:
                     status_now, step_now = _parse_prompt(partition_id, uid, tag_now)
                     if status_now != status or step_now != steps.get(uid):
                         updates[uid] = (status_now, step_now)
+        if book.paced:
+            for uid, (status, step) in updates.items():
+                restamped = uid in book.core_id and step != steps.get(uid) and status in IN_FLIGHT
+                if status == "running" and (uid not in book.core_id or restamped):
+                    raise RuntimeError(
+                        f"partition {partition_id!r}: prompt {uid!r} (step {step}) is running but was never admitted; "
+                        + UNADMITTED_FIX
+                    )
         # Apply.
         vanished = []
         for key in gone:
@@ -190,6 +241,8 @@ class VerlState:
             book.groups.setdefault(uid_of(key), {})[key] = None
             book.indexed += 1
         self._apply_prompts(partition_id, book, updates)
+        if book.paced:
+            self._after_listing(partition_id)
 
     def _apply_prompts(self, partition_id: str, book: PartitionBook, updates: dict[str, tuple[str, int]]) -> None:
         sets = self._status_sets(partition_id)
@@ -203,10 +256,13 @@ class VerlState:
             else:
                 for held in sets.values():
                     held.discard(uid)
-                if old_step != step:  # re-issued at another step: the old attempt failed, a new one runs
+                if old_step != step and uid in book.core_id:  # re-issued: the old attempt failed, a new one runs
                     book.ledger["reissued"] += 1
-                    failed.append(book.core_id.pop(uid))
-            if uid not in book.core_id:
+                    cid = book.core_id.pop(uid)
+                    book.cid_uid.pop(cid, None)
+                    failed.append(cid)
+            # Without pace every listed prompt is in flight in the core; under pace only what was admitted.
+            if uid not in book.core_id and not book.paced:
                 book.core_id[uid] = book.next_id
                 dispatch[step].append(book.next_id)
                 book.next_id += 1
@@ -247,9 +303,10 @@ class VerlState:
                         self._unorder(book, steps.get(uid), uid)
             steps.pop(uid, None)
             cache.pop(uid, None)
+            book.age_stamps.pop(uid, None)
             core_id = book.core_id.pop(uid, None)
-            if core_id is not None:
-                failed.append(core_id)
+            if core_id is not None and book.cid_uid.pop(core_id, None) is None:
+                failed.append(core_id)  # in flight in the core (a ready one stays there as a ghost, see PartitionBook)
         if failed:
             book.core.fail(failed)
         return held
@@ -304,7 +361,10 @@ class VerlState:
         tags = [items.get(key) or part[key] for key in keys]
         clear(partition_id, list(uids), "sampled prompt")
         ids = [book.core_id[uid] for uid in uids if uid in book.core_id]
-        if ids:
+        if book.paced:
+            for uid in uids:
+                book.cid_uid.pop(book.core_id.pop(uid, -1), None)
+        elif ids:
             book.core.complete(ids, ids)
             book.clock = max(book.clock, max(self.prompt_global_steps[partition_id][u] for u in uids))
             taken = book.core.take(len(ids), book.clock).traj_ids.tolist()
@@ -322,6 +382,7 @@ class VerlState:
                     book.ledger["taken"] += 1
             self._unorder(book, steps.pop(uid, None), uid)
             self._dapo_classification_cache[partition_id].pop(uid, None)
+            book.age_stamps.pop(uid, None)
         return keys, tags
 
     def _oldest(self, partition_id: str, sampleable: set[str], count: int) -> list[str]:
@@ -346,9 +407,12 @@ class VerlState:
         """Prompt-group accounting of one partition; ``seen == taken + evicted + vanished + held`` always.
 
         ``held`` counts the prompts listed and not yet handed out (``in_flight`` pending or running,
-        ``ready`` finished or failed). ``refill_requested == refill_delivered + refill_short + refill_failed``;
+        ``ready`` finished or failed); under pace ``awaiting_admission`` of the in-flight ones wait for the
+        manager. ``refill_requested == refill_delivered + refill_short + refill_failed``;
         ``unrefilled`` counts evictions made without a ``refill_fn``. ``core_*`` are the native core's
-        counters (``core_dispatched == core_completed + core_failed + core_in_flight``).
+        counters (``core_dispatched == core_completed + core_failed + core_in_flight``); without pace
+        ``core_in_flight == held``; under pace ``core_dispatched == admitted`` and
+        ``held == awaiting_admission + unadmitted_ready + core_in_flight + core_ready - ghosts``.
         """
         with self._lock:
             book = self._book(partition_id)
@@ -357,9 +421,19 @@ class VerlState:
             out["in_flight"] = len(sets["pending"]) + len(sets["running"])
             out["ready"] = len(sets["finished"]) + len(sets["failure"])
             out["held"] = out["in_flight"] + out["ready"]
+            # pace: submitted prompts the manager holds until admission (the rest of in_flight is generating)
+            out["awaiting_admission"] = (
+                sum(1 for uid in sets["pending"] if uid not in book.core_id) if book.paced else 0
+            )
+            # pace: finished or failed groups that never went through admission (restored, injected), until evicted
+            out["unadmitted_ready"] = (
+                sum(1 for status in TERMINAL for uid in sets[status] if uid not in book.core_id) if book.paced else 0
+            )
             core = book.core.ledger()
-            for key in ("dispatched", "completed", "failed", "in_flight", "taken"):
+            for key in ("dispatched", "completed", "failed", "in_flight", "taken", "trained_over_age"):
                 out[f"core_{key}"] = core[key]
+            out["core_ready"] = core["buffer_left"]  # pace: finished groups waiting in the core's ring
+            out["ghosts"] = len(book.ready) - len(book.cid_uid)  # pace: ready groups that vanished meanwhile
             return out
 
 

@@ -1,26 +1,24 @@
 """verl's ``trainer.v1`` replay buffers over pyfast_buffer: ``ReplayBuffer``, ``ReplayBufferAsync`` and
-``FastReplayBuffer``.
+``FastReplayBuffer`` (the package's ``__init__`` says how to point verl at them).
 
-Point verl at this file (``FastReplayBuffer`` acts as verl's sync or async buffer by ``trainer_mode``,
-as verl itself chooses)::
+The semantics are verl 0.9.1's (docs/verl.md has the versions matched): groups are evicted before selection
+for staleness (async ``drop``), for failure (async, or sync with ``sync_refill_failed_groups``) and by DAPO
+group filtering; ``refill_fn(k)`` asks the trainer for exactly the ``k`` prompts evicted; ``wait`` blocks while
+an in-flight prompt has reached the threshold; a null threshold turns both off; the ``val`` partition never
+evicts. ``pace`` (ours) admits prompts through ``PacedAgentLoopManager`` and takes through the core's gate.
+The metrics dict carries verl's keys only (our ledger goes to the ``pyfast_buffer.verl`` log, and into the
+dict with ``sampler_kwargs.ledger_metrics: true``).
 
-    trainer.v1.sampler.custom_sampler.path=$(python -c "import pyfast_buffer.integrations.verl as m; print(m.__file__)")
-    trainer.v1.sampler.custom_sampler.name=FastReplayBuffer
-
-The semantics are verl's (main branch, 2026-08): groups are evicted before selection for staleness
-(async ``drop``), for failure (async, or sync with ``sync_refill_failed_groups``) and by DAPO group
-filtering; ``refill_fn(k)`` asks the trainer for exactly the ``k`` prompts evicted; ``wait`` blocks
-while an in-flight prompt has reached the threshold; the ``val`` partition never evicts. The metrics
-dict carries verl's keys only (our ledger goes to the ``pyfast_buffer.verl`` log, and into the dict
-with ``sampler_kwargs.ledger_metrics: true``). Where verl differs, see docs/verl.md.
+Absolute imports only: verl may load the sampler package by file path, outside the package.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import time
-from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 try:
     import transfer_queue as tq
@@ -33,61 +31,31 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         name=exc.name,
     ) from exc
 
-from pyfast_buffer.integrations import _verl_options as options
-from pyfast_buffer.integrations._verl_options import VerlConfigError
-from pyfast_buffer.integrations._verl_state import VerlState
-
-__all__ = [
-    "DAPO_FILTERED_REWARD_COUNTS_KEY",
-    "LEDGER_PREFIX",
-    "FastReplayBuffer",
-    "ReplayBuffer",
-    "ReplayBufferAsync",
-    "VerlConfigError",
-]
+from pyfast_buffer.integrations.verl import _options as options
+from pyfast_buffer.integrations.verl._eviction import Eviction
+from pyfast_buffer.integrations.verl._metrics import LEDGER_PREFIX, VAL, metrics_prefix
+from pyfast_buffer.integrations.verl._pace import LINK, PacedSampling
+from pyfast_buffer.integrations.verl._state import VerlState
 
 logger = logging.getLogger("pyfast_buffer.verl")  # under the package's "pyfast_buffer" logger
 
-DAPO_FILTERED_REWARD_COUNTS_KEY = "_dapo_filtered_reward_counts"  # verl's name; a dict {metric value: groups}
-LEDGER_PREFIX = "pyfast_buffer"  # ledger metrics: {training|validation}/pyfast_buffer/<counter>
-VAL = "val"  # verl's validation partition: never evicts
 
-Reasons = tuple[set[str], set[str], set[str], Counter]  # (stale, DAPO-filtered, failed, filtered value counts)
+def rollout_skip_aware(sample: Callable) -> Callable:
+    """Wraps ``sample`` with verl's ``SkipManager.annotate_tq(role="rollout_tq", phase="sample")`` when verl's
+    rollout-skip module is loaded (inside verl it is; elsewhere the call goes straight through), as verl wraps
+    its own buffers' ``sample``: with ``skip.rollout_tq`` on, the sampled batch is saved for later runs."""
 
+    @functools.wraps(sample)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        skip_manager = getattr(sys.modules.get("verl.utils.skip"), "SkipManager", None)
+        if skip_manager is None:
+            return sample(self, *args, **kwargs)
+        return skip_manager.annotate_tq(role="rollout_tq", phase="sample")(sample)(self, *args, **kwargs)
 
-def metrics_prefix(partition_id: str) -> str:
-    """verl reports the ``train`` partition under ``training/`` and every other under ``validation/``."""
-    return "training" if partition_id == "train" else "validation"
-
-
-def _accumulate_eviction_metrics(acc: dict, new: dict, stale_count: int) -> None:
-    """Adds one eviction pass's metrics to ``acc``: counts add, value counts merge, and the staleness
-    mean stays a mean over every stale group (weighted by ``stale_count``, this pass's stale groups)."""
-    count_key = next((k for k in new if k.endswith("/off_policy/evicted_samples")), None)
-    before = acc.get(count_key, 0) if count_key else 0
-    for key, value in new.items():
-        if key.endswith("/evicted_samples_staleness/mean"):
-            total = before + stale_count
-            acc[key] = (acc.get(key, 0.0) * before + value * stale_count) / total if total else value
-        elif key.endswith("/evicted_samples_staleness/max"):
-            acc[key] = max(acc.get(key, value), value)
-        elif key.endswith("/evicted_samples_staleness/min"):
-            acc[key] = min(acc.get(key, value), value)
-        elif key == DAPO_FILTERED_REWARD_COUNTS_KEY:
-            merged = Counter(acc.get(key, {}))
-            merged.update(value)
-            acc[key] = dict(merged)
-        else:
-            acc[key] = acc.get(key, 0) + value
+    return wrapper
 
 
-def _reward_value(extra_fields: Any, metric: str) -> float | None:
-    extra_fields = getattr(extra_fields, "data", extra_fields)  # TransferQueue may wrap non-tensor values
-    info = extra_fields.get("reward_extra_info", {}) if hasattr(extra_fields, "get") else {}
-    return float(info[metric]) if hasattr(info, "get") and metric in info else None
-
-
-class ReplayBuffer(VerlState):
+class ReplayBuffer(PacedSampling, Eviction, VerlState):
     """verl's sync (on-policy) replay buffer: ``max_off_policy_strategy`` is a no-op.
 
     Failed groups stay sampleable (verl pads their missing trajectories) unless
@@ -97,28 +65,29 @@ class ReplayBuffer(VerlState):
     ``max_inflight_gen_batches * train_batch_size``; once a batch is sampleable the in-flight prompts
     are drained and the surplus discarded.
 
-    Args are verl's. ``sampler_kwargs`` may also carry ``filter_groups_metric``,
-    ``sync_refill_failed_groups``, ``train_batch_size``, ``gen_batch_size``, ``max_inflight_gen_batches``
-    (verl passes these to its own buffer only), ``timeout`` (s, default 600: a sample that waits longer
-    raises TimeoutError), ``poll_backoff_max`` (s, cap of our poll backoff, default 0.05), ``capacity``
-    (largest batch_size, default 65536) and ``ledger_metrics`` (bool). ``poll_interval`` stays verl's
-    value (its separate_async trainer reads it to tell an idle step).
+    Args are verl's. Inside verl, DAPO (``algorithm.filter_groups``), ``sync_refill_failed_groups`` and the
+    batch sizes are read from the trainer ``refill_fn`` is bound to; built by hand, from these arguments or
+    ``sampler_kwargs``. ``sampler_kwargs`` may also carry ``timeout`` (s, default 600: a sample that waits
+    longer raises TimeoutError), ``poll_backoff_max`` (s, cap of our poll backoff, default 0.05), ``capacity``
+    (largest batch_size, default 65536), ``ledger_metrics`` (bool), ``age_from`` (``dispatch``,
+    ``generation_start`` or ``generation_finish``) and, under pace, ``prompts_per_step`` and ``lookahead``.
+    ``poll_interval`` stays verl's value (its separate_async trainer reads it to tell an idle step).
     """
 
-    _ON_POLICY: bool | None = True  # None: decided by trainer_mode (FastReplayBuffer)
+    _ON_POLICY: Optional[bool] = True  # None: decided by trainer_mode (FastReplayBuffer)
 
     def __init__(
         self,
         trainer_mode: str,
         trainer_config: Any,
-        max_off_policy_threshold: int,
+        max_off_policy_threshold: Optional[int],
         max_off_policy_strategy: str,
         sampler_kwargs: Any = None,
         poll_interval: float = 2.0,
-        refill_fn: Callable[[int], Any] | None = None,
-        filter_groups_metric: str | None = None,
-        train_batch_size: int | None = None,
-        gen_batch_size: int | None = None,
+        refill_fn: Optional[Callable[[int], Any]] = None,
+        filter_groups_metric: Optional[str] = None,
+        train_batch_size: Optional[int] = None,
+        gen_batch_size: Optional[int] = None,
         max_inflight_gen_batches: int = 1,
         sync_refill_failed_groups: bool = False,
     ) -> None:
@@ -151,152 +120,14 @@ class ReplayBuffer(VerlState):
         self.sync_refill_failed_groups = opts.sync_refill_failed_groups
         self.timeout = opts.timeout
         self.poll_backoff_max = opts.poll_backoff_max
-        self._init_state(opts.capacity)
-
-    # ---- eviction (verl's three reasons) ---------------------------------------------------------
-    def _stale_groups(self, global_steps: int, partition_id: str) -> set[str]:
-        """Finished groups with ``global_steps - prompt_step + 1 > threshold`` (async ``drop`` only)."""
-        if self.on_policy or partition_id == VAL or self.max_off_policy_strategy != "drop":
-            return set()
-        cutoff = global_steps + 1 - self.max_off_policy_threshold  # stale iff prompt_step < cutoff
-        finished = self.finished_keys[partition_id]
-        stale = set()
-        for step, uid in self._book(partition_id).order:  # sorted by step: the stale ones come first
-            if step >= cutoff:
-                break
-            if uid in finished:
-                stale.add(uid)
-        return stale
-
-    def _dapo_filtered_keys(self, partition_id: str) -> tuple[set[str], Counter]:
-        """Finished groups whose ``filter_groups_metric`` is the same on every (>= 2) trajectory, and a
-        count of the groups per shared value. Each group is read once: finished groups never change."""
-        metric = self.filter_groups_metric
-        if partition_id == VAL or metric is None:
-            return set(), Counter()
-        finished = self.finished_keys[partition_id]
-        cache = self._dapo_classification_cache[partition_id]
-        for uid in cache.keys() - finished:
-            del cache[uid]
-        fresh = finished - cache.keys()
-        keys = self._group_keys(partition_id, fresh)
-        values: dict[str, list[float]] = {uid: [] for uid in fresh}
-        missing = set(fresh) - {key.split("_", 1)[0] for key in keys}
-        if keys:
-            data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields"])
-            for key, extra in zip(keys, list(data["extra_fields"]), strict=True):
-                value = _reward_value(extra, metric)
-                if value is None:
-                    missing.add(key.split("_", 1)[0])
-                else:
-                    values[key.split("_", 1)[0]].append(value)
-        if missing:
-            raise RuntimeError(
-                f"Finished groups are missing DAPO metric {metric!r} in "
-                f"extra_fields.reward_extra_info: {sorted(missing)[:5]}; the reward function must "
-                f"write it, or unset filter_groups_metric"
-            )
-        for uid in fresh:
-            group = values[uid]
-            cache[uid] = group[0] if len(group) > 1 and all(v == group[0] for v in group) else None
-        filtered = {uid: value for uid, value in cache.items() if value is not None}
-        return set(filtered), Counter(filtered.values())
-
-    def _failed_groups(self, partition_id: str) -> set[str]:
-        """Async: every failed group. Sync: failed groups without a trajectory, with sync_refill_failed_groups."""
-        failure = self.failure_keys[partition_id]
-        if not self.on_policy:
-            return set(failure)
-        if not self.sync_refill_failed_groups:
-            return set()
-        return {uid for uid in failure if not self._has_trajectories(partition_id, uid)}
-
-    def _terminal_eviction_reasons(self, global_steps: int, partition_id: str) -> Reasons:
-        """(stale, DAPO-filtered, failed, filtered value counts) of one snapshot; the sets may overlap."""
-        if partition_id == VAL:
-            return set(), set(), set(), Counter()
-        stale = self._stale_groups(global_steps, partition_id)
-        filtered, counts = self._dapo_filtered_keys(partition_id)
-        return stale, filtered, self._failed_groups(partition_id), counts
-
-    def _sampleable(self, partition_id: str, reasons: Reasons) -> set[str]:
-        stale, filtered, failed, _ = reasons
-        return (self.finished_keys[partition_id] | self.failure_keys[partition_id]) - (stale | filtered | failed)
-
-    def _evict_terminal_groups(
-        self, global_steps: int, partition_id: str, eviction_reasons: Reasons
-    ) -> tuple[set[str], int, int, dict]:
-        """Evicts the union of the reasons once; returns (evicted uids, stale count, filtered count, verl's metrics)."""
-        stale, filtered, failed, counts = eviction_reasons
-        evicted = stale | filtered | failed
-        if not evicted:
-            return set(), 0, 0, {}
-        prefix = metrics_prefix(partition_id)
-        metrics: dict = {}
-        if stale:
-            steps = self.prompt_global_steps[partition_id]
-            spans = [float(global_steps - steps.get(uid, global_steps) + 1) for uid in stale]
-            metrics[f"{prefix}/off_policy/evicted_samples"] = len(stale)
-            metrics[f"{prefix}/off_policy/evicted_samples_staleness/mean"] = sum(spans) / len(spans)
-            metrics[f"{prefix}/off_policy/evicted_samples_staleness/max"] = max(spans)
-            metrics[f"{prefix}/off_policy/evicted_samples_staleness/min"] = min(spans)
-        if filtered:
-            metrics[f"{prefix}/filter_groups/evicted_samples"] = len(filtered)
-            metrics[DAPO_FILTERED_REWARD_COUNTS_KEY] = dict(counts)
-        if failed:
-            metrics[f"{prefix}/rollout_failure/evicted_samples"] = len(failed)
-        ledger = self._book(partition_id).ledger
-        ledger["evicted_stale"] += len(stale)
-        ledger["evicted_filtered"] += len(filtered)
-        ledger["evicted_failure"] += len(failed)
-        self._clear_groups(partition_id, evicted)
-        logger.info(
-            "evicted %d groups from partition %s (stale %d, filtered %d, failed %d)",
-            len(evicted),
-            partition_id,
-            len(stale),
-            len(filtered),
-            len(failed),
-        )
-        return evicted, len(stale), len(filtered), metrics
-
-    # ---- one poll ------------------------------------------------------------------------------
-    def _eviction_pass(self, global_steps: int, partition_id: str, acc: dict) -> tuple[Reasons, set[str], dict]:
-        """List, evict and accumulate the metrics (the caller holds the lock); returns (reasons, evicted, listing)."""
-        items = self._sync_metadata_from_transfer_queue(partition_id)[partition_id]
-        reasons = self._terminal_eviction_reasons(global_steps, partition_id)
-        evicted, stale_count, _, metrics = self._evict_terminal_groups(global_steps, partition_id, reasons)
-        if evicted:
-            _accumulate_eviction_metrics(acc, metrics, stale_count)
-        return reasons, evicted, items
-
-    def _refill(self, partition_id: str, count: int) -> None:
-        """Asks ``refill_fn`` for ``count`` prompts and books the answer; an exception is logged and raised."""
-        with self._lock:  # the call itself runs unlocked: it may take long, or call back into this sampler
-            ledger = self._book(partition_id).ledger
-            if self.refill_fn is None:
-                ledger["unrefilled"] += count
-                return
-            ledger["refill_calls"] += 1
-            ledger["refill_requested"] += count
-        try:
-            answer = self.refill_fn(count)
-        except BaseException:
-            with self._lock:
-                ledger["refill_failed"] += count
-            logger.error(
-                "refill_fn(%d) raised for partition %s; %d evicted groups are not replaced", count, partition_id, count
-            )
-            raise
-        # verl's contract: refill_fn submits exactly ``count``; an int answer is what it submitted.
-        delivered = count if not isinstance(answer, int) or isinstance(answer, bool) else max(answer, 0)
-        with self._lock:
-            ledger["refill_delivered"] += min(delivered, count)
-            ledger["refill_short"] += max(count - delivered, 0)
-        if delivered < count:
-            logger.warning("refill_fn(%d) submitted only %d prompts for partition %s", count, delivered, partition_id)
-        elif delivered > count:
-            logger.warning("refill_fn(%d) submitted %d prompts for partition %s", count, delivered, partition_id)
+        paced = opts.max_off_policy_strategy == "pace" and not self.on_policy
+        pace = (opts.max_age, opts.prompts_per_step, opts.lookahead) if paced else None
+        self._init_state(opts.capacity, pace)
+        if opts.max_off_policy_threshold is None:
+            logger.info("off-policy version control disabled (max_off_policy_threshold is null): nothing is "
+                        "dropped or awaited for staleness")
+        if paced:
+            LINK.attach_sampler(self)
 
     def _pause(self, partition_id: str, backoff: float, deadline: float) -> float:
         """Sleeps before the next poll: 1 ms doubling to ``poll_backoff_max``, never shorter than the last
@@ -346,6 +177,7 @@ class ReplayBuffer(VerlState):
         return KVBatchMeta(partition_id=partition_id, keys=keys, tags=tags), metrics
 
     # ---- verl's interface ----------------------------------------------------------------------
+    @rollout_skip_aware
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
         """Returns ``batch_size`` whole groups (oldest ``global_steps`` first) and verl's eviction metrics.
 
@@ -431,7 +263,7 @@ class ReplayBuffer(VerlState):
     # ---- async -----------------------------------------------------------------------------------
     def _blocked_by_wait(self, global_steps: int, partition_id: str) -> list[str]:
         """Under async ``wait``: the in-flight prompts with ``global_steps - step + 1 >= threshold``."""
-        if self.on_policy or self.max_off_policy_strategy != "wait":
+        if self.on_policy or self.max_off_policy_strategy != "wait" or self.max_off_policy_threshold is None:
             return []
         steps = self.prompt_global_steps[partition_id]
         limit = global_steps + 1 - self.max_off_policy_threshold  # blocking iff prompt_step <= limit
@@ -439,40 +271,65 @@ class ReplayBuffer(VerlState):
 
     def _wait(
         self, global_steps: int, partition_id: str, count: int, take: bool, call: str
-    ) -> tuple[set[str], dict, tuple[KVBatchMeta, dict] | None]:
+    ) -> tuple[set[str], dict, Optional[tuple[KVBatchMeta, dict]]]:
         acc: dict = {}
         deadline, backoff = time.monotonic() + self.timeout, 0.001
+        paced = self._book(partition_id).paced
+        if paced:
+            self.observe_step(global_steps)
+        sampleable: set[str] = set()
+        blocked: list[str] = []
         while True:
+            result = None
             with self._lock:
                 reasons, evicted, items = self._eviction_pass(global_steps, partition_id, acc)
                 if not evicted:
                     sampleable = self._sampleable(partition_id, reasons)
                     blocked = self._blocked_by_wait(global_steps, partition_id)
+                    if paced:
+                        self._complete_ready(partition_id, sampleable)
                     if len(sampleable) >= count and not blocked:
                         if not take:
                             return sampleable, acc, None
-                        chosen = self._oldest(partition_id, sampleable, count)
-                        self._check_fresh(global_steps, partition_id, chosen)
-                        keys, tags = self._take_groups(partition_id, chosen, items)
-                        return sampleable, acc, self._finish(global_steps, partition_id, keys, tags, acc)
+                        chosen = self._choose(global_steps, partition_id, sampleable, count)
+                        if chosen is not None:
+                            keys, tags = self._take_groups(partition_id, chosen, items)
+                            result = sampleable, acc, self._finish(global_steps, partition_id, keys, tags, acc)
+            if paced:  # a take or an eviction may have made room: let the manager start what now fits
+                LINK.release()
+            if result is not None:
+                return result
             if evicted:
                 self._refill(partition_id, len(evicted))
                 continue
             if time.monotonic() >= deadline:
-                why = (
-                    f"in-flight prompts at the staleness threshold under wait: {sorted(blocked)[:8]}"
-                    if blocked
-                    else f"{len(sampleable)} sampleable; {self._held_summary(partition_id)}"
-                )
+                why = self._why_waiting(partition_id, sampleable, blocked)
                 raise self._timeout(call, global_steps, partition_id, count, why)
             backoff = self._pause(partition_id, backoff, deadline)
 
+    def _choose(self, global_steps: int, partition_id: str, sampleable: set[str], count: int) -> Optional[list[str]]:
+        """The groups to hand out now: the oldest sampleable, or under pace what the core's gated take gives."""
+        if self._book(partition_id).paced:
+            return self._take_paced(partition_id, global_steps, count)
+        chosen = self._oldest(partition_id, sampleable, count)
+        self._check_fresh(global_steps, partition_id, chosen)
+        return chosen
+
+    def _why_waiting(self, partition_id: str, sampleable: set[str], blocked: list[str]) -> str:
+        if blocked:
+            return f"in-flight prompts at the staleness threshold under wait: {sorted(blocked)[:8]}"
+        book = self._book(partition_id)
+        why = f"{len(sampleable)} sampleable; {self._held_summary(partition_id)}"
+        if book.paced:
+            awaiting = self.ledger(partition_id)["awaiting_admission"]
+            why += f"; pace: {book.waiting_for or 'nothing ready'}; {awaiting} prompts await admission"
+        return why
+
     def _check_fresh(self, global_steps: int, partition_id: str, chosen: list[str]) -> None:
         """Under drop, a selected group past the threshold is a bug here (verl asserts the same)."""
-        if partition_id == VAL or self.max_off_policy_strategy != "drop":
+        if partition_id == VAL or self.max_off_policy_strategy != "drop" or self.max_off_policy_threshold is None:
             return
-        steps = self.prompt_global_steps[partition_id]
-        spans = [global_steps - steps[u] + 1 for u in chosen]
+        spans = [global_steps - self._age_stamp(partition_id, u) + 1 for u in chosen]
         if any(span > self.max_off_policy_threshold for span in spans):
             raise RuntimeError(
                 f"pyfast_buffer: drop strategy selected stale prompts: spans={spans}, "
@@ -491,7 +348,7 @@ class ReplayBufferAsync(ReplayBuffer):
     selection and ``refill_fn`` is asked for exactly as many; ``wait`` blocks while an in-flight prompt
     has ``global_steps - step + 1 >= max_off_policy_threshold``. Same arguments as ``ReplayBuffer``."""
 
-    _ON_POLICY: bool | None = False
+    _ON_POLICY: Optional[bool] = False
 
 
 class FastReplayBuffer(ReplayBufferAsync):

@@ -3,10 +3,10 @@
 ``config_from_verl`` turns verl's ``trainer.v1.sampler`` block into ``StalenessBuffer`` arguments,
 ``max_age_from_threshold`` is verl's cutoff as a ``max_age`` and ``sample_step_from_tag`` reads a
 trajectory tag's step. The library re-exports them (``pyfast_buffer.config_from_verl`` ...); the verl
-sampler (``integrations/verl.py``) and the ``rhythm`` command read the same defaults from here.
+sampler (``integrations/verl/``) and the ``rhythm`` command read the same defaults from here.
 
 No third-party import (no verl, omegaconf or TransferQueue: a config is read through ``get`` or
-attributes), and absolute imports only: verl loads ``verl.py``, which imports this, by file path.
+attributes), and absolute imports only: verl may load the sampler, which imports this, by file path.
 """
 
 from __future__ import annotations
@@ -16,15 +16,8 @@ from typing import Any
 
 from pyfast_buffer._args import STRATEGIES, as_count, as_step
 
-#: Why verl's sampler config cannot select strategy="pace" (docs/verl.md, "pace and verl").
-PACE_IN_VERL = (
-    "max_off_policy_strategy='pace' cannot be honoured inside verl today: pace admits prompts at dispatch, "
-    "but verl's trainer submits a fixed batch of prompts every step (trainer_base._add_batch_to_generate) "
-    "and hands samplers only refill_fn, which adds prompts and cannot hold them back; use 'drop' or "
-    "'wait' in verl, or strategy='pace' where your own loop (or a RemoteBuffer) dispatches (docs/verl.md)"
-)
-#: The strategies verl's sampler option can select.
-VERL_STRATEGIES = ("drop", "wait")
+#: The strategies verl's sampler option can select (``pace`` inside verl needs ``PacedAgentLoopManager``, docs/verl.md).
+VERL_STRATEGIES = ("drop", "wait", "pace")
 #: verl's ``max_off_policy_threshold`` default.
 DEFAULT_VERL_THRESHOLD = 8
 #: Ring capacity when verl's ``sampler_kwargs`` sets none (from_verl's and the verl sampler's default).
@@ -65,6 +58,11 @@ def config_from_verl(sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> di
     threshold = read(sampler_cfg, "max_off_policy_threshold", DEFAULT_VERL_THRESHOLD)
     strategy = read(sampler_cfg, "max_off_policy_strategy", "drop")
     sync = read(trainer_cfg, "parameter_sync_step", 1)
+    if _is_null(sampler_cfg, "max_off_policy_threshold") and "max_age" not in overrides:
+        raise ValueError(
+            "max_off_policy_threshold=null turns verl's staleness control off, but a StalenessBuffer always bounds "
+            "age: set max_off_policy_threshold to an int >= 1, or pass max_age= to from_verl"
+        )
     if not isinstance(threshold, int) or isinstance(threshold, bool):
         raise TypeError(
             f"max_off_policy_threshold={threshold!r} is not an int; set it to an int >= 1 (verl's default is 8)"
@@ -73,10 +71,8 @@ def config_from_verl(sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> di
         raise ValueError(
             f"parameter_sync_step={sync!r} must be an int >= 1; it is the number of trainer steps between weight pushes"
         )
-    if strategy == "pace":
-        raise ValueError(PACE_IN_VERL)
     if strategy not in STRATEGIES:
-        raise ValueError(f"max_off_policy_strategy={strategy!r} is unknown; use 'drop' or 'wait'")
+        raise ValueError(f"max_off_policy_strategy={strategy!r} is unknown; use 'drop', 'wait' or 'pace'")
     sampler_kwargs = read(sampler_cfg, "sampler_kwargs", None)
     kwargs = {
         "capacity": read(sampler_kwargs, "capacity", DEFAULT_VERL_CAPACITY),
@@ -85,8 +81,26 @@ def config_from_verl(sampler_cfg: Any, trainer_cfg: Any, **overrides: Any) -> di
         # verl pushes weights once per global step, so the weight version is the step itself.
         "parameter_sync_step": 1,
     }
+    if strategy == "pace":  # the prompt groups one trainer step takes: verl's data.train_batch_size
+        for key in ("prompts_per_step", "lookahead"):
+            if read(sampler_kwargs, key) is not None:
+                kwargs[key] = read(sampler_kwargs, key)
+        if "prompts_per_step" not in kwargs and "prompts_per_step" not in overrides:
+            raise ValueError(
+                "max_off_policy_strategy='pace' needs the prompt groups one trainer step takes: set "
+                "sampler_kwargs.prompts_per_step (verl's data.train_batch_size) or pass prompts_per_step="
+            )
     kwargs.update(overrides)
     return kwargs
+
+
+def _is_null(cfg: Any, key: str) -> bool:
+    """Whether ``cfg`` has ``key`` set to None (verl 0.9.1's null threshold), as opposed to not having it."""
+    if cfg is None:
+        return False
+    if isinstance(cfg, Mapping) or hasattr(cfg, "keys"):
+        return key in cfg and cfg[key] is None
+    return hasattr(cfg, key) and getattr(cfg, key) is None
 
 
 def sample_step_from_tag(tag: Any) -> int:
