@@ -8,9 +8,9 @@ from .buffer import StalenessBuffer
 from .checkpoint import CheckpointError
 from .config import BufferConfig
 from .errors import AdmissionError, BufferClosedError, BufferFullError
-from .verl_mapping import config_from_verl, max_age_from_threshold, sample_step_from_tag
 from .reference import ReferenceBuffer
 from .released import RELEASE_REASONS, Released
+from .verl_mapping import config_from_verl, max_age_from_threshold, sample_step_from_tag
 
 try:
     __version__ = version("pyfast_buffer")

@@ -33,7 +33,22 @@ VERL_OWN_WARNINGS = [
     "ignore:Warning. Function 'verl.utils.import_utils.load_extern_type' is deprecated:FutureWarning",
     "ignore:'set_vital' is deprecated:UserWarning",  # torchdata's StatefulDataLoader, verl's dataloader
 ]
-VOCAB = "what is one two three four five plus minus times the answer user assistant".split()
+VOCAB = [
+    "what",
+    "is",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "plus",
+    "minus",
+    "times",
+    "the",
+    "answer",
+    "user",
+    "assistant",
+]
 
 
 def import_verl() -> None:
@@ -254,7 +269,9 @@ def cpu_trainer_class(mode: str, check_step: Optional[Callable[[Any], None]] = N
                 self.llm_server_manager = SimpleNamespace(server_addresses=["hybrid:0"], server_handles=[self.server])
                 self.standalone_server_manager = SimpleNamespace(global_load_balancer=balancer)
                 self.standalone_checkpoint_manager = FakeCheckpointManager(self.server, pauses=False)
-                self.current_mode = HybridEngineMode.ROLLOUT if self._enable_hybrid_replicas else HybridEngineMode.TRAINER
+                self.current_mode = (
+                    HybridEngineMode.ROLLOUT if self._enable_hybrid_replicas else HybridEngineMode.TRAINER
+                )
             self.checkpoint_manager.sleep_replicas()
             self._load_checkpoint()
 

@@ -127,10 +127,8 @@ class FakeAgentLoopWorker:
 
     async def generate_sequences(self, batch: Any) -> None:
         """Starts every prompt of ``batch`` in the background and returns at once (as verl's worker does)."""
-        from verl.utils import tensordict_utils as tu
-
-        validate = bool(tu.get_non_tensor_data(batch, "validate", False))
-        step = int(tu.get_non_tensor_data(batch, "global_steps", 0))
+        validate = bool(non_tensor(batch, "validate", False))
+        step = int(non_tensor(batch, "global_steps", 0))
         for i in range(len(batch)):
             uid = str(batch["uid"][i])
             task = asyncio.create_task(self._run_prompt(uid, step, validate))
@@ -148,8 +146,6 @@ class FakeAgentLoopWorker:
         await self.tq.async_kv_put(key=uid, partition_id=partition, tag={"status": status})
 
     async def _run_session(self, uid: str, step: int, session: int, plan: dict, partition: str) -> None:
-        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-
         first, last = await self.server.generate.remote(plan["latencies"][session])
         if session == plan["failing"]:
             raise SessionFailed(f"{uid}_{session}")
@@ -185,11 +181,26 @@ class FakeAgentLoopWorker:
             "max_global_steps": last,
         }
         await self.tq.async_kv_batch_put(
-            keys=[f"{uid}_{session}_0"], fields=list_of_dict_to_tensordict([field]), tags=[tag], partition_id=partition
+            keys=[f"{uid}_{session}_0"], fields=one_row(field), tags=[tag], partition_id=partition
         )
 
     def busy(self) -> int:
         return len(self.tasks)
+
+
+def non_tensor(batch: Any, key: str, default: Any) -> Any:
+    """A batch's non-tensor value (verl wraps them in NonTensorData), or ``default``."""
+    value = batch.get(key, default) if key in batch.keys() else default  # noqa: SIM118 (a TensorDict)
+    return getattr(value, "data", value)
+
+
+def one_row(field: dict) -> Any:
+    """A one-row TensorDict of ``field`` as verl's ``list_of_dict_to_tensordict`` builds it (tensors stacked,
+    other values in a NonTensorStack), without importing verl into the worker process."""
+    from tensordict import NonTensorStack, TensorDict
+
+    data = {k: v.unsqueeze(0) if isinstance(v, torch.Tensor) else NonTensorStack(v) for k, v in field.items()}
+    return TensorDict(data, batch_size=[1])
 
 
 def with_fake_workers(manager_cls: type) -> type:

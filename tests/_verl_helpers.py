@@ -56,8 +56,8 @@ def put_group(
 ) -> tuple[str, list[str]]:
     """Writes a prompt's trajectories, then its prompt tag (verl's order); returns (uid, trajectory keys).
 
-    With ``rewards`` (one per session) each trajectory's value carries
-    ``extra_fields.reward_extra_info.acc``, the field DAPO group filtering reads.
+    With ``rewards`` (one per session) each trajectory's value carries ``extra_fields.reward_extra_info.acc`` and
+    ``rm_scores`` (the reward at the last token), the fields DAPO group filtering reads (``acc``, ``reward``).
     """
     uid = uid or new_uid()
     keys = [f"{uid}_{s}_0" for s in range(sessions)]
@@ -70,6 +70,7 @@ def put_group(
                 tag=tag,
                 fields={
                     "input_ids": torch.tensor([1, 2, 3]),
+                    "rm_scores": torch.tensor([0.0, 0.0, float(reward)]),  # verl 0.9.1's canonical "reward"
                     "extra_fields": {"reward_extra_info": {"acc": float(reward)}},
                 },
             )

@@ -70,6 +70,16 @@ def buffers_ended(ray_namespace):
     kill_named_actors(ray_namespace)
 
 
+@pytest.fixture(scope="session")
+def verl_cpu():
+    """verl 0.9.1 on CPU: a local Ray with TransferQueue, started once for the verl trainer test modules."""
+    pytest.importorskip("verl", minversion="0.9.1", reason="verl 0.9.1 is not installed (bash .ci/verl-stage.sh)")
+    from _verl_cpu_trainer import verl_on_cpu
+
+    with verl_on_cpu():
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     """Runs the Ray cluster test files first: Ray 2.60 cannot create actors in the session's two-node cluster
     once this process has run an in-process local Ray (the verl tests start one), but the other order works."""

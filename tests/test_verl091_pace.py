@@ -18,8 +18,7 @@ import pytest
 pytest.importorskip("verl", minversion="0.9.1", reason="verl 0.9.1 is not installed (bash .ci/verl-stage.sh)")
 pytest.importorskip("transfer_queue", reason="TransferQueue is not installed: pip install '.[verl]'")
 
-import ray  # noqa: E402
-from _verl_cpu_trainer import (  # noqa: E402
+from _verl_cpu_trainer import (
     PACED,
     SAMPLER,
     VERL_OWN_WARNINGS,
@@ -30,7 +29,6 @@ from _verl_cpu_trainer import (  # noqa: E402
     import_verl,
     stop,
     train,
-    verl_on_cpu,
 )
 
 import_verl()
@@ -43,12 +41,6 @@ BATCH = 8
 THRESHOLD = 2  # max_age = 1: a prompt dispatched at step s must be trained by step s + 1
 MAX_AGE = THRESHOLD - 1
 SERVER = {"seed": 11, "fail_rate": 0.1, "straggler_every": 17, "straggler_s": 0.5}
-
-
-@pytest.fixture(scope="module")
-def verl_cpu():
-    with verl_on_cpu():
-        yield
 
 
 @pytest.fixture
@@ -98,16 +90,16 @@ def test_pace_in_verls_loop_drops_nothing_and_trains_nothing_past_the_bound(fres
 
 
 def test_pace_does_not_wedge_when_many_generations_fail(fresh, tmp_path):
-    run = train(paced_config(tmp_path, "colocate_async", steps=30), {"seed": 2, "fail_rate": 0.5}, window_kept)
+    run = train(paced_config(tmp_path, "colocate_async", steps=20), {"seed": 2, "fail_rate": 0.5}, window_kept)
     stop(run)
     led = run.trainer.replay_buffer.ledger("train")
-    assert led["taken"] == 30 * BATCH and led["evicted_failure"] >= 30 * BATCH // 2  # about as many failed
+    assert led["taken"] == 20 * BATCH and led["evicted_failure"] >= 20 * BATCH // 2  # about as many failed
     assert led["evicted_stale"] == 0
 
 
 def test_pace_when_no_generation_ever_finishes_fails_with_the_reason_instead_of_hanging(fresh, tmp_path):
     timeout_s = 3.0
-    config = paced_config(tmp_path, "colocate_async", extra=(f"+trainer.v1.sampler.sampler_kwargs.timeout={timeout_s}",))
+    config = paced_config(tmp_path, "colocate_async", 5, (f"+trainer.v1.sampler.sampler_kwargs.timeout={timeout_s}",))
     started = time.monotonic()
     run = train(config, {"seed": 2, "fail_always": True}, window_kept, raise_errors=False)
     stop(run)
@@ -126,7 +118,7 @@ def test_pace_when_the_trainer_stops_counts_every_held_prompt(fresh, tmp_path):
         if trainer.global_steps == 12:
             raise TrainerStopped
 
-    run = train(paced_config(tmp_path, "colocate_async"), SERVER, stop_at_step_12, raise_errors=False)
+    run = train(paced_config(tmp_path, "colocate_async", 20), SERVER, stop_at_step_12, raise_errors=False)
     stop(run)
     assert isinstance(run.error, TrainerStopped)
     led = run.trainer.replay_buffer.ledger("train")

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("verl", minversion="0.9.1", reason="verl 0.9.1 is not installed (bash .ci/verl-stage.sh)")
 pytest.importorskip("transfer_queue", reason="TransferQueue is not installed: pip install '.[verl]'")
 
-import ray  # noqa: E402
-from _verl_cpu_trainer import (  # noqa: E402
+import ray
+from _verl_cpu_trainer import (
     SAMPLER,
     VERL_OWN_WARNINGS,
     balanced,
@@ -24,18 +24,11 @@ from _verl_cpu_trainer import (  # noqa: E402
     compose,
     stop,
     train,
-    verl_on_cpu,
 )
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in VERL_OWN_WARNINGS]
 
 STEPS, CACHED, BATCH, N = 3, (1, 2), 8, 2
-
-
-@pytest.fixture(scope="module")
-def verl_cpu():
-    with verl_on_cpu():
-        yield
 
 
 def skip_run(tmp_path, dump_dir, ours: bool):

@@ -135,7 +135,11 @@ def test_verl_sampler_cut_and_wait_gate_equal_todays_verl(threshold):
 def test_pace_from_verl_needs_the_prompts_per_step_and_builds_a_paced_buffer(impl):
     with pytest.raises(ValueError, match=r"pace.*needs the prompt groups one trainer step takes.*prompts_per_step"):
         config_from_verl({"max_off_policy_strategy": "pace"}, {})
-    sampler = {"max_off_policy_threshold": 3, "max_off_policy_strategy": "pace", "sampler_kwargs": {"prompts_per_step": 4}}
+    sampler = {
+        "max_off_policy_threshold": 3,
+        "max_off_policy_strategy": "pace",
+        "sampler_kwargs": {"prompts_per_step": 4},
+    }
     buf = impl.from_verl(sampler, {}, capacity=64)
     assert (buf.config.strategy, buf.config.max_age, buf.config.prompts_per_step) == ("pace", 2, 4)
     assert buf.admissible(0) == (2 + 1) * 4  # lookahead defaults to max_age

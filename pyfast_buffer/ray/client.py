@@ -27,8 +27,8 @@ from .._args import (
 )
 from ..buffer import Ids
 from ..config import BufferConfig, SourceMaxAge, config_from_arguments, source_max_age_pairs
-from ..integrations.verl_mapping import config_from_verl
 from ..released import Released
+from ..verl_mapping import config_from_verl
 from . import _packed, _wire
 from ._actor import BLOCKING_GROUP, BufferActor
 from ._arguments import fetch_request as _fetch_request

@@ -20,7 +20,7 @@ Absolute imports only: verl may load this file by path, outside the package.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyfast_buffer.integrations.verl._metrics import (
     DAPO_FILTERED_REWARD_COUNTS_KEY,
@@ -29,6 +29,9 @@ from pyfast_buffer.integrations.verl._metrics import (
 )
 from pyfast_buffer.integrations.verl._options import VerlConfigError
 from pyfast_buffer.integrations.verl._sampler import FastReplayBuffer, ReplayBuffer, ReplayBufferAsync
+
+if TYPE_CHECKING:  # at run time it is loaded by __getattr__, on first use (it imports verl)
+    from pyfast_buffer.integrations.verl._manager import PacedAgentLoopManager
 
 __all__ = [
     "DAPO_FILTERED_REWARD_COUNTS_KEY",

@@ -23,7 +23,7 @@ from pyfast_buffer.integrations.verl._metrics import (
     metric_value,
     missing_metric_message,
 )
-from pyfast_buffer.integrations.verl._state import uid_of
+from pyfast_buffer.integrations.verl._state import VerlState, uid_of
 
 logger = logging.getLogger("pyfast_buffer.verl")
 
@@ -32,7 +32,7 @@ Reasons = tuple[set[str], set[str], set[str], Counter]  # (stale, DAPO-filtered,
 VERSION_TAG = {"generation_start": "min_global_steps", "generation_finish": "max_global_steps"}
 
 
-class Eviction:
+class Eviction(VerlState):
     """The eviction half of the verl sampler (mixed into ``ReplayBuffer``; uses ``VerlState``'s views)."""
 
     def _age_stamp(self, partition_id: str, uid: str, default: int = 0) -> int:
@@ -48,8 +48,8 @@ class Eviction:
         stamps = self._book(partition_id).age_stamps
         if uid not in stamps:
             part = self.partitions[partition_id]
-            versions = [part[key].get(tag_name) for key in self._group_keys(partition_id, [uid])]
-            versions = [v for v in versions if isinstance(v, int) and not isinstance(v, bool)]
+            tagged = [part[key].get(tag_name) for key in self._group_keys(partition_id, [uid])]
+            versions: list[int] = [v for v in tagged if isinstance(v, int) and not isinstance(v, bool)]
             stamps[uid] = min(versions) + 1 if versions else step
         return stamps[uid]
 

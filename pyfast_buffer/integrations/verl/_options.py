@@ -14,7 +14,7 @@ Absolute imports only: verl may load the sampler package by file path, outside t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from pyfast_buffer._args import MAX_TIMEOUT
@@ -64,7 +64,7 @@ class SamplerOptions:
     age_from: str = "dispatch"
     prompts_per_step: Optional[int] = None  # pace: the prompt groups one trainer step takes
     lookahead: Optional[int] = None  # pace: steps generation may run ahead (default max_age)
-    verl_keys: VerlKeys = VerlKeys()
+    verl_keys: VerlKeys = field(default_factory=VerlKeys)
 
     @property
     def max_age(self) -> Optional[int]:
@@ -111,9 +111,7 @@ def _dapo_and_refills(
                 "algorithm.filter_groups.metric must be set when group filtering is enabled "
                 "(algorithm.filter_groups.enable=true); set it to a reward_extra_info key such as acc, or reward"
             )
-        metric = _one_source(
-            "filter_groups_metric", "algorithm.filter_groups.metric", keys.filter_metric, kw_metric
-        )
+        metric = _one_source("filter_groups_metric", "algorithm.filter_groups.metric", keys.filter_metric, kw_metric)
         if keys.reward_model_enable and not keys.reward_resource_pool:
             raise VerlConfigError(
                 "algorithm.filter_groups needs the reward metric at sampling time, but reward.reward_model.enable=true "
@@ -142,7 +140,8 @@ def _dapo_and_refills(
             raise VerlConfigError(
                 f"{SAMPLER_KWARGS}.sync_refill_failed_groups={kw_refill!r} contradicts "
                 f"trainer.v1.sampler.sync_refill_failed_groups={refill!r}; verl sizes its dataloader from its own key: "
-                f"set trainer.v1.sampler.sync_refill_failed_groups and remove {SAMPLER_KWARGS}.sync_refill_failed_groups"
+                "set trainer.v1.sampler.sync_refill_failed_groups and remove "
+                f"{SAMPLER_KWARGS}.sync_refill_failed_groups"
             )
         refill = bool(kw_refill)  # async: verl's dataloader fetches one prompt at a time anyway
     return (metric_arg if metric_arg is not None else metric), bool(refill_arg or refill)
@@ -157,7 +156,9 @@ def _batch_sizes(
     kw_inflight = read(sampler_kwargs, "max_inflight_gen_batches")
     if keys.found:
         train = _one_source("train_batch_size", "data.train_batch_size", keys.train_batch_size, kw_train)
-        gen = _one_source("gen_batch_size", "data.gen_batch_size (after verl's dataloader)", keys.dataloader_batch(), kw_gen)
+        gen = _one_source(
+            "gen_batch_size", "data.gen_batch_size (after verl's dataloader)", keys.dataloader_batch(), kw_gen
+        )
         inflight = keys.max_inflight_gen_batches if keys.filter_enable else 1
         if keys.filter_enable:
             inflight = _one_source(

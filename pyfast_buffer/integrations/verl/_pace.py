@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 import transfer_queue as tq
 
 from pyfast_buffer.errors import AdmissionError
+from pyfast_buffer.integrations.verl._state import VerlState
 
 logger = logging.getLogger("pyfast_buffer.verl")
 
@@ -62,7 +63,7 @@ class PaceLink:
 LINK = PaceLink()
 
 
-class PacedSampling:
+class PacedSampling(VerlState):
     """The pace half of the verl sampler (mixed into ``ReplayBuffer``; uses ``VerlState``'s views)."""
 
     @property

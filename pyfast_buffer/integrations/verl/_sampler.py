@@ -21,7 +21,6 @@ import time
 from typing import Any, Callable, Optional
 
 try:
-    import transfer_queue as tq
     from transfer_queue import KVBatchMeta
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     # ModuleNotFoundError (an ImportError): "a dependency is missing", which pytest.importorskip and
@@ -35,7 +34,6 @@ from pyfast_buffer.integrations.verl import _options as options
 from pyfast_buffer.integrations.verl._eviction import Eviction
 from pyfast_buffer.integrations.verl._metrics import LEDGER_PREFIX, VAL, metrics_prefix
 from pyfast_buffer.integrations.verl._pace import LINK, PacedSampling
-from pyfast_buffer.integrations.verl._state import VerlState
 
 logger = logging.getLogger("pyfast_buffer.verl")  # under the package's "pyfast_buffer" logger
 
@@ -55,7 +53,7 @@ def rollout_skip_aware(sample: Callable) -> Callable:
     return wrapper
 
 
-class ReplayBuffer(PacedSampling, Eviction, VerlState):
+class ReplayBuffer(PacedSampling, Eviction):
     """verl's sync (on-policy) replay buffer: ``max_off_policy_strategy`` is a no-op.
 
     Failed groups stay sampleable (verl pads their missing trajectories) unless
@@ -124,8 +122,10 @@ class ReplayBuffer(PacedSampling, Eviction, VerlState):
         pace = (opts.max_age, opts.prompts_per_step, opts.lookahead) if paced else None
         self._init_state(opts.capacity, pace)
         if opts.max_off_policy_threshold is None:
-            logger.info("off-policy version control disabled (max_off_policy_threshold is null): nothing is "
-                        "dropped or awaited for staleness")
+            logger.info(
+                "off-policy version control disabled (max_off_policy_threshold is null): nothing is "
+                "dropped or awaited for staleness"
+            )
         if paced:
             LINK.attach_sampler(self)
 

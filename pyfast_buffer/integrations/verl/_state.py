@@ -89,7 +89,9 @@ class PartitionBook:
         self.clock = 0  # the core's clock: it refuses a step below one it has seen
         self.paced = pace is not None
         if pace is None:
-            self.core = StalenessBuffer(capacity, max_age=NO_AGE_CUT, strategy="drop", on_full="error", pin_memory=False)
+            self.core = StalenessBuffer(
+                capacity, max_age=NO_AGE_CUT, strategy="drop", on_full="error", pin_memory=False
+            )
         else:
             max_age, per_step, lookahead = pace
             self.core = StalenessBuffer(
@@ -127,7 +129,17 @@ def _parse_prompt(partition_id: str, key: str, tag: Any) -> tuple[str, int]:
 
 
 class VerlState:
-    """verl's sampler state, refreshed incrementally; subclassed by the samplers in ``verl.py``."""
+    """verl's sampler state, refreshed incrementally; the samplers (``_sampler.py``) build on it, with the
+    eviction (``_eviction.py``) and pace (``_pace.py``) halves."""
+
+    # Set by the samplers' __init__ (``_sampler.ReplayBuffer``); declared here for the halves that read them.
+    options: Any
+    on_policy: bool
+    refill_fn: Any
+    filter_groups_metric: Optional[str]
+    sync_refill_failed_groups: bool
+    max_off_policy_threshold: Optional[int]
+    max_off_policy_strategy: str
 
     def _init_state(self, capacity: int, pace: Optional[tuple] = None) -> None:
         """``pace``: ``(max_age, prompts_per_step, lookahead)`` when the training partitions are paced."""

@@ -23,7 +23,7 @@ MANAGER_FQN = "pyfast_buffer.integrations.verl.PacedAgentLoopManager"
 
 
 def select(cfg: Any, dotted: str, default: Any = None) -> Any:
-    """``cfg.a.b.c`` for ``dotted="a.b.c"`` through dicts, DictConfigs or attributes; ``default`` when absent or None."""
+    """``cfg.a.b.c`` for ``dotted="a.b.c"`` (dicts, DictConfigs or attributes); ``default`` when absent or None."""
     for part in dotted.split("."):
         cfg = read(cfg, part)
         if cfg is None:
