@@ -318,3 +318,21 @@ def test_yaml_without_pyyaml_is_skipped_with_a_fix(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "yaml", None)
     result = rhythm.scan([fixture("rhythm", "trl_grpo.yaml")])
     assert result.files == [] and "pip install pyyaml" in result.skipped[0][1]
+
+
+def test_a_bare_launch_script_with_verl_091_settings_is_read_with_notes(tmp_path):
+    # No verl config folder beside it (only the script's overrides), colocate_async, verl 0.9.1's null threshold
+    # and pace: rhythm used to fail with a KeyError on the missing parameter_sync_step key.
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "python3 -m verl.trainer.main_ppo \\\n"
+        "    data.train_batch_size=64 \\\n"
+        "    actor_rollout_ref.rollout.n=4 \\\n"
+        "    trainer.v1.trainer_mode=colocate_async \\\n"
+        "    trainer.v1.sampler.max_off_policy_threshold=null \\\n"
+        "    trainer.v1.sampler.max_off_policy_strategy=pace\n"
+    )
+    report = rhythm.analyse([str(script)])
+    assert report["rhythm"]["parameter_sync_step"] == 1 and "max_age" not in report["rhythm"]
+    notes = " ".join(report["notes"])
+    assert "null turns verl's staleness control off" in notes and "models drop and wait only" in notes

@@ -73,8 +73,18 @@ def trained(record) -> list:
 
 @pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
 def test_pace_in_verls_loop_drops_nothing_and_trains_nothing_past_the_bound(fresh, tmp_path, mode):
-    run = train(paced_config(tmp_path, mode), SERVER, window_kept)
+    # Three warm-up batches: verl keeps (3 + 1) * P prompts submitted, pace's window holds (max_age + 1) * P,
+    # so the manager holds the rest until the takes make room (the overfilled window of verl #7759).
+    awaiting: list = []
+
+    def check(trainer) -> None:
+        window_kept(trainer)
+        awaiting.append(trainer.replay_buffer.ledger("train")["awaiting_admission"])
+
+    config = paced_config(tmp_path, mode, extra=(f"trainer.v1.{mode}.num_warmup_batches=3",))
+    run = train(config, SERVER, check)
     stop(run)
+    assert max(awaiting) >= BATCH  # prompts were held for admission, in verl's own loop
     rb = run.trainer.replay_buffer
     assert rb.paced and isinstance(run.manager, PacedAgentLoopManager)
     led = rb.ledger("train")

@@ -160,8 +160,13 @@ def derive_rhythm(findings: List[Finding], notes: Optional[List[str]] = None) ->
     if mode in ("colocate_async", "separate_async") and num(warmup):
         put("latency_steps", num(warmup), f"{ref(warmup)}: generation runs that many batches ahead of the trainer")
     sync = values.get("parameter_sync_step", num("parameter_sync_step"))
-    if sync is not None:
+    if sync is not None and "parameter_sync_step" not in values:  # set by the trainer mode already
         put("parameter_sync_step", sync, ref("parameter_sync_step"))
+    if "strategy" in roles and roles["strategy"].value == "pace" and notes is not None:
+        notes.append(
+            f"{ref('strategy')}: rhythm's planner models drop and wait only; under pace (PacedAgentLoopManager) "
+            "prompts wait for admission and nothing is trained past max_age (docs/verl.md)"
+        )
     if "strategy" in roles and roles["strategy"].value in ("drop", "wait"):
         put("strategy", roles["strategy"].value, ref("strategy"))
     _derive_verl(roles, num, put, ref, sync, notes, values, how)
@@ -201,6 +206,11 @@ def _derive_verl(roles, num, put, ref, sync, notes, values, how) -> None:
         put("produced_per_step", prompts * n, text)
         put("consumed_per_step", prompts * n, text + "; the trainer takes train_batch_size prompts a step")
     threshold = num("verl.threshold")
+    if threshold is None and "verl.threshold" in roles and roles["verl.threshold"].value is None and notes is not None:
+        notes.append(
+            f"{ref('verl.threshold')}: null turns verl's staleness control off (verl 0.9.1): nothing is dropped "
+            "or awaited for age, so no max_age is derived"
+        )
     if threshold is not None:
         try:
             max_age = max_age_from_threshold(_as_int(threshold))

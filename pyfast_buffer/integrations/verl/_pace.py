@@ -86,11 +86,15 @@ class PacedSampling(VerlState):
 
         ``k`` is as many as the pace rule lets start now. Lists TransferQueue first, so groups that reached it
         without admission (a restored checkpoint, the rollout-skip cache) count before anything is admitted;
-        then dispatches the ``k`` prompts in the core and re-stamps their prompt tags with ``step``.
+        then dispatches the ``k`` prompts in the core and re-stamps their prompt tags with ``step``. When the rule
+        has no room even before listing, it returns 0 at once (a listing only finds more to count; the failures
+        it could find free room at the next poll, which calls the manager back).
         """
         self.observe_step(step)
         with self._lock:
             book = self._book(TRAIN)
+            if not uids or book.core.admissible(step) == 0:
+                return 0
             self._sync_metadata_from_transfer_queue(TRAIN)
             pending = self.pending_keys[TRAIN]
             unknown = [uid for uid in uids if uid not in pending or uid in book.core_id]
