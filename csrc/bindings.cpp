@@ -262,9 +262,15 @@ PYBIND11_MODULE(_core, m) {
   auto full = py::register_exception<pfb::Full>(m, "BufferFullError", PyExc_RuntimeError);
   // Registered after its base, so that its translator runs first.
   py::register_exception<pfb::AdmissionFull>(m, "AdmissionError", full.ptr());
+  // A probe's "would wait" (kProbeTimeout): a TimeoutError, so nothing that expects one is surprised; the
+  // awaitable API (aio.py) catches it and awaits a wake-up. Translated below, before its base Timeout.
+  static py::exception<pfb::WouldBlock> would_block(m, "WouldBlock", PyExc_TimeoutError);
+  m.attr("PROBE_TIMEOUT") = pfb::kProbeTimeout;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const pfb::WouldBlock& e) {
+      py::set_error(would_block, e.what());
     } catch (const pfb::Timeout& e) {
       py::set_error(PyExc_TimeoutError, e.what());
     } catch (const pfb::OutOfMemory& e) {
@@ -423,6 +429,19 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("closed", [](const PyRing& self) { return self.ring->closed(); })
       .def_property_readonly("borrows_columns", [](const PyRing& self) { return self.ring->borrows_columns(); })
       .def("close", [](PyRing& self) { self.ring->close(); })
+      .def("set_wake_fd", [](PyRing& self, int fd) { self.ring->set_wake_fd(fd); }, py::arg("fd"))
+      .def("arm_wake", [](PyRing& self) { self.ring->arm_wake(); })
+      .def("next_lease_deadline_ns", [](PyRing& self) { return self.ring->next_lease_deadline_ns(); })
+      .def(
+          "begin_admission_wait",
+          [](PyRing& self, const I64Array& prompt_ids) {
+            const std::vector<int64_t> ids = owned(prompt_ids);
+            return self.ring->begin_admission_wait(ids.data(), static_cast<int64_t>(ids.size()));
+          },
+          py::arg("prompt_ids"))
+      .def(
+          "end_admission_wait", [](PyRing& self, bool protected_call) { self.ring->end_admission_wait(protected_call); },
+          py::arg("protected_call"))
       .def("__repr__", [](const PyRing& self) { return self.ring->debug_string(); })
       .def("export_state", [](PyRing& self) { return state_dict_of(self.ring->export_state()); })
       .def("export_delta",

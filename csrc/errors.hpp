@@ -18,6 +18,13 @@ class Timeout : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Thrown instead of waiting by a call given the probe timeout (kProbeTimeout) that would have to wait; nothing
+/// changed and nothing was counted. The message names what it would wait for.
+class WouldBlock : public Timeout {
+ public:
+  using Timeout::Timeout;
+};
+
 /// Thrown by every state-changing call on a closed buffer and by waiters that close() wakes.
 class Closed : public std::runtime_error {
  public:

@@ -11,6 +11,7 @@
 
 #include "mutex.hpp"
 #include "thread_annotations.hpp"
+#include "wake_fd.hpp"
 
 namespace pyfast_buffer {
 
@@ -36,10 +37,18 @@ class MonotonicCondition {
   MonotonicCondition(const MonotonicCondition&) = delete;
   MonotonicCondition& operator=(const MonotonicCondition&) = delete;
 
-  /// Wakes every waiter.
-  void notify_all() noexcept { pthread_cond_broadcast(&cond_); }
-  /// Wakes one waiter.
-  void notify_one() noexcept { pthread_cond_signal(&cond_); }
+  /// Wakes every waiter, and signals `wake` if one is set (set_wake).
+  void notify_all() noexcept {
+    pthread_cond_broadcast(&cond_);
+    if (wake_ != nullptr) wake_->signal();
+  }
+  /// Wakes one waiter, and signals `wake` if one is set.
+  void notify_one() noexcept {
+    pthread_cond_signal(&cond_);
+    if (wake_ != nullptr) wake_->signal();
+  }
+  /// Makes every notify also signal `wake` (the waiters outside the lock: an event loop's); set it at construction.
+  void set_wake(WakeFd* wake) noexcept { wake_ = wake; }
 
   /// Blocks until notified (or a spurious wake-up); the caller holds `mu`, which the wait releases meanwhile.
   void wait(Mutex& mu) PFB_REQUIRES(mu) { pthread_cond_wait(&cond_, mu.native_handle()); }
@@ -77,6 +86,7 @@ class MonotonicCondition {
   }
 
   pthread_cond_t cond_;
+  WakeFd* wake_ = nullptr;
 };
 
 }  // namespace pyfast_buffer

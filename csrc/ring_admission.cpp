@@ -102,6 +102,8 @@ bool StalenessRing::wait_for_admission(const StepCounts& groups, int64_t total, 
                                ", so no wait can admit them; dispatch with newer weights (step >= ",
                                pace_next_take() - max_age_, ")"));
   }
+  if (is_probe(timeout))
+    throw WouldBlock(concat(call, " waits for admission under pace: ", admission_message(groups, total, first_step)));
   if (!timeout) {
     ledger_.admission_refused += total;
     if (!protected_call && protected_waiting_ > 0)
@@ -135,6 +137,20 @@ bool StalenessRing::wait_for_admission(const StepCounts& groups, int64_t total, 
   throw Timeout(concat(call, " timed out after ", *timeout, " s waiting for admission under pace",
                        !protected_call && protected_waiting_ > 0 ? " (behind a protected dispatch too)" : "", ": ",
                        admission_message(groups, total, first_step)));
+}
+
+bool StalenessRing::begin_admission_wait(const int64_t* prompt_ids, int64_t n) {
+  MutexLock lock(mutex_);
+  const bool protected_call = n > 0 && holds_protected_attempt(prompt_ids, n);
+  ++(protected_call ? protected_waiting_ : unprotected_waiting_);
+  return protected_call;
+}
+
+void StalenessRing::end_admission_wait(bool protected_call) {
+  MutexLock lock(mutex_);
+  int64_t& waiting = protected_call ? protected_waiting_ : unprotected_waiting_;
+  if (waiting > 0) --waiting;
+  if (protected_call) admit_cv_.notify_all();  // the calls held behind it may go now
 }
 
 void StalenessRing::pace_restore_order() {

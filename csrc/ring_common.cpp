@@ -103,6 +103,7 @@ StalenessRing::StalenessRing(const RingConfig& config, const ColumnPointers* bor
       max_age_(config.max_age),
       attempts_(config.attempts_bound > 0 ? config.attempts_bound : default_attempts_bound(config.capacity)) {
   source_max_age_.fill(-1);
+  for (MonotonicCondition* cv : {&ready_cv_, &room_cv_, &admit_cv_}) cv->set_wake(&wake_);
   if (config_.track_released)
     release_log_ = std::make_unique<ReleaseLog>(config_.release_bound > 0 ? config_.release_bound
                                                                           : default_release_bound(config_.capacity));

@@ -60,10 +60,13 @@ std::string concat(const Parts&... parts) {
 /// > 0 (>= 0 with allow_zero) and <= kMaxSeconds.
 int64_t checked_seconds_ns(double seconds, const char* name, bool allow_zero);
 
-/// Throws InvalidArgument unless `timeout` is absent or a valid number of seconds (>= 0).
+/// Throws InvalidArgument unless `timeout` is absent, kProbeTimeout or a valid number of seconds (>= 0).
 inline void check_timeout(std::optional<double> timeout) {
-  if (timeout) checked_seconds_ns(*timeout, "timeout", true);
+  if (timeout && *timeout != kProbeTimeout) checked_seconds_ns(*timeout, "timeout", true);
 }
+
+/// Whether `timeout` asks for one attempt that throws WouldBlock instead of waiting (kProbeTimeout).
+inline bool is_probe(std::optional<double> timeout) { return timeout && *timeout == kProbeTimeout; }
 
 /// Returns the first id (in call order) that occurs twice in ids[0..n), if any, in a few ns per id.
 std::optional<int64_t> first_duplicate(const int64_t* ids, int64_t n);

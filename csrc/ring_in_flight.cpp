@@ -142,4 +142,10 @@ void StalenessRing::set_lease_clock(std::optional<int64_t> now_ns) {
   admit_cv_.notify_all();  // so does a waiting paced dispatch
 }
 
+int64_t StalenessRing::next_lease_deadline_ns() {
+  MutexLock lock(mutex_);
+  const int64_t lease = in_flight_.earliest_deadline();
+  return lease == kNoLease || manual_lease_clock_ ? -1 : lease;
+}
+
 }  // namespace pyfast_buffer

@@ -358,6 +358,14 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   if (plan.walked > 0) room_cv_.notify_all();
 }
 
+std::string StalenessRing::take_short_cause(const TakePlan& plan, int64_t batch_size, int64_t current_step) const {
+  if (plan.blocked_by == BlockedBy::kInFlightAtMaxAge)
+    return paced() ? pace_blocked_message(plan.pace_blocker, current_step) : wait_blocked_message(current_step);
+  return concat("only ", plan.taken, " fresh entries are ready for batch_size=", batch_size, " (", size_,
+                " ready in all, ", in_flight_.size(), " prompts in flight); produce faster, lower batch_size or raise "
+                "the timeout");
+}
+
 TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::optional<double> timeout,
                               int64_t* out) {
   check_timeout(timeout);
@@ -369,6 +377,7 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
   TakeStats stats;
   TakePlan plan;
   plan_take(batch_size, current_step, plan);
+  if (is_probe(timeout) && !plan.full) throw WouldBlock(take_short_cause(plan, batch_size, current_step));
   if (timeout && !plan.full) {
     const auto deadline = deadline_after(*timeout);
     SteadyTime last_check = SteadyClock::now();
@@ -382,14 +391,8 @@ TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::opt
       if (SteadyClock::now() >= deadline) {
         plan_take(batch_size, current_step, plan);
         if (plan.full) break;
-        std::string cause = plan.blocked_by == BlockedBy::kInFlightAtMaxAge
-                                ? (paced() ? pace_blocked_message(plan.pace_blocker, current_step)
-                                           : wait_blocked_message(current_step))
-                                : concat("only ", plan.taken, " fresh entries are ready for batch_size=", batch_size,
-                                         " (", size_, " ready in all, ", in_flight_.size(),
-                                         " prompts in flight); produce faster, lower batch_size or raise the timeout");
         throw Timeout(concat("take timed out after ", *timeout, " s under ", strategy_name(config_.strategy),
-                             ": ", cause));
+                             ": ", take_short_cause(plan, batch_size, current_step)));
       }
       check_clock(current_step);  // a producer may have stamped a later step while we waited
       plan_take(batch_size, current_step, plan);

@@ -67,6 +67,9 @@ void check_one_finish_per_group(const Groups& groups, const int64_t* finish_step
 bool StalenessRing::wait_for_room(int64_t n, std::optional<double> timeout, const char* call,
                                   std::optional<SteadyTime>& deadline) {
   if (size_ + n <= config_.capacity || config_.on_full == OnFull::kEvictOldest) return true;
+  if (config_.on_full == OnFull::kBlock && is_probe(timeout))
+    throw WouldBlock(concat(call, " waits for room: ", n, " entries need room, ", size_, " of capacity=",
+                            config_.capacity, " are ready"));
   if (config_.on_full == OnFull::kError || !timeout)
     throw Full(concat("ring full: ", n, " entries do not fit, ", size_, " of capacity=", config_.capacity,
                       " are ready; take more often, raise capacity, use on_full='evict_oldest'",

@@ -24,6 +24,7 @@
 #include "ring_columns.hpp"
 #include "thread_annotations.hpp"
 #include "value_sketch.hpp"
+#include "wake_fd.hpp"
 
 namespace pyfast_buffer {
 
@@ -41,6 +42,10 @@ constexpr double kMaxSeconds = 1e9;
 
 /// Longest a blocking call sleeps between two interrupt checks (see set_interrupt_check).
 constexpr int64_t kInterruptCheckMs = 100;
+
+/// A timeout that makes a blocking call (dispatch, put or complete that must wait, take short of a full batch)
+/// throw WouldBlock instead of waiting, changing and counting nothing: one attempt of an awaitable call.
+constexpr double kProbeTimeout = -1.0;
 
 /// Construction parameters; the constructor rejects out-of-range values.
 struct RingConfig {
@@ -244,6 +249,25 @@ class StalenessRing {
   /// returns how many entries left. Throws InvalidArgument if groups < 0, BufferClosed once closed.
   int64_t evict_oldest(int64_t groups) PFB_EXCLUDES(mutex_);
 
+  /// Makes every change that may let a waiter proceed also write a byte to `fd` (non-blocking, kept open by the
+  /// caller; -1: none), once per arm_wake(): how an event loop learns that an awaited call may succeed now.
+  void set_wake_fd(int fd) { wake_.set(fd); }
+
+  /// Lets the next such change write its byte (call it before looking at the ring again).
+  void arm_wake() { wake_.arm(); }
+
+  /// Returns the earliest lease deadline of an in-flight prompt (steady-clock ns), or -1: a waiting call may
+  /// succeed then (the prompt expires) with no other change to announce it.
+  int64_t next_lease_deadline_ns() PFB_EXCLUDES(mutex_);
+
+  /// Counts an awaiting dispatch of `n` prompts (n == 0: a put) among the admission waiters until
+  /// end_admission_wait, so a protected one holds the others back as a blocking one does; returns whether it is
+  /// protected (pass that to end_admission_wait).
+  bool begin_admission_wait(const int64_t* prompt_ids, int64_t n) PFB_EXCLUDES(mutex_);
+
+  /// Ends a begin_admission_wait; a protected waiter leaving wakes the others.
+  void end_admission_wait(bool protected_call) PFB_EXCLUDES(mutex_);
+
   /// Returns a consistent copy of the ledger (after failing prompts whose lease passed).
   Ledger ledger() PFB_EXCLUDES(mutex_);
 
@@ -345,6 +369,9 @@ class StalenessRing {
   void check_not_live(const int64_t* traj_ids, int64_t n) const PFB_REQUIRES(mutex_);  // unique_ids refusal
   // Runs interrupt_check_ with mutex_ released, at most every kInterruptCheckMs; mutex_ is held again on return.
   void check_interrupt(SteadyTime& last_check) PFB_REQUIRES(mutex_);
+  // Why a take planned as `plan` is short of a full batch (the cause in its Timeout or WouldBlock message).
+  std::string take_short_cause(const TakePlan& plan, int64_t batch_size, int64_t current_step) const
+      PFB_REQUIRES(mutex_);
   SteadyTime next_wake(SteadyTime deadline) const PFB_REQUIRES(mutex_);  // when a wait next wakes up
   bool leave_hooks() const PFB_REQUIRES(mutex_) { return release_log_ != nullptr || config_.unique_ids; }
   void note_left(int64_t id, ReleaseReason reason) PFB_REQUIRES(mutex_);  // one id leaves
@@ -438,6 +465,7 @@ class StalenessRing {
   const RingConfig config_;  // as constructed (immutable); max_age_ below is the one in force
   RingColumns columns_ PFB_GUARDED_BY(mutex_);
   mutable Mutex mutex_;
+  WakeFd wake_;  // every condition below signals it too (set_wake_fd): the awaitable API's wake-ups
   MonotonicCondition ready_cv_;       // consumers: entries arrived, prompts finished, or closed
   MonotonicCondition room_cv_;        // producers: room freed, or closed
   int64_t head_ PFB_GUARDED_BY(mutex_) = 0;

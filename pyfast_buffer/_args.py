@@ -134,10 +134,25 @@ def as_seconds(value: Any, name: str, allow_zero: bool, fix: str) -> float:
     return seconds
 
 
+class _ProbeTimeout(float):
+    """The timeout of one attempt of an awaitable call (aio.py): a call that would wait raises WouldBlock instead,
+    changing and counting nothing. Only aio passes it; the core knows it as kProbeTimeout (-1)."""
+
+
+PROBE = _ProbeTimeout(-1.0)
+
+
+def is_probe(timeout: Any) -> bool:
+    """Whether ``timeout`` is the probe timeout (PROBE, or a copy of it that crossed a process boundary)."""
+    return isinstance(timeout, _ProbeTimeout)
+
+
 def as_timeout(value: Any) -> Optional[float]:
-    """Returns None or a finite float in [0, MAX_TIMEOUT] of seconds, or raises TypeError/ValueError."""
+    """Returns None, a finite float in [0, MAX_TIMEOUT] of seconds, or PROBE itself; else TypeError/ValueError."""
     if value is None:
         return None
+    if is_probe(value):
+        return PROBE
     return as_seconds(value, "timeout", True, "pass None not to block")
 
 

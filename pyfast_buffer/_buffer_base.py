@@ -1,5 +1,5 @@
 """What both buffers share besides their storage: the configuration built from the constructor's arguments,
-``from_verl``, the refusal to be copied, the context manager, and ``save``/``load``.
+``from_verl``, the refusal to be copied, the context manager, ``save``/``load`` and the awaitable calls.
 
 ``StalenessBuffer`` and ``ReferenceBuffer`` keep their explicit signatures (for users, docs and type
 checkers) and hand their ``locals()`` to ``_configure``, which reads every ``BufferConfig`` field by
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Type, TypeVar
 
+from .aio import AsyncMethods
 from .checkpoint import CheckpointMethods
 from .config import BufferConfig, check_capacity_fits, config_from_arguments
 from .errors import NO_COPY
@@ -20,7 +21,7 @@ from .verl_mapping import config_from_verl
 _Buffer = TypeVar("_Buffer", bound="BufferBase")
 
 
-class BufferBase(CheckpointMethods):
+class BufferBase(CheckpointMethods, AsyncMethods):
     """The base of StalenessBuffer and ReferenceBuffer (not a buffer by itself: it has no storage)."""
 
     config: BufferConfig

@@ -152,6 +152,22 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         self._ring.dispatch(prompts, as_step(step, "step"), as_lease(lease), as_timeout(timeout), slots)
         self._watch.on_dispatch(None if slots is None else slots - 1, len(prompts))
 
+    # ---- the awaitable API's hooks (aio.py): the core's wake fd and admission waiters ----------------------------
+    def _set_wake_fd(self, fd: int) -> None:
+        self._ring.set_wake_fd(fd)
+
+    def _arm_wake(self) -> None:
+        self._ring.arm_wake()
+
+    def _next_lease_deadline_ns(self) -> int:
+        return self._ring.next_lease_deadline_ns()
+
+    def _begin_admission_wait(self, prompt_ids: Ids) -> bool:
+        return self._ring.begin_admission_wait(as_ids(prompt_ids, "prompt_ids"))
+
+    def _end_admission_wait(self, protected: bool) -> None:
+        self._ring.end_admission_wait(protected)
+
     def admissible(self, step: int) -> int:
         """Returns how many prompts stamped ``step`` a dispatch may start now (strategy="pace" only)."""
         return self._ring.admissible(as_step(step, "step"))

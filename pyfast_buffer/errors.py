@@ -1,13 +1,15 @@
 """Exceptions raised by both buffer implementations.
 
 Bad arguments raise the built-in ``ValueError``/``TypeError``; a blocking call
-whose timeout elapses raises the built-in ``TimeoutError``. The two types here
-come from the native core so that both implementations raise the same classes.
+whose timeout elapses raises the built-in ``TimeoutError``. The types here come
+from the native core so that both implementations raise the same classes;
+``WouldBlock`` (a ``TimeoutError``) is internal: one attempt of an awaitable call
+that would have to wait (aio.py), never raised by the public calls.
 """
 
-from ._core import AdmissionError, BufferClosedError, BufferFullError
+from ._core import AdmissionError, BufferClosedError, BufferFullError, WouldBlock
 
-__all__ = ["CLOSED_MESSAGE", "NO_COPY", "AdmissionError", "BufferClosedError", "BufferFullError"]
+__all__ = ["CLOSED_MESSAGE", "NO_COPY", "AdmissionError", "BufferClosedError", "BufferFullError", "WouldBlock"]
 
 #: The message of BufferClosedError (the core's wording, repeated for the pure-Python twin).
 CLOSED_MESSAGE = "the buffer is closed; create a new buffer (or load its state_dict) to continue"

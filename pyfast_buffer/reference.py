@@ -10,7 +10,9 @@ over speed. Its sections follow the core's files (``csrc/ring_common.cpp``, ``ri
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import threading
 import time
 from collections import deque
@@ -30,6 +32,7 @@ from ._args import (
     as_step,
     as_steps,
     as_timeout,
+    is_probe,
     same_length,
 )
 from ._buffer_base import BufferBase
@@ -37,7 +40,7 @@ from .accounting import AccountingMethods
 from .attempts import PromptAttempts, default_attempts_bound
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
 from .config import SourceMaxAge, check_max_age_keeps_lookahead, pace_limits, resolve_pin_memory
-from .errors import CLOSED_MESSAGE, AdmissionError, BufferClosedError, BufferFullError
+from .errors import CLOSED_MESSAGE, AdmissionError, BufferClosedError, BufferFullError, WouldBlock
 from .released import NOT_TRACKED, Released, default_release_bound
 
 _RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of RELEASE_REASONS
@@ -129,6 +132,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         self._evicted_unreported = 0
         self._closed = False
         self._cond = threading.Condition()
+        self._wake_fd = -1  # the awaitable API's wake-up fd (aio.py): a byte per arm when waiters may go
+        self._wake_armed = False
         self._config_lock = threading.Lock()
         # What the bound does to the data (docs/data-bias.md), as the core keeps it.
         self._attempts = PromptAttempts(default_attempts_bound(capacity))
@@ -190,6 +195,45 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 return i
             seen.add(i)
         return None
+
+    # -- the awaitable API's wake-ups (aio.py; the core's WakeFd, set_wake_fd and friends) ------------------------
+    def _notify_waiters(self) -> None:
+        """Wakes the blocked calls and, once per arm, writes a byte to the wake fd (the lock is held)."""
+        self._cond.notify_all()
+        if self._wake_fd >= 0 and self._wake_armed:
+            self._wake_armed = False
+            with contextlib.suppress(OSError):  # a full pipe already holds a wake-up
+                os.write(self._wake_fd, b"\x01")
+
+    def _set_wake_fd(self, fd: int) -> None:
+        with self._cond:
+            self._wake_fd = fd
+
+    def _arm_wake(self) -> None:
+        with self._cond:
+            self._wake_armed = True
+
+    def _next_lease_deadline_ns(self) -> int:
+        with self._cond:
+            return min(self._leases.values()) if self._leases and self._manual_clock is None else -1
+
+    def _begin_admission_wait(self, prompt_ids: Any) -> bool:
+        prompts = as_ids(prompt_ids, "prompt_ids").tolist()
+        with self._cond:
+            protected = bool(prompts) and self._holds_protected_attempt(prompts)
+            if protected:
+                self._protected_waiting += 1
+            else:
+                self._unprotected_waiting += 1
+            return protected
+
+    def _end_admission_wait(self, protected: bool) -> None:
+        with self._cond:
+            if protected:
+                self._protected_waiting = max(self._protected_waiting - 1, 0)
+                self._notify_waiters()  # the calls held behind it may go now
+            else:
+                self._unprotected_waiting = max(self._unprotected_waiting - 1, 0)
 
     def _wait(self, deadline: float) -> None:
         """Sleeps on the condition until notified, the deadline, the earliest lease deadline or _WAKE_S."""
@@ -288,7 +332,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 self._attempts.on_failed(p)
                 self._note_left(p, _FAILED)
             self._counts["failed"] += len(prompts)
-            self._cond.notify_all()
+            self._notify_waiters()
 
     def renew(self, prompt_ids: Any, lease: float) -> None:
         prompts = as_ids(prompt_ids, "prompt_ids").tolist()
@@ -326,7 +370,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             raise ValueError(f"lease clock={now_ns} must be >= 0")
         with self._cond:
             self._manual_clock = now_ns
-            self._cond.notify_all()
+            self._notify_waiters()
 
     def _check_in_flight(self, prompts) -> None:
         for p in prompts:
@@ -351,7 +395,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         self._counts["failed"] += len(prompts)
         self._counts["expired"] += len(prompts)
         if prompts:
-            self._cond.notify_all()
+            self._notify_waiters()
 
     def _expire_due(self) -> int:
         """Fails every prompt whose lease passed, by deadline then id; returns how many."""
@@ -451,7 +495,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 self._advance_clock_by_stamp(f_step)
             self._counts["completed"] += len(groups)
             self._counts["put_total"] += n
-            self._cond.notify_all()
+            self._notify_waiters()
 
     def put(
         self,
@@ -545,7 +589,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._advance_clock_by_stamp(max(steps))
             for f_step in finish or []:
                 self._advance_clock_by_stamp(f_step)
-            self._cond.notify_all()
+            self._notify_waiters()
 
     @staticmethod
     def _check_uniform(groups: Dict[int, List[int]], value_of: Any, arg: str, verb: str, what: str, shown: int) -> None:
@@ -588,6 +632,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         cap, on_full = self.config.capacity, self.config.on_full
         if self._size + n <= cap or on_full == "evict_oldest":
             return True
+        if on_full == "block" and is_probe(timeout):
+            raise WouldBlock(f"{call} waits for room: {n} entries need room, {self._size} of capacity={cap} are ready")
         if on_full == "error" or timeout is None:
             hint = ", or pass timeout= to wait for room" if on_full == "block" else " or 'block'"
             raise BufferFullError(
@@ -717,6 +763,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 f"step {next_take}, so no wait can admit them; dispatch with newer weights (step >= "
                 f"{next_take - max_age})"
             )
+        if is_probe(timeout):
+            raise WouldBlock(f"{call} waits for admission under pace: {self._admission_message(stamps)}")
         if timeout is None:
             self._counts["admission_refused"] += len(stamps)
             if not protected_call and self._protected_waiting:
@@ -742,7 +790,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         finally:  # a protected waiter leaving (admitted, timed out, interrupted, closed) wakes those behind it
             if protected_call:
                 self._protected_waiting -= 1
-                self._cond.notify_all()
+                self._notify_waiters()
             else:
                 self._unprotected_waiting -= 1
         self._counts["admission_refused"] += len(stamps)
@@ -806,6 +854,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._expire_due()
             self._check_clock(current_step)
             plan = self._plan(batch_size, current_step)
+            if is_probe(timeout) and not plan.full:
+                raise WouldBlock(self._short_cause(plan, batch_size, current_step))
             if timeout is not None and not plan.full:
                 deadline = time.monotonic() + timeout
                 while not plan.full:
@@ -816,16 +866,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                         plan = self._plan(batch_size, current_step)
                         if plan.full:
                             break
-                        if plan.blocked_by == "in_flight_at_max_age" and plan.pace_blocker is not None:
-                            cause = self._pace_blocked_message(plan.pace_blocker, current_step)
-                        elif plan.blocked_by == "in_flight_at_max_age":
-                            cause = self._wait_blocked_message(current_step)
-                        else:
-                            cause = (
-                                f"only {plan.taken} fresh entries are ready for batch_size={batch_size} "
-                                f"({self._size} ready in all, {len(self._in_flight)} prompts in flight); "
-                                "produce faster, lower batch_size or raise the timeout"
-                            )
+                        cause = self._short_cause(plan, batch_size, current_step)
                         raise TimeoutError(f"take timed out after {timeout} s under {self.config.strategy}: {cause}")
                     self._check_clock(current_step)  # a producer may have stamped a later step
                     plan = self._plan(batch_size, current_step)
@@ -833,8 +874,19 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             batch = self._commit(plan, current_step)
             if self._paced():
                 self._next_take = max(self._next_take, min(current_step + 1, 2**63 - 1))
-                self._cond.notify_all()
+                self._notify_waiters()
             return batch
+
+    def _short_cause(self, plan: _Plan, batch_size: int, current_step: int) -> str:
+        """Why a take planned as ``plan`` is short of a full batch (its Timeout or WouldBlock message)."""
+        if plan.blocked_by == "in_flight_at_max_age" and plan.pace_blocker is not None:
+            return self._pace_blocked_message(plan.pace_blocker, current_step)
+        if plan.blocked_by == "in_flight_at_max_age":
+            return self._wait_blocked_message(current_step)
+        return (
+            f"only {plan.taken} fresh entries are ready for batch_size={batch_size} ({self._size} ready in all, "
+            f"{len(self._in_flight)} prompts in flight); produce faster, lower batch_size or raise the timeout"
+        )
 
     def _plan(self, batch_size: int, current_step: int) -> _Plan:
         plan = _Plan()
@@ -929,7 +981,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         self._counts["dropped_stale"] += plan.dropped
         self._counts["trained_over_age"] += over_age
         if plan.walked:
-            self._cond.notify_all()
+            self._notify_waiters()
         stats = (
             plan.taken,
             plan.dropped,
@@ -1020,7 +1072,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._counts["evicted"] += evicted
             self._evicted_unreported += evicted
             if evicted:
-                self._cond.notify_all()
+                self._notify_waiters()
             return evicted
 
     def evict_stale(self, current_step: int) -> int:
@@ -1042,7 +1094,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._groups, self._size = fresh, self._size - removed
             self._counts["dropped_stale"] += removed
             if removed:
-                self._cond.notify_all()
+                self._notify_waiters()
             stats = (
                 0,
                 removed,
@@ -1124,7 +1176,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 return
             self.config = dataclasses.replace(self.config, max_age=max_age)
             self._counts["max_age_changes"] += 1
-            self._cond.notify_all()  # under wait, a raised bound may unblock a waiting take
+            self._notify_waiters()  # under wait, a raised bound may unblock a waiting take
 
     @property
     def in_flight(self) -> int:
@@ -1139,7 +1191,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
+            self._notify_waiters()
 
     def _waiting_repr(self) -> str:
         """Pace: the calls waiting for admission now, as the core's repr shows them (nothing when none)."""
@@ -1176,7 +1228,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 self._source_max_age.pop(source, None)
             else:
                 self._source_max_age[source] = max_age
-            self._cond.notify_all()  # under wait, a raised bound may unblock a waiting take
+            self._notify_waiters()  # under wait, a raised bound may unblock a waiting take
 
     def state_dict(self) -> Dict[str, Any]:
         with self._cond:
@@ -1268,4 +1320,4 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._evicted_unreported = s["evicted_unreported"]
             self._next_take = s["next_take"]
             self._restore_order()
-            self._cond.notify_all()
+            self._notify_waiters()

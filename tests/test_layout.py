@@ -9,7 +9,8 @@ arrow to ``pkg.name`` when that is a module, else to ``pkg`` itself. Strings han
 The library is the root modules (``buffer``, ``reference``, ``config``, ...) with ``ray/`` and
 ``integrations/``; the wings are ``workflow/``, ``experiment/`` and ``bench/``, with the entry points
 ``cli`` and ``__main__``, which dispatch to all three wings. The wings may import the library; the
-library imports no wing.
+library imports no wing, and no framework integration (``integrations/<framework>/``), which import only the
+library and their shared ``integrations/_common``.
 """
 
 import ast
@@ -171,6 +172,27 @@ def test_the_library_imports_no_wing():
         if _wing(target) is not None
     )
     assert not arrows, "library modules importing the workflow/experiment/bench wings: " + "; ".join(arrows)
+
+
+def _integration(module: str) -> Optional[str]:
+    """Returns the framework subpackage of ``integrations/`` that ``module`` belongs to, or None."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "integrations" and not parts[2].startswith("_"):
+        return parts[2]
+    return None
+
+
+def test_the_library_imports_no_integration_and_no_integration_another():
+    # An integration imports its framework; the library (and the shared integrations._common) must import none,
+    # so that `import pyfast_buffer` never pulls a framework in, and one framework's adapter never another's.
+    arrows = sorted(
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        if _wing(module) is None
+        for target in targets
+        if _integration(target) is not None and _integration(target) != _integration(module)
+    )
+    assert not arrows, "library modules importing a framework integration: " + "; ".join(arrows)
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

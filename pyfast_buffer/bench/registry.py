@@ -23,12 +23,13 @@ from .cases import (
 from .plan import Plan
 from .ray_case import ray_case
 from .sources_case import sources_case
+from .torchrl_case import torchrl_case
 from .verl_case import summary, verl_case
 
 #: A case: runs on a plan, records why it left a contender out in ``skipped``, returns its rows.
 Case = Callable[[Plan, Dict[str, str]], List[Dict]]
 
-#: The cases every run can reach, in the order a run takes them (ray skips itself when ray is missing).
+#: The cases every run can reach, in the order a run takes them (ray and torchrl skip themselves when missing).
 CASES: Dict[str, Case] = {
     "put": put_case,
     "take": take_case,
@@ -41,6 +42,7 @@ CASES: Dict[str, Case] = {
     "pace_cycle": pace_case,
     "take_sources": sources_case,
     "ray": ray_case,
+    "torchrl": torchrl_case,
 }
 
 #: The case that needs an argument of its own (a verl checkout); run by default only when one is given.

@@ -115,6 +115,24 @@ def targets(rows: List[Dict]) -> List[Dict]:
         "x",
         "cpprb as a user would set it up for this job",
     )
+    for bound in ("no bound", "max_age 64"):
+        add(
+            f"TorchRL sample(512) of 65,536, {bound}, vs StalenessAwareSampler",
+            _speedup(rows, "StalenessAwareSampler", case="torchrl_sample", order=bound),
+            ">= 3x",
+            lambda v: v >= 3,
+            "x",
+            "the sampler's own call; TorchRL's gather of the rows is the same for both",
+        )
+    slower = _speedup(rows, "RandomSampler", case="torchrl_extend")
+    add(
+        "TorchRL rb.extend(512) vs RandomSampler (TorchRL's default)",
+        None if slower is None else 1 / slower,
+        "<= 1.2x",
+        lambda v: v <= 1.2,
+        "x",
+        "our time / theirs; the write is applied to our core at the next sample (the cycle rows count both)",
+    )
     m = dict(case="put", batch=512, capacity=100_000)
     add("put(512) vs reference", _speedup(rows, "reference", **m), ">= 30x", lambda v: v >= 30, "x")
     add("put(512) vs cpprb add (eight fields)", _speedup(rows, "cpprb", **m), ">= 3x", lambda v: v >= 3, "x")

@@ -1,6 +1,32 @@
-"""Adapters that plug pyfast_buffer into training frameworks.
+"""Adapters that plug pyfast_buffer into training frameworks, one subpackage per framework.
 
-``pyfast_buffer.integrations.verl`` holds ``ReplayBuffer``, ``ReplayBufferAsync`` and
-``FastReplayBuffer``, drop-ins for verl's ``trainer.v1`` replay buffers (docs/verl.md); it needs the
-``verl`` extra (``pip install "pyfast_buffer[verl]"``), so it is not imported here.
+- ``integrations.verl``: verl's ``trainer.v1`` sampler and agent-loop manager (docs/verl.md);
+  ``pip install "pyfast_buffer[verl]"``.
+- ``integrations.nemo_rl``: NeMo RL's ``PromptGroupSampler`` (docs/nemo_rl.md); NeMo RL itself (not on PyPI).
+- ``integrations.torchrl``: TorchRL's replay-buffer ``Sampler`` (docs/torchrl.md);
+  ``pip install "pyfast_buffer[torchrl]"``.
+
+None of them is imported here, and the library imports none of them: each imports its framework only inside its
+own subpackage. The flags below say which frameworks this environment has, without importing any.
 """
+
+from __future__ import annotations
+
+import importlib.util
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+#: Whether TransferQueue (the verl sampler's store) is installed.
+_has_transfer_queue = _has("transfer_queue")
+#: Whether verl is installed (the verl agent-loop manager needs it; the sampler needs TransferQueue only).
+_has_verl = _has("verl")
+#: Whether NeMo RL is importable (from a checkout on the path: it is not on PyPI).
+_has_nemo_rl = _has("nemo_rl")
+#: Whether TorchRL is installed.
+_has_torchrl = _has("torchrl")

@@ -28,7 +28,7 @@ from ..buffer import StalenessBuffer, packed_state
 from ..config import BufferConfig
 from ..released import RELEASE_REASONS, Released, default_release_bound
 from . import _effects, _journal, _packed
-from ._admission import REMEMBERED_PUTS, AdmissionCalls
+from ._admission import QUIET_RECHECK_S, REMEMBERED_PUTS, AdmissionCalls, deadline_of
 from ._calls import ADMISSION_GROUP, BLOCKING_GROUP
 from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S, Deliveries, DeliveryCalls
 from ._ring_replay import CoreReplay, trimmed
@@ -65,6 +65,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         )
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
+        self._epoch = 0  # changes announced (``_announce``): what ``changes`` watches
         self._where = _effects.LoggedDict()  # traj id -> owner slot
         self._sizes = _effects.LoggedDict()  # traj id -> payload bytes
         self._bytes_held = 0
@@ -305,7 +306,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         """One batch: (columns, metrics, owner slot per id or None, which ids this take retired), packed as one
         bytes object (``_packed``). ``receipts``: the client's earlier takes it received (``_receipts``),
         applied first, in this take's journal record."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_of(timeout)
         with self._lock:
             receipted = self._receive_all(receipts)
             if request in self._done_takes:
@@ -335,7 +336,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
             while len(self._done_takes) > REMEMBERED_TAKES:
                 self._done_takes.popitem(last=False)
             version = self._journal.mark()
-            self._changed.notify_all()
+            self._announce()
         packed = _packed.pack(reply)  # while its record is written (if another call is writing it)
         self._journal.wait(version)
         return packed
@@ -419,7 +420,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
     def close(self) -> None:
         with self._lock:
             self._buf.close()
-            self._changed.notify_all()
+            self._announce()
 
     def get_max_age(self) -> int:
         return self._buf.max_age
@@ -485,6 +486,30 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
     def cpu_seconds(self) -> float:
         """CPU time of this process, every thread (the bench's index CPU per payload)."""
         return time.process_time()
+
+    def changes(self, seen: Optional[int], timeout: float, admission: Sequence[np.ndarray] = ()) -> int:
+        """The count of announced changes, once it differs from ``seen`` (None: at once), when a lease may have
+        run out, or after ``timeout`` seconds (at most ``QUIET_RECHECK_S``): the one wait of a process's
+        awaitable calls (``_aio``). Changes nothing; ``admission`` (the prompt ids of each paced call waiting)
+        counts those calls among the core's admission waiters while this waits, as a blocked dispatch is."""
+        waiting = [self._buf._begin_admission_wait(prompts) for prompts in admission]
+        try:
+            with self._lock:
+                end = time.monotonic() + min(timeout, QUIET_RECHECK_S)
+                while seen is not None and self._epoch == seen:
+                    now = time.monotonic()
+                    lease_ns = self._buf._next_lease_deadline_ns()  # CLOCK_MONOTONIC, as time.monotonic()
+                    if lease_ns >= 0 and lease_ns / 1e9 <= now:
+                        self._announce()  # a lease ran out: the waiters' next attempts expire it
+                        break
+                    left = end - now if lease_ns < 0 else min(end, lease_ns / 1e9) - now
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
+                return self._epoch
+        finally:
+            for protected in waiting:
+                self._buf._end_admission_wait(protected)
 
     def ping(self) -> int:
         """Does nothing: the round trip of an empty call, the floor under every call to this actor."""

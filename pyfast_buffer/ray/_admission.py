@@ -13,9 +13,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .._args import is_probe
 from ..buffer import StalenessBuffer
 from ..config import BufferConfig
-from ..errors import BufferFullError
+from ..errors import BufferFullError, WouldBlock
 from ..released import RELEASE_REASONS, Released
 from ._calls import DEFER
 from ._effects import LoggedDict
@@ -32,11 +33,19 @@ _NO_WAIT = 1e-9  # the core's take/put "timeout" that never blocks but applies t
 _EVICTED = RELEASE_REASONS.index("evicted")
 
 
+def deadline_of(timeout: Optional[float]) -> Optional[float]:
+    """A call's deadline on the monotonic clock (None: none; ``PROBE`` stays itself: try once, never wait)."""
+    if timeout is None or is_probe(timeout):
+        return timeout
+    return time.monotonic() + timeout
+
+
 class AdmissionCalls:
     """Reservations, admissions and ``_apply`` (a part of BufferActor, which has these attributes)."""
 
     _lock: threading.RLock
     _changed: threading.Condition
+    _epoch: int
     _buf: StalenessBuffer
     _user_config: BufferConfig
     _capacity_bytes: Optional[int]
@@ -53,9 +62,11 @@ class AdmissionCalls:
         """Holds room for ``nbytes`` of payload before the owner writes them (the byte budget, ``on_full``)."""
         if self._capacity_bytes is None:
             return
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_of(timeout)
         with self._lock:
             while not self._reserve_now(request, nbytes, timeout):
+                if is_probe(deadline):  # an awaitable call's attempt: it waits at the client, not here
+                    raise WouldBlock(f"no room for {nbytes} payload bytes now")
                 left = deadline - time.monotonic() if deadline is not None else 0.0
                 if left <= 0:
                     raise TimeoutError(
@@ -140,9 +151,10 @@ class AdmissionCalls:
         its whole group): None, or DEFER if it would wait for room within its timeout; raises its error, with
         its reserved room freed."""
         run, record, on_repeat = self._admission(request, call, sizes, slot)
-        timed = call.get("timeout") is not None  # then a full ring waits: tried once now (timeout 0), else DEFER
+        timeout = call.get("timeout")
+        timed = timeout is not None and not is_probe(timeout)  # a full ring waits: tried once now, else DEFER
         try:
-            self._apply(request, run, record, 0.0 if timed else None, True, on_repeat, journal=False)
+            self._apply(request, run, record, 0.0 if timed else timeout, True, on_repeat, journal=False)
         except BaseException as exc:
             if timed and isinstance(exc, (TimeoutError, BufferFullError)):
                 return DEFER  # it would wait: admit() waits for it, within its timeout
@@ -185,7 +197,13 @@ class AdmissionCalls:
     def _unreserve(self, request: int) -> None:
         """Nothing was admitted: the room reserved for this call's bytes is free again (under the lock)."""
         if self._reserved.pop(request, None) is not None:
-            self._changed.notify_all()
+            self._announce()
+
+    def _announce(self) -> None:
+        """Something changed that may let a waiting call go: wakes the calls blocked here and moves the change
+        count that the awaitable calls' ``changes`` watches (under the lock)."""
+        self._epoch += 1
+        self._changed.notify_all()
 
     def _apply(
         self,
@@ -200,7 +218,7 @@ class AdmissionCalls:
         """Runs one change under the lock (at most once per request id), settles it, journals it, then returns
         (without ``journal``, neither records nor waits: ``register`` records its whole group once, and a load
         is journaled as a snapshot)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_of(timeout)
         with self._lock:
             if request is not None and request in self._done_puts:
                 self._extra["duplicate_requests"] += 1
@@ -218,7 +236,7 @@ class AdmissionCalls:
                         self._done_puts.popitem(last=False)
                 self._settle()
                 version = self._journal.mark() if journal else 0
-                self._changed.notify_all()
+                self._announce()
         if journal:
             self._journal.wait(version)
         return result
@@ -228,9 +246,10 @@ class AdmissionCalls:
         return RECHECK_S if self._buf.in_flight else QUIET_RECHECK_S
 
     def _until(self, deadline: Optional[float], attempt: Callable[[Optional[float]], Any]) -> Any:
-        """Runs ``attempt`` without blocking in the core; with a deadline, retries on every change until it passes."""
-        if deadline is None:
-            return attempt(None)
+        """Runs ``attempt`` without blocking in the core; with a deadline, retries on every change until it passes
+        (``PROBE``: once, raising WouldBlock if it would wait)."""
+        if deadline is None or is_probe(deadline):
+            return attempt(deadline)
         while True:
             try:
                 return attempt(_NO_WAIT)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
+from .._args import is_probe
 from . import _errors
 
 #: Concurrency group of the calls that may block (take/put/complete with a timeout).
@@ -20,6 +21,9 @@ BLOCKING_GROUP = "blocking"
 #: Concurrency group of paced dispatches waiting for admission: apart from BLOCKING_GROUP, so that producers
 #: blocked at the admission limit can never hold every thread the trainer's blocking take needs to free them.
 ADMISSION_GROUP = "admission"
+#: Concurrency group of ``changes``, the one wait of each client process's awaitable calls (``_aio``): apart from
+#: the others, so that watching never holds a thread a blocking call or a quick call needs.
+WATCH_GROUP = "watch"
 #: What the index's ``register`` answers for an item that would wait: send it alone (``reserve``/``admit``).
 DEFER = "defer"
 #: Seconds a call without a timeout waits for a restarting index before it gives up.
@@ -75,6 +79,8 @@ def call_index(
     if blocking or group:
         fn = fn.options(concurrency_group=group or BLOCKING_GROUP)
     timeout = args[timeout_arg] if timeout_arg is not None else None
+    if is_probe(timeout):  # an awaitable call's attempt never waits at the index, but rides out a restart
+        timeout, timeout_arg = None, None
     deadline = time.monotonic() + (timeout if timeout is not None else RESTART_WAIT_S)
     try:
         return _errors.get(fn.remote(*args))

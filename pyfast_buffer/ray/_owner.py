@@ -19,6 +19,7 @@ import numpy as np
 import ray
 from ray.exceptions import OwnerDiedError
 
+from .._args import is_probe
 from . import _wire
 from ._calls import DEFER, call_index
 from ._group import GroupCall
@@ -185,8 +186,11 @@ class PayloadOwner:
 
 
 def _left(timeout: Optional[float], began: float) -> Optional[float]:
-    """What is left of a put's timeout (None: none) since ``began``: a put's timeout is end to end."""
-    return None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
+    """What is left of a put's timeout (None: none) since ``began``: a put's timeout is end to end (an
+    awaitable put's attempt, ``PROBE``, stays one: it never waits)."""
+    if timeout is None or is_probe(timeout):
+        return timeout
+    return max(0.0, timeout - (time.monotonic() - began))
 
 
 def _adopt(traj_ids: np.ndarray, refs: List[Any]) -> List[Any]:

@@ -23,6 +23,7 @@ from .._args import (
     as_step,
     as_steps,
     as_timeout,
+    is_probe,
     same_length,
 )
 from ..buffer import Ids
@@ -31,6 +32,7 @@ from ..released import Released
 from ..verl_mapping import config_from_verl
 from . import _packed, _wire
 from ._actor import BLOCKING_GROUP, BufferActor
+from ._aio import RemoteAsyncMethods
 from ._arguments import fetch_request as _fetch_request
 from ._arguments import finish_steps as _finish_steps
 from ._arguments import index_placement as _index_placement
@@ -38,7 +40,7 @@ from ._arguments import new_request as _request
 from ._arguments import payload_list as _payload_list
 from ._arguments import source_tags as _source_tags
 from ._batch import RemoteBatch, read_payloads
-from ._calls import ADMISSION_GROUP, BufferUnavailableError, actor_state, call_index
+from ._calls import ADMISSION_GROUP, WATCH_GROUP, BufferUnavailableError, actor_state, call_index
 from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S
 from ._receipts import forget as _forget_receipts
 from ._receipts import receipts_for as _receipts_for
@@ -55,11 +57,13 @@ DEFAULT_MAX_CONCURRENCY = 16
 DEFAULT_BLOCKING_CALLS = 16
 #: Threads of the actor for paced dispatches waiting for admission (more producers wait in Ray's queue).
 DEFAULT_ADMISSION_CALLS = 16
+#: Threads of the actor for the awaitable calls' watch (one call per client process and event loop at a time).
+DEFAULT_WATCH_CALLS = 16
 #: Restarts of the index actor allowed by default (-1: as many as it takes); it rebuilds from its journal.
 DEFAULT_MAX_RESTARTS = -1
 
 
-class RemoteBuffer:
+class RemoteBuffer(RemoteAsyncMethods):
     """A StalenessBuffer on a Ray cluster: same methods, same return types, same exceptions.
 
     Make one with ``RemoteBuffer.create(...)`` or find a named one with ``RemoteBuffer.get(name)``. The
@@ -71,6 +75,10 @@ class RemoteBuffer:
     the caller's node, a detached actor that ``ray.put``s them once into that node's object store and keeps
     them by trajectory id, so a trajectory survives its producer and the index actor; ObjectRefs are read
     and put again there. ``take`` returns the refs in ``batch.payloads``. See docs/ray.md.
+
+    ``adispatch``, ``acomplete``, ``aput`` and ``atake`` are the calls that may wait, for asyncio code: they
+    await without blocking the event loop or holding a thread (``_aio``; docs/design.md, "Awaiting instead
+    of blocking").
     """
 
     def __init__(self, actor: ActorHandle) -> None:
@@ -104,6 +112,7 @@ class RemoteBuffer:
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         blocking_calls: int = DEFAULT_BLOCKING_CALLS,
         admission_calls: int = DEFAULT_ADMISSION_CALLS,
+        watch_calls: int = DEFAULT_WATCH_CALLS,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         journal: Union[str, bool, None] = None,
         receipt_timeout_s: float = DEFAULT_RECEIPT_TIMEOUT_S,
@@ -122,7 +131,8 @@ class RemoteBuffer:
         allows no restart (a dead index stays dead: calls raise BufferUnavailableError).
         ``max_concurrency`` threads serve quick calls and ``blocking_calls`` more serve calls with a timeout,
         ``admission_calls`` more serve paced dispatches waiting for admission (so waiting producers never
-        starve the trainer's take);
+        starve the trainer's take), and ``watch_calls`` more the one wait of each process's awaitable calls
+        (``atake``, ``adispatch``, ...: one per process and event loop, however many calls await);
         a take's ids count as ``in_delivery`` (within ``retired``) until its client confirms it received the
         batch, and move to ``lost_in_delivery`` if no receipt comes within ``receipt_timeout_s`` (the client
         died: docs/ray.md);
@@ -136,6 +146,7 @@ class RemoteBuffer:
         as_count(max_concurrency, "max_concurrency", 1)
         as_count(blocking_calls, "blocking_calls", 1)
         as_count(admission_calls, "admission_calls", 1)
+        as_count(watch_calls, "watch_calls", 1)
         receipt_timeout_s = as_seconds(receipt_timeout_s, "receipt_timeout_s", False, "pass seconds > 0")
         if lifetime not in (None, "detached", "non_detached"):
             raise ValueError(f"lifetime={lifetime!r} is unknown; use 'detached' (the default) or None")
@@ -147,7 +158,11 @@ class RemoteBuffer:
             max_restarts = 0  # without a journal a restarted index would come back empty: it stays dead
         threads: Dict[str, Any] = dict(
             max_concurrency=max_concurrency,
-            concurrency_groups={BLOCKING_GROUP: blocking_calls, ADMISSION_GROUP: admission_calls},
+            concurrency_groups={
+                BLOCKING_GROUP: blocking_calls,
+                ADMISSION_GROUP: admission_calls,
+                WATCH_GROUP: watch_calls,
+            },
         )
         remote_cls = ray.remote(**threads)(BufferActor)
         # Ray records every call of an actor for its state API and dashboard unless told not to; the index and
@@ -281,7 +296,7 @@ class RemoteBuffer:
         """Sends a put/complete: straight to the index, or with payloads through this node's payload owner."""
         request = _request()
         if payloads is None:
-            self._call("admit", request, call, None, -1, blocking=call["timeout"] is not None, timeout_arg=None)
+            self._call("admit", request, call, None, -1, blocking=_waits(call["timeout"]), timeout_arg=None)
             return
         headers: List[Optional[_wire.Header]] = []
         pieces: List[List[bytes]] = []
@@ -316,6 +331,13 @@ class RemoteBuffer:
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> RemoteBatch:
         """Takes up to ``batch_size`` trajectories (see StalenessBuffer.take); refs in ``batch.payloads``."""
+        batch, confirm = self._take(batch_size, current_step, timeout)
+        confirm()
+        return batch
+
+    def _take(self, batch_size: int, current_step: int, timeout: Optional[float]) -> Tuple[RemoteBatch, Any]:
+        """``take`` without telling the index it was received: returns the batch and the call that does (an
+        awaitable take cancelled meanwhile never makes it, so its ids count as ``lost_in_delivery``)."""
         n = as_count(batch_size, "batch_size", 1)
         step = as_step(current_step, "current_step")
         wait = as_timeout(timeout)
@@ -324,7 +346,7 @@ class RemoteBuffer:
         carried = receipts.carry()  # the receipts of this process's earlier takes ride in this call
         try:
             columns, metrics, slots, retire = _packed.unpack(
-                self._call("take", request, n, step, wait, carried, blocking=wait is not None, timeout_arg=3)
+                self._call("take", request, n, step, wait, carried, blocking=_waits(wait), timeout_arg=3)
             )
         except BaseException:
             receipts.send(carried)  # it may not have reached the index: they go alone (a repeat is harmless)
@@ -337,11 +359,14 @@ class RemoteBuffer:
                 lost = columns[0][gone]
                 logger.warning("take: %d payloads lost with their owner (ids %s...): payload_lost", len(lost), lost[:8])
                 batch = batch.without(gone)
-        if lost is not None:
-            self._call("received", request, lost)  # waits: its lost payloads are counted at once
-        elif len(columns[0]):
-            receipts.add(request)  # this process holds the batch: confirmed by its next take, or alone soon
-        return batch
+
+        def confirm() -> None:
+            if lost is not None:
+                self._call("received", request, lost)  # waits: its lost payloads are counted at once
+            elif len(columns[0]):
+                receipts.add(request)  # this process holds the batch: confirmed by its next take, or alone soon
+
+        return batch, confirm
 
     def fetch(self, batch: RemoteBatch, timeout: Optional[float] = None) -> Tuple[RemoteBatch, List[Any]]:
         """Reads a taken batch's payloads: ``(batch, values)``, ``values[i]`` the payload of ``batch.traj_ids[i]``
@@ -539,6 +564,11 @@ class RemoteBuffer:
 
 #: Per process: index actor id -> handles of its payload owners by slot (refreshed when a take needs more).
 _OWNERS: Dict[str, List[Any]] = {}
+
+
+def _waits(timeout: Optional[float]) -> bool:
+    """Whether a call with this timeout may wait at the index (an awaitable call's attempt never does)."""
+    return timeout is not None and not is_probe(timeout)
 
 
 def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
