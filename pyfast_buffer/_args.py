@@ -40,9 +40,16 @@ def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
     """
     if isinstance(value, np.ndarray) and value.dtype == np.int64 and value.ndim == 1:
         return np.array(value, order="C") if copy else np.ascontiguousarray(value)
+    if type(value) is torch.Tensor:
+        try:  # a CPU tensor without grad: a view of its memory, then numpy's own path (one call, no checks here)
+            return as_ids(value.numpy(), name, copy)
+        except (RuntimeError, TypeError):  # on a device, or requires grad: the general path below
+            pass
     if isinstance(value, torch.Tensor):
         if value.dtype not in _INT_TORCH_DTYPES:
             raise TypeError(f"{name} has dtype {value.dtype}; pass integer ids (e.g. tensor.long())")
+        # A CUDA (or other device) tensor is copied to the host here: one synchronising copy per call. Keep ids
+        # on the CPU in a hot loop (the buffer holds ids, never data).
         array = value.detach().cpu().numpy()
     elif isinstance(value, np.ndarray):
         array = value

@@ -77,3 +77,20 @@ def test_the_core_borrows_caller_columns_without_copying():
     assert cols[8][:2].tolist() == [1, 1]  # group_len
     with pytest.raises(ValueError, match="contiguous int64 arrays"):
         _core.Ring(8, 3, "drop", 1, "evict_oldest", 0, tuple([np.zeros(8, np.int32)] + [c.numpy() for c in cols[1:]]))
+
+
+def test_torch_steps_lengths_and_sources_are_read_as_numpy_would_be(impl):
+    # Every id-like argument takes a torch tensor (a view of its memory when it is CPU int64): the same buffer
+    # as numpy input, and the tensor changed after the call changes nothing (the buffer copied what it read).
+    results = []
+    for convert in (lambda v: np.array(v, dtype=np.int64), lambda v: torch.tensor(v)):
+        buf = impl(16, max_age=9)
+        prompts = convert([3, 4])
+        buf.dispatch(prompts, 1, source=convert([1, 2]))
+        trajs = convert([10, 11])
+        buf.complete(trajs, prompts, finish_step=convert([2, 3]), lengths=convert([100, 200]))
+        trajs[0] = 99
+        buf.put(convert([12]), convert([2]))
+        batch = buf.take(8, 3)
+        results.append((batch.traj_ids.tolist(), batch.finish_step.tolist(), batch.source.tolist(), buf.ledger()))
+    assert results[0] == results[1] and results[0][0] == [10, 11, 12]

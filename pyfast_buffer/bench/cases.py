@@ -52,7 +52,16 @@ def _contenders(names: List[str], capacity: int, plan: Plan, skipped: Dict[str, 
 def put_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     """put(B ids, one step stamp) into a full ring that overwrites its oldest entries."""
     rows = []
-    names = ["pyfast_buffer", "copy (floor)", "reference", "numpy mask", "cpprb", "cpprb 2 fields", "torchrl"]
+    names = [
+        "pyfast_buffer",
+        "pyfast_buffer torch in",
+        "copy (floor)",
+        "reference",
+        "numpy mask",
+        "cpprb",
+        "cpprb 2 fields",
+        "torchrl",
+    ]
     for capacity in plan.capacities:
         for batch in plan.batches:
             ids = np.arange(batch, dtype=np.int64)

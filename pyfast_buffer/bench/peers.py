@@ -12,6 +12,7 @@ import importlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
+import torch
 
 from ..buffer import StalenessBuffer
 from ..reference import ReferenceBuffer
@@ -55,6 +56,29 @@ class Ours:
 
     def __len__(self) -> int:
         return len(self.buf)
+
+
+class OursTorch(Ours):
+    """pyfast_buffer.StalenessBuffer fed torch tensors, as a training loop holds its ids (made once per id array,
+    untimed: the loop has them already)."""
+
+    name = "pyfast_buffer torch in"
+
+    def __init__(self, capacity: int, max_age: int) -> None:
+        super().__init__(capacity, max_age)
+        self._tensors: Dict[int, Any] = {}
+
+    def _tensor(self, ids: np.ndarray) -> Any:
+        found = self._tensors.get(id(ids))
+        if found is None or found[0] is not ids:
+            found = self._tensors[id(ids)] = (ids, torch.from_numpy(ids))
+        return found[1]
+
+    def put(self, ids: np.ndarray, step: int) -> None:
+        self.buf.put(self._tensor(ids), step)
+
+    def fill(self, ids: np.ndarray, steps: Any) -> None:
+        self.buf.put(self._tensor(ids), self._tensor(steps) if isinstance(steps, np.ndarray) else steps)
 
 
 class Reference(Ours):
@@ -386,6 +410,7 @@ class Memcpy:
 
 PEERS: Dict[str, Tuple[type, Optional[str]]] = {
     "pyfast_buffer": (Ours, None),
+    "pyfast_buffer torch in": (OursTorch, None),
     "reference": (Reference, None),
     "numpy mask": (NumpyRing, None),
     "numba loop": (NumbaRing, "numba"),

@@ -3,7 +3,8 @@
 Every row is measured on one local Ray cluster that this case starts (or the one already running), side
 by side with ``ray.util.queue.Queue`` (what a Ray user would reach for), the in-process StalenessBuffer,
 and the floor: a Ray actor call that carries the same bytes and does nothing with them. Before them, when
-this case starts Ray itself, the payload rows of ``ray_payloads`` run on a two-node cluster of their own.
+this case starts Ray itself, the payload rows of ``ray_payloads`` run on a two-node cluster of their own; the
+``ray_read`` rows (payloads the trainer reads: ``take`` + ``fetch`` against refs in a queue) run on this one.
 
 ``python -c "from pyfast_buffer.bench.ray_case import main; main()" [--quick]`` prints the rows as the
 Markdown tables of docs/ray.md (``pyfast-buffer bench --cases ray`` prints them in the bench's own table).
@@ -24,6 +25,7 @@ from .plan import CURRENT_STEP, Plan
 from .ray_cluster import init_local_cluster
 from .ray_journal import journal_rows
 from .ray_journal import markdown as journal_table
+from .ray_read import read_rows
 from .timing import median, percentile
 
 PRODUCERS = (1, 2, 4)
@@ -309,6 +311,7 @@ def ray_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         rows += _puts(tuple(plan.batches), plan.throughput_seconds, producers, sink, client, unjournaled)
         rows += _takes(tuple(plan.batches), max(plan.repeat, 20), sink, client, queue)
         rows += _wakes(max(20, plan.wake_rounds // 3), producers[0], client, queue)
+        rows += read_rows(max(3.0, 6 * plan.throughput_seconds))  # ingest the trainer reads, vs producer refs
         rows += journal_rows(JOURNAL_SIZES[:1] if plan.batches == Plan.quick().batches else JOURNAL_SIZES)
         client.kill()
         unjournaled.kill()

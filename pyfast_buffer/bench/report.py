@@ -134,6 +134,16 @@ def targets(rows: List[Dict]) -> List[Dict]:
         "our time / theirs; the write is applied to our core at the next sample (the cycle rows count both)",
     )
     m = dict(case="put", batch=512, capacity=100_000)
+    torch_in = _find(rows, contender="pyfast_buffer torch in", **m)
+    cpprb2 = _find(rows, contender="cpprb 2 fields", **m)
+    add(
+        "put(512) from torch ids vs cpprb 2 fields (idx, step) add",
+        cpprb2[0]["median_s"] / torch_in[0]["median_s"] if torch_in and cpprb2 else None,
+        ">= 3x",
+        lambda v: v >= 3,
+        "x",
+        "ids a training loop holds as a CPU torch tensor; cpprb given numpy",
+    )
     add("put(512) vs reference", _speedup(rows, "reference", **m), ">= 30x", lambda v: v >= 30, "x")
     add("put(512) vs cpprb add (eight fields)", _speedup(rows, "cpprb", **m), ">= 3x", lambda v: v >= 3, "x")
     add(

@@ -83,8 +83,9 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         if journal is False:
             return
         path = journal if isinstance(journal, str) else os.path.join(_journal_dir(), f"{self._name}.pfb")
-        found = _journal.read(path) if context.was_current_actor_reconstructed else None
-        if context.was_current_actor_reconstructed and found is None:
+        restarted = _restarted(context)
+        found = _journal.read(path) if restarted else None
+        if restarted and found is None:
             # Restarted where its journal is not (another node, with the default node-local path): coming back
             # empty would reset the ledger silently, so the index stays down and says why.
             raise RuntimeError(
@@ -104,7 +105,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
             seq=found[2] if found is not None else 0,
             finish=self._finish_capture,
         )
-        if context.was_current_actor_reconstructed:
+        if restarted:
             self._journal.commit()  # the restart itself is counted durably
 
     # -- journal ---------------------------------------------------------------------------------------------------
@@ -514,6 +515,15 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
     def ping(self) -> int:
         """Does nothing: the round trip of an empty call, the floor under every call to this actor."""
         return threading.get_ident()
+
+
+def _restarted(context: Any) -> bool:
+    """Whether this actor was restarted: Ray's ``was_current_actor_reconstructed``, without the deprecation
+    warning that property raises in every actor (it reads the deprecated ``actor_id`` itself)."""
+    from ray._private import state
+
+    info = state.actors(actor_id=context.get_actor_id())
+    return bool(info) and info.get("NumRestarts", 0) != 0
 
 
 def _journal_dir() -> str:
