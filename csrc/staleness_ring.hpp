@@ -44,8 +44,9 @@ constexpr double kMaxSeconds = 1e9;
 constexpr int64_t kInterruptCheckMs = 100;
 
 /// A timeout that makes a blocking call (dispatch, put or complete that must wait, take short of a full batch)
-/// throw WouldBlock instead of waiting, changing and counting nothing: one attempt of an awaitable call.
-constexpr double kProbeTimeout = -1.0;
+/// throw WouldBlock instead of waiting, changing and counting nothing: one attempt of an awaitable call. A tiny
+/// negative number, so that a caller's mistaken -1 ("forever") is still refused as a negative timeout.
+constexpr double kProbeTimeout = -0x1p-1000;
 
 /// Construction parameters; the constructor rejects out-of-range values.
 struct RingConfig {

@@ -143,10 +143,10 @@ def as_seconds(value: Any, name: str, allow_zero: bool, fix: str) -> float:
 
 class _ProbeTimeout(float):
     """The timeout of one attempt of an awaitable call (aio.py): a call that would wait raises WouldBlock instead,
-    changing and counting nothing. Only aio passes it; the core knows it as kProbeTimeout (-1)."""
+    changing and counting nothing. Only aio passes it; the core knows it as kProbeTimeout."""
 
 
-PROBE = _ProbeTimeout(-1.0)
+PROBE = _ProbeTimeout(-(2.0**-1000))  # the core's kProbeTimeout (its PROBE_TIMEOUT): a caller's -1 stays an error
 
 
 def is_probe(timeout: Any) -> bool:

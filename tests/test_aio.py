@@ -202,3 +202,13 @@ def test_random_awaits_puts_and_cancels_lose_and_duplicate_nothing(impl, ops):
     assert sorted(taken + left) == sorted(put) and len(taken) == len(set(taken))
     led = buf.ledger()
     assert led["sampled_total"] == led["retired"] + led["dropped_stale"] + led["evicted"] + led["buffer_left"]
+
+
+def test_the_probe_timeout_is_the_cores_and_a_callers_minus_one_is_still_refused(impl):
+    from pyfast_buffer import _core
+    from pyfast_buffer._args import PROBE
+
+    assert float(PROBE) == _core.PROBE_TIMEOUT < 0
+    buf = make(impl, max_age=3)
+    with pytest.raises(ValueError, match="timeout=-1"):
+        buf.take(1, 0, timeout=-1)

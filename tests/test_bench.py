@@ -149,13 +149,13 @@ def test_perf_guard_names_the_operation_over_budget_and_by_how_much():
 def test_cli_writes_the_targets_table_into_the_docs_page(tmp_path, monkeypatch):
     monkeypatch.setattr("pyfast_buffer.bench.plan.Plan.quick", classmethod(lambda cls: dataclasses.replace(TINY)))
     page = tmp_path / "performance.md"
-    page.write_text(f"# Performance\n\n{report.DOCS_START}\nold\n{report.DOCS_END}\n\nafter\n")
+    page.write_text(f"# Performance\n\n{report.DOCS_START}\nstale-table-marker\n{report.DOCS_END}\n\nafter\n")
     assert (
         bench_main(["--quick", "--cases", "bulk", "--out", str(tmp_path), "--no-chart", "--update-docs", str(page)])
         == 0
     )
     text = page.read_text()
-    assert "old" not in text and text.endswith("after\n")
+    assert "stale-table-marker" not in text and text.endswith("after\n")
     assert "| put ungrouped B=65536 vs a copy of 64 B/entry | <= 4x |" in text
     assert "`pyfast-buffer bench --quick --cases bulk`" in text
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import time
 
 import numpy as np
@@ -30,17 +31,22 @@ def test_a_remote_buffer_session_leaks_no_warning(ray_cluster):
     buf.put(np.arange(4), 0, payloads=[b"x" * 100] * 4)
     _, values = buf.fetch(buf.take(4, 0))
     assert values == [b"x" * 100] * 4 and buf.ledger()["taken"] == 4
-    pids = {ray.get(buf.actor.pid.remote(), timeout=60)}
+    first = ray.get(buf.actor.pid.remote(), timeout=60)
+    pids = {first}
     pids |= {pid for owner in buf.payload_owners() for pid in [owner.get("pid")] if pid is not None}
-    ray.kill(buf.actor, no_restart=False)  # the index restarts from its journal: the restart path runs too
+    os.kill(first, signal.SIGKILL)  # the index restarts from its journal: the restart path runs too
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            buf.ping()
-            break
+    restarted = None
+    while restarted is None and time.monotonic() < deadline:
+        try:  # until the restarted actor answers (calls in between may reach the dying one or find none)
+            pid = ray.get(buf.actor.pid.remote(), timeout=10)
+            restarted = pid if pid != first else None
         except Exception:
+            pass
+        if restarted is None:
             time.sleep(0.2)
-    pids.add(ray.get(buf.actor.pid.remote(), timeout=60))
+    assert restarted is not None, "the index did not come back within 60 s"
+    pids.add(restarted)
     assert buf.ledger()["index_restarts"] == 1
     time.sleep(1.0)  # Ray's log monitor flushes worker output to the files
     logs = _worker_logs(ray_cluster, pids)

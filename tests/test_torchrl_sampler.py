@@ -247,17 +247,15 @@ def test_torchrls_collector_with_track_policy_version_drives_it():
     assert led["put_total"] == 32 * 8 and led["taken"] == 16 * 8 and led["dropped_stale"] > 0
 
 
-def _write_in_child(rb, version):  # runs in a spawned process: its copy of the sampler sees this write, ours not
-    rb.extend(rows(8, version, start=100))
-
-
 def test_writes_by_another_process_into_a_shared_buffer_are_found_at_sample():
     import torch.multiprocessing as mp
 
     sampler = StalenessSampler(max_age=2, shuffle=False)
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(32), sampler=sampler, batch_size=8, shared=True)
     rb.extend(rows(8, 0))
-    child = mp.get_context("spawn").Process(target=_write_in_child, args=(rb, 1))
+    from _torchrl_child import write_rows  # the child's copy of the sampler sees this write, ours does not
+
+    child = mp.get_context("spawn").Process(target=write_rows, args=(rb, 1, 100))
     child.start()
     child.join(120)
     assert child.exitcode == 0
@@ -312,9 +310,9 @@ def _core_factory(core):
     return reference
 
 
-def test_the_library_never_imports_torchrl():
+def test_the_library_never_imports_torchrl(tmp_path):
     import subprocess
     import sys
 
     code = "import sys, pyfast_buffer, pyfast_buffer.integrations; assert 'torchrl' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=tmp_path)  # the installed package

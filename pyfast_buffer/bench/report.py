@@ -118,13 +118,13 @@ def targets(rows: List[Dict]) -> List[Dict]:
     for bound in ("no bound", "max_age 64"):
         add(
             f"TorchRL sample(512) of 65,536, {bound}, vs StalenessAwareSampler",
-            _speedup(rows, "StalenessAwareSampler", case="torchrl_sample", order=bound),
+            _speedup(rows, "StalenessAwareSampler", case="torchrl", op="sample", order=bound),
             ">= 3x",
             lambda v: v >= 3,
             "x",
             "the sampler's own call; TorchRL's gather of the rows is the same for both",
         )
-    slower = _speedup(rows, "RandomSampler", case="torchrl_extend")
+    slower = _speedup(rows, "RandomSampler", case="torchrl", op="extend")
     add(
         "TorchRL rb.extend(512) vs RandomSampler (TorchRL's default)",
         None if slower is None else 1 / slower,

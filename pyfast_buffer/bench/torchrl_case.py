@@ -3,16 +3,16 @@
 A LazyTensorStorage of 65,536 rows (observation [4], action [2], policy_version = the chunk it came in) filled by
 128 ``extend(512)``; the consumer is at version 128, so ages run 1..128.
 
-- ``torchrl_sample``: ``sampler.sample(storage, 512)``, the sampler's own work (TorchRL's gather of the rows is the
+- ``sample``: ``sampler.sample(storage, 512)``, the sampler's own work (TorchRL's gather of the rows is the
   same for every sampler). StalenessAwareSampler rescans the version column and draws without replacement; ours
   takes from its core (``max_uses`` unbounded here, so every call has the same rows to choose from, as TorchRL's
   samplers do). With no bound (``max_age`` of 128 for ours, ``max_staleness=-1`` for TorchRL's) and a bound of 64
   (half the rows too old: our first call drops them, counted; that call is warm-up). RandomSampler is the floor:
   512 random indices, no staleness at all.
-- ``torchrl_extend``: ``rb.extend(512)`` of a TensorDictReplayBuffer, the whole write path, with each sampler; the
+- ``extend``: ``rb.extend(512)`` of a TensorDictReplayBuffer, the whole write path, with each sampler; the
   floor is the copy of the same 512 rows into the storage's columns (``storage.set``), which every write does.
   Ours reads the rows' versions there and applies the write to its core at the next sample, so:
-- ``torchrl_cycle``: one ``extend(512)`` and one ``sample(512)``, the whole cost of a write and a read.
+- ``cycle``: one ``extend(512)`` and one ``sample(512)``, the whole cost of a write and a read.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def torchrl_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
             contenders[name] = ((lambda s=sampler, st=storage: s.sample(st, BATCH)), None, 1)
         times = sample_interleaved(contenders, repeat)
         for name, t in times.items():
-            rows.append(_row("torchrl_sample", name, t, bound))
+            rows.append(_row("sample", name, t, bound))
     write = _rows(0, torch, TensorDict)
     contenders = {}
     for name, sampler in (
@@ -88,7 +88,7 @@ def torchrl_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     index = torch.arange(BATCH)
     contenders["copy (floor)"] = ((lambda s=floor_rb.storage: s.set(index, write)), None, 1)
     for name, t in sample_interleaved(contenders, repeat).items():
-        rows.append(_row("torchrl_extend", name, t, None))
+        rows.append(_row("extend", name, t, None))
     # A write is recorded at extend and applied to our core at the next sample: the cycle counts both.
     contenders = {}
     for name, sampler in (
@@ -106,13 +106,14 @@ def torchrl_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
 
         contenders[name] = (cycle, None, 1)
     for name, t in sample_interleaved(contenders, repeat).items():
-        rows.append(_row("torchrl_cycle", name, t, None))
+        rows.append(_row("cycle", name, t, None))
     return rows
 
 
-def _row(case: str, contender: str, times: List[float], bound: Any) -> Dict:
+def _row(op: str, contender: str, times: List[float], bound: Any) -> Dict:
     return {
-        "case": case,
+        "case": "torchrl",
+        "op": op,
         "contender": contender,
         "batch": BATCH,
         "capacity": ROWS,
