@@ -315,6 +315,11 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              self.ring->renew(ids.data(), static_cast<int64_t>(ids.size()), lease);
            })
+      .def("restamp_in_flight",
+           [](PyRing& self, int64_t step) {
+             py::gil_scoped_release release;
+             return self.ring->restamp_in_flight(step);
+           })
       .def("expire_in_flight",
            [](PyRing& self, double older_than_s) {
              py::gil_scoped_release release;

@@ -81,6 +81,13 @@ class FlatIdMap {
       if (s.full) f(s.key, s.value);
   }
 
+  /// Calls `f(key, value&)` for every entry, in no particular order; `f` may change values, never keys.
+  template <class F>
+  void for_each_mutable(F&& f) {
+    for (Slot& s : slots_)
+      if (s.full) f(s.key, s.value);
+  }
+
  private:
   static constexpr size_t kMinSlots = 16;
   struct Slot {

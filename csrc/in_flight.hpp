@@ -64,6 +64,21 @@ class InFlightTable {
     if (deadline_ns != kNoLease) leases_.emplace(deadline_ns, prompt_id);
   }
 
+  /// Raises the sample_step of every prompt stamped below `step` to `step`; returns how many it raised.
+  int64_t raise_steps(int64_t step) {
+    int64_t raised = 0;
+    for (auto it = step_counts_.begin(); it != step_counts_.end() && it->first < step;) {
+      raised += it->second;
+      it = step_counts_.erase(it);
+    }
+    if (raised == 0) return 0;
+    step_counts_[step] += raised;
+    prompts_.for_each_mutable([&](int64_t id, InFlightPrompt& rec) {
+      if (rec.sample_step < step) rec.sample_step = step, changes_.add(id);
+    });
+    return raised;
+  }
+
   /// Returns the earliest lease deadline, or kNoLease when no in-flight prompt has a lease.
   int64_t earliest_deadline() const { return leases_.empty() ? kNoLease : leases_.begin()->first; }
 

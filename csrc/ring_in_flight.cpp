@@ -1,4 +1,4 @@
-// StalenessRing: in-flight prompts (dispatch, fail, renew), leases and their expiry.
+// StalenessRing: in-flight prompts (dispatch, fail, renew, restamp), leases and their expiry.
 #include "ring_detail.hpp"
 
 #include <vector>
@@ -120,6 +120,25 @@ void StalenessRing::renew(const int64_t* prompt_ids, int64_t n, double lease) {
                                    "completed, failed or expired)"));
   const int64_t deadline = add_saturating(lease_now(), lease_ns);
   for (int64_t i = 0; i < n; ++i) in_flight_.set_deadline(prompt_ids[i], deadline);
+}
+
+int64_t StalenessRing::restamp_in_flight(int64_t step) {
+  MutexLock lock(mutex_);
+  check_open();
+  expire_due();
+  if (config_.age_from != AgeFrom::kFinish)
+    throw InvalidArgument(
+        "restamp_in_flight: this buffer measures age from the dispatch step (age_from='start'), which a weight "
+        "update cannot change; construct it with age_from='finish' to age trajectories from the weights that "
+        "finished them");
+  if (step < 0) throw InvalidArgument(concat("step=", step, " is negative; steps are ints >= 0"));
+  const int64_t raised = in_flight_.raise_steps(step);
+  if (raised == 0) return 0;
+  advance_clock_by_stamp(step);
+  lock.unlock();
+  ready_cv_.notify_all();  // a take held by an in-flight prompt at max_age may pass now
+  if (paced()) admit_cv_.notify_all();  // the raised stamps have later deadlines: admission may have room
+  return raised;
 }
 
 int64_t StalenessRing::expire_in_flight(double older_than) {

@@ -332,8 +332,9 @@ void StalenessRing::complete(const int64_t* traj_ids, const int64_t* prompt_ids,
         const int64_t finish = finish_steps[n_finish == 1 ? 0 : groups.order[k]];
         if (finish < started)
           throw InvalidArgument(concat("finish_step=", finish, " of trajectory ", traj_ids[groups.order[k]],
-                                       " is before prompt ", prompt, " was dispatched at step ", started,
-                                       "; pass the step of the weights in force when it finished (>= ", started, ")"));
+                                       " is before step ", started, ", the stamp of prompt ", prompt,
+                                       " (its dispatch step, or the step restamp_in_flight raised it to); pass the "
+                                       "step of the weights in force when it finished (>= ", started, ")"));
       }
     }
     check_not_live(traj_ids, n);

@@ -201,6 +201,11 @@ class StalenessRing {
   /// changing nothing, if an id repeats or is not in flight.
   void renew(const int64_t* prompt_ids, int64_t n, double lease) PFB_EXCLUDES(mutex_);
 
+  /// Under age_from="finish", raises to `step` the stamp of every in-flight prompt stamped below it (the weights
+  /// of `step` now write them: an in-flight weight update) and returns how many it raised; throws InvalidArgument,
+  /// changing nothing, under age_from="start" or for a negative `step`.
+  int64_t restamp_in_flight(int64_t step) PFB_EXCLUDES(mutex_);
+
   /// Fails (as expired) every in-flight prompt dispatched at least `older_than` seconds ago (>= 0,
   /// finite); returns how many prompts this call expired, lease expiries included.
   int64_t expire_in_flight(double older_than) PFB_EXCLUDES(mutex_);

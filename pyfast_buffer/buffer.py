@@ -177,6 +177,14 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         prompts = as_ids(prompt_ids, "prompt_ids")
         self._ring.renew(prompts, as_seconds(lease, "lease", False, "renew with a lease > 0"))
 
+    def restamp_in_flight(self, step: int) -> int:
+        """Under ``age_from="finish"``: the weights of ``step`` now write every in-flight prompt (an in-flight weight
+        update reached the running generations), so each prompt stamped below ``step`` is stamped ``step``: its
+        finish step can be no earlier. ``pace`` admission and the take gates judge in-flight prompts by it, and a
+        batch row reports it as ``sample_step``. Returns how many prompts it raised (docs/design.md, "In-flight
+        weight updates")."""
+        return self._ring.restamp_in_flight(as_step(step, "step"))
+
     def expire_in_flight(self, older_than_s: float) -> int:
         """Fails, as expired, every in-flight prompt dispatched at least ``older_than_s`` seconds ago; returns
         how many prompts this call expired (leases that passed included). For callers without leases."""

@@ -46,6 +46,12 @@ from .released import NOT_TRACKED, Released, default_release_bound
 _RETIRED, _DROPPED_STALE, _EVICTED, _FAILED, _EXPIRED = range(5)  # codes of RELEASE_REASONS
 
 
+#: The core's message for restamp_in_flight under age_from="start" (csrc/ring_in_flight.cpp), word for word.
+RESTAMP_NEEDS_FINISH = (
+    "restamp_in_flight: this buffer measures age from the dispatch step (age_from='start'), which a weight "
+    "update cannot change; construct it with age_from='finish' to age trajectories from the weights that "
+    "finished them"
+)
 _NO_LEASE = 2**63 - 1  # the deadline of a prompt without a lease, as in the core
 # The per-entry meta word, as csrc/entry_meta.hpp packs it: length (low 32 bits), source slot, two flags.
 _NO_LENGTH = 0xFFFFFFFF
@@ -355,6 +361,21 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 self._in_flight[p] = (step, dispatched_at, since, deadline, meta)
                 self._leases[p] = deadline
 
+    def restamp_in_flight(self, step: int) -> int:
+        step = as_step(step, "step")
+        with self._cond:
+            self._check_open()
+            self._expire_due()
+            if self.config.age_from != "finish":
+                raise ValueError(RESTAMP_NEEDS_FINISH)
+            raised = [p for p, rec in self._in_flight.items() if rec[0] < step]
+            for p in raised:
+                self._in_flight[p] = (step, *self._in_flight[p][1:])
+            if raised:
+                self._advance_clock_by_stamp(step)
+                self._notify_waiters()
+            return len(raised)
+
     def expire_in_flight(self, older_than_s: float) -> int:
         older_ns = int(as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0") * 1e9)
         with self._cond:
@@ -461,9 +482,9 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                     for i in members:
                         if ends[i] < started:
                             raise ValueError(
-                                f"finish_step={ends[i]} of trajectory {traj_list[i]} is before prompt {p} was "
-                                f"dispatched at step {started}; pass the step of the weights in force when it "
-                                f"finished (>= {started})"
+                                f"finish_step={ends[i]} of trajectory {traj_list[i]} is before step {started}, the "
+                                f"stamp of prompt {p} (its dispatch step, or the step restamp_in_flight raised it "
+                                f"to); pass the step of the weights in force when it finished (>= {started})"
                             )
                 self._check_not_live(traj_list)
                 if self._wait_for_room(n, timeout, "complete", deadline):

@@ -94,8 +94,10 @@ def test_one_axis_flag_keeps_the_presets_other_axes():
     _, arms = resolve(args)
     assert sorted((a.reuse, a.strategy, a.max_age, a.lag) for a in arms) == [
         (1, "drop", 4, 1),
+        (1, "pace", 4, 1),
         (1, "wait", 4, 1),
         (4, "drop", 4, 1),
+        (4, "pace", 4, 1),
         (4, "wait", 4, 1),
     ]
 

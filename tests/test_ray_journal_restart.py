@@ -170,3 +170,18 @@ def test_a_load_is_journaled_as_one_snapshot_and_comes_back_after_a_kill(tmp_pat
     restarted = client.ledger()
     assert restarted.pop("index_restarts") == ledger.pop("index_restarts") + 1 and restarted == ledger
     client.kill()
+
+
+def test_a_restamp_is_journaled_and_a_restarted_index_gates_by_it():
+    """In-flight weight updates through the index: restamp_in_flight raises the in-flight stamps, the journal keeps
+    them, and after a SIGKILL the restarted index judges the straggler by its raised stamp (the take goes through)."""
+    client = RemoteBuffer.create(64, max_age=1, strategy="wait", age_from="finish")
+    client.dispatch(np.asarray([1]), 0)  # a straggler
+    client.put(np.asarray([10, 11]), 1)
+    assert len(client.take(1, 1)) == 0  # prompt 1, stamped 0, is at max_age: the gate holds the take
+    assert client.restamp_in_flight(1) == 1 and client.restamp_in_flight(1) == 0
+    pid = ray.get(client.actor.pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    _after_restart(client, pid)
+    assert _state(client)["in_flight"]["sample_step"].tolist() == [1]
+    assert client.take(1, 1).traj_ids.tolist() == [10]

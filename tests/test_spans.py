@@ -32,7 +32,7 @@ def test_a_finish_step_before_the_dispatch_step_is_refused(impl):
     buf = impl(16, max_age=5)
     buf.dispatch([1], step=3)
     before = buf.ledger()
-    with pytest.raises(ValueError, match=r"finish_step=2.*before.*dispatched at step 3"):
+    with pytest.raises(ValueError, match=r"finish_step=2.*before step 3, the stamp of prompt"):
         buf.complete([10], [1], finish_step=2)
     with pytest.raises(ValueError, match=r"finish_step has 2 stamps for 1 trajectories"):
         buf.complete([10], [1], finish_step=[3, 4])

@@ -131,6 +131,15 @@ class NativeMatchesReference(RuleBasedStateMachine):
         if result:
             assert result[0] == result[1]
 
+    @rule(lag=st.integers(-1, 3))
+    def restamp_in_flight(self, lag):
+        """An in-flight weight update: both raise the same prompts (age_from='finish'), or both refuse ('start')."""
+        step = max(0, self.clock + 1 - lag)
+        result = self.both(lambda b: b.restamp_in_flight(step))
+        assert (result is None) == (self.ref.config.age_from == "start")
+        if result:
+            assert result[0] == result[1]
+
     @precondition(lambda self: self.ref._in_flight)
     @rule(data=st.data())
     def complete(self, data):

@@ -37,6 +37,9 @@ METRICS: Tuple[Tuple[str, str, int], ...] = (
 
 #: The bias study's numbers (summary.BIAS_KEYS), aggregated for the arms whose runs carry them.
 BIAS_METRICS: Tuple[Tuple[str, str, int], ...] = (
+    ("goodput", "goodput (trained groups per sampling step)", 3),
+    ("generator_idle_share", "generator idle share", 3),
+    ("trained_over_age_share", "trained over max_age (share of uses)", 3),
     ("idle_share", "trainer idle share", 3),
     ("wasted_share", "generated, never trained", 3),
     ("regenerations_per_prompt", "regenerations per prompt", 3),

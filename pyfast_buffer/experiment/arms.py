@@ -112,11 +112,16 @@ def parse_arm(spec: str) -> ArmConfig:
     for part in spec.split(","):
         key, sep, value = part.strip().partition("=")
         key = key.replace("-", "_")
-        if not sep or key not in (*AXIS_DEFAULTS, "max_attempts"):
+        if not sep or key not in (*AXIS_DEFAULTS, "max_attempts", "in_flight_updates"):
             raise ValueError(
                 f"--arm {spec!r}: {part.strip()!r} is not KEY=VALUE with KEY one of "
-                f"{', '.join(AXIS_DEFAULTS)}, max_attempts; pass e.g. 'reuse=4,strategy=wait'"
+                f"{', '.join(AXIS_DEFAULTS)}, max_attempts, in_flight_updates; pass e.g. 'reuse=4,strategy=wait'"
             )
+        if key == "in_flight_updates":
+            if value not in ("0", "1"):
+                raise ValueError(f"--arm {spec!r}: in_flight_updates={value!r} is not 0 or 1")
+            fields[key] = value == "1"
+            continue
         try:
             if key == "max_age":
                 age = parse_max_age(value)

@@ -35,6 +35,7 @@ CONFIG_FLAGS = (
     ("--max-steps-per-tick", "max_steps_per_tick", int, "trainer steps per sampling step at most (0: no cap)"),
     ("--adaptive-min-age", "adaptive_min_age", int, "adaptive arms: lowest max_age the controller sets"),
     ("--adaptive-max-age", "adaptive_max_age", int, "adaptive arms: highest max_age the controller sets"),
+    ("--slots", "slots", int, "generation slots of the fixed-capacity generator (0: the open-loop producer)"),
 )
 AXES = ("reuse", "strategy", "max_age", "lag")
 

@@ -27,8 +27,13 @@ class ArmConfig:
     # within the experiment's [adaptive_min_age, adaptive_max_age], to hold this approx KL or clip fraction.
     target_kl: Optional[float] = None
     target_clip: Optional[float] = None
+    # A weight push reaches running generations (the slot generator, ExperimentConfig.slots): the trained tokens
+    # are sampled with the weights in force at the finish, and the buffer measures age from it (age_from="finish").
+    in_flight_updates: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.in_flight_updates, bool):
+            raise TypeError(f"in_flight_updates={self.in_flight_updates!r} must be True or False")
         for target in ("target_kl", "target_clip"):
             value = getattr(self, target)
             if value is not None and (
@@ -70,7 +75,8 @@ class ArmConfig:
     def name(self) -> str:
         age = self.max_age_spec.replace(":", "-") if self.adaptive else f"age{self.max_age}"
         cap = f"-att{self.max_attempts}" if self.max_attempts is not None else ""
-        return f"reuse{self.reuse}-{self.strategy}{cap}-{age}-lag{self.lag}"
+        inflight = "-inflight" if self.in_flight_updates else ""
+        return f"reuse{self.reuse}-{self.strategy}{inflight}{cap}-{age}-lag{self.lag}"
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,9 @@ class ExperimentConfig:
     base_tokens: int = 32  # modelled length of the easiest prompt's answer, before the lognormal factor
     length_sigma: float = 0.6  # sigma of that lognormal factor (the tail)
     tokens_per_tick: float = 64.0  # tokens a rollout writes per sampling step
+    # The goodput study (slots.py): 0 keeps the open-loop producer (prompts_per_tick every step); K > 0 is a
+    # generator with K concurrent generation slots, each attempt holding one until it finishes (needs requeue).
+    slots: int = 0
 
     def __post_init__(self) -> None:
         def flag(name: str) -> str:
@@ -128,6 +137,7 @@ class ExperimentConfig:
             "adaptive_min_age",
             "adaptive_max_age",
             "base_tokens",
+            "slots",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -155,6 +165,13 @@ class ExperimentConfig:
             raise ValueError(f"--length={self.length} cannot reach every sum of two digits; pass --length 2 or more")
         if self.seed < 0:
             raise ValueError(f"--seed={self.seed} must be >= 0")
+        if self.slots < 0:
+            raise ValueError(f"--slots={self.slots} must be >= 0 (0 = the open-loop producer)")
+        if self.slots and not self.requeue:
+            raise ValueError(
+                f"--slots={self.slots} needs the requeue producer (a freed slot takes a lost prompt first); "
+                "use --preset goodput or goodput-tiny, which set it"
+            )
         if self.max_latency < 0:
             raise ValueError(f"--max-latency={self.max_latency} must be >= 0")
         if self.max_steps_per_tick < 0:
@@ -241,10 +258,10 @@ PRESETS: Dict[str, Preset] = {
         ),
         _arms((1, "drop", 4, 1), (4, "drop", 4, 1), (4, "wait", 4, 1)),
     ),
-    # About 30 s on 2 CPU cores: reuse 1/2/4 under drop and under wait, rollouts one step behind; one seed.
+    # About 35 s on 2 CPU cores: reuse 1/2/4 under drop, wait and pace, rollouts one step behind; one seed.
     "demo": Preset(
         ExperimentConfig(ticks=600, eval_interval=50),
-        _arms(*[(r, s, 4, 1) for s in ("drop", "wait") for r in (1, 2, 4)]),
+        _arms(*[(r, s, 4, 1) for s in ("drop", "wait", "pace") for r in (1, 2, 4)]),
     ),
     # The multi-seed study docs/experiment.md reports: 6 arms x 5 seeds x 600 sampling steps, 188 CPU-seconds
     # measured (30 runs of 3-10 s each; the wall time depends on --jobs and on what else the cores run).
@@ -312,6 +329,32 @@ PRESETS["bias-tiny"] = Preset(
     ),
     _bias_arms(2),
     seeds=(0, 1),
+)
+
+
+def goodput_arms(ages: Tuple[int, ...] = (1, 2, 4, 8)) -> List[ArmConfig]:
+    """The goodput frontier's arms: at each max_age, drop, wait, pace, and drop and pace with in-flight weight
+    updates (age from the finish; drop's is the like-for-like reference for pace's), reuse 1, rollouts one step
+    behind."""
+    kinds = (("drop", False), ("wait", False), ("pace", False), ("drop", True), ("pace", True))
+    return [
+        ArmConfig(reuse=1, strategy=strategy, max_age=age, lag=1, in_flight_updates=inflight)
+        for age in ages
+        for strategy, inflight in kinds
+    ]
+
+
+#: The goodput study (docs/data-bias.md, "The throughput price of a hard bound"): the bias study's rollout cost and
+#: requeue loop on a generator of 16 slots (about 7 prompts a sampling step at the mean rollout time, against a
+#: trainer that takes one batch of 8 groups a step at most), so both sides are close to busy and neither strategy
+#: gets spare hardware for free; max_age 1, 2, 4, 8 x {drop, wait, pace, and drop and pace with in-flight updates},
+#: five seeds.
+PRESETS["goodput"] = Preset(
+    replace(_BIAS_CONFIG, slots=16, max_steps_per_tick=1), goodput_arms(), seeds=tuple(range(5))
+)
+# The same frontier in under a minute, for CI: bias-tiny's task and model on 8 slots, 60 steps, two seeds.
+PRESETS["goodput-tiny"] = Preset(
+    replace(PRESETS["bias-tiny"].config, slots=8, max_steps_per_tick=1), goodput_arms(), seeds=(0, 1)
 )
 
 

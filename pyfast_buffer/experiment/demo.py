@@ -1,7 +1,8 @@
-"""``pyfast-buffer demo``: the experiment's ``demo`` preset, about 30 s on two CPU cores.
+"""``pyfast-buffer demo``: the experiment's ``demo`` preset, about 35 s on two CPU cores.
 
-Six arms of a real asynchronous GRPO run (reuse 1/2/4, each under drop and wait) on
-the digit-sum task; writes the figure, report and records under ``--out``.
+Nine arms of a real asynchronous GRPO run (reuse 1/2/4, each under drop, wait and pace) on
+the digit-sum task; writes the figure, report (which arms kept their bound, and what each paid) and
+records under ``--out``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
-        help="run the experiment's demo preset (about 30 s) and write figure + report",
-        description="A real asynchronous GRPO run on the buffer: reuse 1/2/4 under drop and under wait, "
+        help="run the experiment's demo preset (about 35 s) and write figure + report",
+        description="A real asynchronous GRPO run on the buffer: reuse 1/2/4 under drop, wait and pace, "
         "everything else fixed. Same as 'pyfast-buffer experiment --preset demo'.",
     )
     p.add_argument("--seed", type=int, help="random seed (default 0)")

@@ -24,6 +24,7 @@ from .policy import GRUPolicy
 from .producer import Producer
 from .requeue import RequeueProducer, shift
 from .rollout import RolloutWorker
+from .slots import SlotProducer
 from .store import TrajectoryStore
 from .task import DigitSumTask
 from .trainer import Trainer
@@ -49,14 +50,16 @@ class ArmRun:
             max_attempts=arm.max_attempts,
             # pace: one trainer step takes batch_size trajectories, i.e. batch_size // group_size prompt groups
             prompts_per_step=cfg.batch_size // cfg.group_size if arm.strategy == "pace" else None,
+            age_from="finish" if arm.in_flight_updates else "start",
         )
-        self.store = TrajectoryStore(
-            cfg.ticks * cfg.prompts_per_tick * cfg.group_size, self.task.prompt_len, cfg.length
-        )
+        attempts = cfg.ticks * (cfg.slots or cfg.prompts_per_tick)  # at most one dispatch per slot per step
+        self.store = TrajectoryStore(attempts * cfg.group_size, self.task.prompt_len, cfg.length)
         self.trainer = Trainer(self.policy, cfg.lr, cfg.clip_eps)
         self.rollout = RolloutWorker(self.policy, cfg.parameter_sync_step, arm.lag)
-        self.producer = (RequeueProducer if cfg.requeue else Producer)(
-            cfg, self.task, self.buf, self.store, self.rollout
+        self.producer: Producer = (
+            SlotProducer(cfg, self.task, self.buf, self.store, self.rollout, arm.in_flight_updates)
+            if cfg.slots
+            else (RequeueProducer if cfg.requeue else Producer)(cfg, self.task, self.buf, self.store, self.rollout)
         )
         self.trained_costs: list = []  # requeue: (difficulty, length, delay) of every trajectory on its first use
         eval_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 4)
@@ -97,6 +100,8 @@ class ArmRun:
             self.trained_costs += self.producer.cost_of(batch.traj_ids[batch.uses == 1])
         stats = self.trainer.train_step(self.store, batch.traj_ids)
         self.rollout.on_step(self.trainer.step, self.policy)
+        # In-flight updates: the push reaches running generations, which finish with these weights or later.
+        restamped = self.buf.restamp_in_flight(self.rollout.weights_step) if self.arm.in_flight_updates else 0
         uses = torch.bincount(batch.uses, minlength=self.arm.reuse + 1)[1:].tolist()
         first = batch.age[batch.uses == 1]
         ages = torch.bincount(batch.age).tolist()
@@ -109,6 +114,8 @@ class ArmRun:
             "max_age": self.max_age,
             "age_mean": batch_metrics.metric(batch, "age_mean"),
             "age_max": batch_metrics.metric(batch, "age_max"),
+            "span_max": int(batch.span.max()) if len(batch) else 0,  # finish step - stamp (in-flight updates)
+            "restamped": restamped,  # in-flight prompts this step's weight push restamped
             "age_min_first_use": int(first.min()) if len(first) else None,
             "dropped_stale": batch_metrics.metric(batch, "dropped_stale"),
             "buffer_left": batch_metrics.metric(batch, "buffer_left"),
@@ -171,6 +178,10 @@ class ArmRun:
         m = {k[len(prefix) :]: v for k, v in self.buf.data_metrics().items()}
         return {
             **self._base("bias", self.cfg.ticks),
+            # Trained groups (first uses) per sampling step: what the generation hardware turned into training.
+            "goodput": len(self.trained_costs) / self.cfg.group_size / max(len(ticks), 1),
+            "generator_idle_share": producer.idle_slot_steps / max(producer.slot_capacity(len(ticks)), 1),
+            "trained_over_age_share": led["trained_over_age"] / max(led["taken"], 1),
             "idle_share": sum(1 for r in ticks if not r["trainer_steps"]) / max(len(ticks), 1),
             "wasted_share": (led["dropped_stale"] + led["evicted"]) / max(led["sampled_total"], 1),
             "regenerations_per_prompt": m["retries"] / max(producer.prompts_seen, 1),

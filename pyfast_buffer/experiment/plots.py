@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
 
+from .summary import bound_kept
 from .summary import per_tick as _per_tick
 
 Record = Dict[str, Any]
@@ -56,10 +57,15 @@ def plot(records: Sequence[Record], summaries: Sequence[Dict[str, Any]], path: s
     fig, axes = plt.subplots(2, 4, figsize=(19, 8.5))
     flat = axes.ravel()
     colors = {a: f"C{i}" for i, a in enumerate(arms)}
+    # The legend says which arms kept their bound: nothing trained older than max_age.
+    labels = {
+        s["arm"]: s["arm"] + (" (bound kept)" if bound_kept(s) else f" (trained up to age {s['age_max']})")
+        for s in summaries
+    }
     for arm in arms:
         mine = [r for r in records if r["arm"] == arm]
         xs, ys = _per_tick([r for r in mine if r["kind"] == "tick"], "sample_reward")
-        flat[0].plot(xs, _smooth(ys, width), color=colors[arm], label=arm)
+        flat[0].plot(xs, _smooth(ys, width), color=colors[arm], label=labels[arm])
         ev = [r for r in mine if r["kind"] == "eval"]
         flat[1].plot([r["tick"] for r in ev], [r["eval_reward"] for r in ev], "o-", color=colors[arm], ms=3)
         steps = [r for r in mine if r["kind"] == "step"]

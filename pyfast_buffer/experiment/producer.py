@@ -43,10 +43,12 @@ class Producer:
         cfg, n = self.cfg, self.cfg.group_size
         prompts = self.task.sample_prompts(cfg.prompts_per_tick, self.prompt_gen)
         prompt_ids = torch.arange(t * cfg.prompts_per_tick, (t + 1) * cfg.prompts_per_tick)
+        skipped = 0
         if self.buf.config.strategy == "pace":  # generate only what admission lets in now (the rest is skipped)
             # At least one prompt is generated (and, if refused, not dispatched), so every tick has a sample reward.
             admitted = min(cfg.prompts_per_tick, self.buf.admissible(self.rollout.weights_step))
             prompts, prompt_ids = prompts[: max(admitted, 1)], prompt_ids[:admitted]
+            skipped = cfg.prompts_per_tick - admitted
         repeated, responses, logp, weights_step = self.rollout.generate(prompts, n, cfg.length, self.sample_gen)
         self.buf.dispatch(prompt_ids, weights_step)
         reward = self.task.reward(repeated, responses)
@@ -71,4 +73,5 @@ class Producer:
             "weights_step": weights_step,
             "prompts_completed": completed,
             "prompts_failed": failed,
+            "prompts_skipped": skipped,  # pace: prompts admission refused this step (the open loop skips them)
         }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from .summary import WINDOW
+from .summary import WINDOW, bound_kept
 
 #: "loss falls while sampled reward does not follow", on within-arm trends (last minus first WINDOW of
 #: sampling steps). The loss is taken on first-use trainer steps only (every entry on its first use),
@@ -108,11 +108,45 @@ def over_age(s: Dict[str, Any]) -> Optional[str]:
         if s.get("adaptive")
         else f"max_age {s['max_age']}"
     )
-    return f"trained on data up to {s['age_max']} trainer steps old, past {bound}: " + (
-        "wait blocks only on in-flight prompts at max_age and never drops ready entries, so ready entries age past it"
-        if s["strategy"] == "wait"
-        else "unexpected under drop"
+    why = {
+        "wait": "wait blocks only on in-flight prompts at max_age and never drops ready entries, so ready entries age "
+        "past it",
+        "pace": "pace bounds a group's first use; with max_uses > 1 a group is trained again later, which its proof "
+        "excludes (counted in trained_over_age)",
+    }
+    return f"trained on data up to {s['age_max']} trainer steps old, past {bound}: " + why.get(
+        s["strategy"], "unexpected under drop"
     )
+
+
+def bound_line(s: Dict[str, Any]) -> str:
+    """Whether the arm kept its bound, and its price: data dropped (drop), stalls and old data (wait), generation
+    held back and trainer idle (pace)."""
+    led = s["ledger"]
+    sampled = max(1, led["sampled_total"])
+    kept = bound_kept(s)
+    verdict = (
+        f"kept the bound (age max {s['age_max']} <= max_age {s['max_age']})"
+        if kept
+        else f"did NOT keep it (age max {s['age_max']} > max_age {s['max_age']}; {led.get('trained_over_age', 0)} "
+        "uses counted in trained_over_age)"
+    )
+    idle = s.get("trainer_idle_share")
+    idle_text = f"trainer idle on {idle:.0%} of sampling steps" if idle is not None else "trainer idle not counted"
+    if s["strategy"] == "drop":
+        paid = f"{led['dropped_stale'] / sampled:.0%} of sampled trajectories dropped stale; {idle_text}"
+    elif s["strategy"] == "wait":
+        paid = (
+            f"trainer blocked on {s['stalled_ticks']} sampling steps; {led['evicted'] / sampled:.0%} of sampled "
+            f"trajectories evicted; {idle_text}"
+        )
+    else:
+        asked = led["dispatched"] + s.get("prompts_skipped", 0)
+        paid = (
+            f"{s.get('prompts_skipped', 0)} of {asked} prompts held back by admission (not dispatched); nothing "
+            f"dropped; {idle_text}"
+        )
+    return f"{verdict}; paid: {paid}."
 
 
 def arm_lines(s: Dict[str, Any]) -> List[str]:
@@ -174,6 +208,8 @@ def render(summaries: Sequence[Dict[str, Any]], cfg: Any) -> str:
     notes = [(s["arm"], over_age(s)) for s in summaries if over_age(s)]
     if notes:
         out += ["", "Age past max_age:"] + [f"- {arm}: {note}." for arm, note in notes]
+    out += ["", "Which arms kept the bound (nothing trained older than max_age), and what each paid:"]
+    out += [f"- {s['arm']}: {bound_line(s)}" for s in summaries]
     out += [
         "",
         "These are short runs with one fixed seed on a toy task: they show direction in this range only, "

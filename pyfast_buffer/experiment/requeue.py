@@ -55,6 +55,11 @@ class RequeueProducer(Producer):
         self.generated: List[Tuple[float, int, int]] = []  # one per completed trajectory
         self.pending: Dict[int, List[Tuple[int, int, int, bool]]] = {}  # tick -> [(serial, prompt, length, failed)]
         self.prompts_seen = 0
+        self.idle_slot_steps = 0  # pace: prompts admission kept out, skipped (the open loop does not hold them)
+
+    def slot_capacity(self, ticks: int) -> int:
+        """Attempts the generator could have started in ``ticks`` sampling steps (its capacity, in slot-steps)."""
+        return ticks * self.cfg.prompts_per_tick
 
     def _collect_losses(self) -> None:
         ids, reasons = self.buf.released()
@@ -74,6 +79,7 @@ class RequeueProducer(Producer):
         k = per_tick
         if self.buf.config.strategy == "pace":  # admission: only as many as the pace rule lets start now
             k = min(per_tick, self.buf.admissible(self.rollout.weights_step))
+            self.idle_slot_steps += per_tick - k
         retry = [self.queue.popleft() for _ in range(min(k, len(self.queue)))]
         serials = list(range(t * per_tick, t * per_tick + k))
         prompt_ids = retry + serials[len(retry) :]  # a fresh prompt's id is its first attempt's serial
@@ -111,6 +117,7 @@ class RequeueProducer(Producer):
             "prompts_completed": completed,
             "prompts_failed": failed,
             "prompts_requeued": len(retry),
+            "prompts_skipped": per_tick - k,  # pace: prompts admission refused this step (the open loop skips them)
         }
 
     def cost_of(self, traj_ids: torch.Tensor) -> List[Tuple[float, int, int]]:

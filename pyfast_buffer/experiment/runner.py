@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import bias_plot, planner_check, plots, progress, records, report, report_seeds
+from . import bias_plot, frontier, goodput_plot, planner_check, plots, progress, records, report, report_seeds
 from .aggregate import aggregate
 from .arms import unique
 from .config import ArmConfig, ExperimentConfig
@@ -48,6 +48,12 @@ def run_experiment(
     arms = unique(arms)
     if not arms:
         raise ValueError("no arms to run; pass --reuse/--strategy/--max-age/--lag lists or --arm")
+    for arm in arms:
+        if arm.in_flight_updates and not cfg.slots:
+            raise ValueError(
+                f"arm {arm.name}: in_flight_updates needs the slot generator (--slots K); "
+                "use --preset goodput or goodput-tiny, or pass --slots"
+            )
     seeds = list(seeds) if seeds is not None else [cfg.seed]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds={seeds!r} must list at least one seed, each once")
@@ -70,6 +76,19 @@ def run_experiment(
     else:
         text, tbl = report.render(summaries, cfg), report.table(summaries)
     text += "\n\n" + "\n".join(planner_check.render([c for c in checks if c["seed"] == seeds[0]]))
+    points = frontier.frontier(summaries)
+    if points:  # the goodput study: pace against drop at equal generation hardware
+        text += "\n\n" + "\n".join(
+            [
+                "Goodput frontier (mean over seeds [95% bootstrap interval]; 'goodput vs drop' is the per-seed "
+                "ratio to the drop arm at the same max_age):",
+                frontier.table(points),
+                "",
+                f"The goal (pace >= {frontier.GOAL_RATIO}x drop's goodput at every max_age >= "
+                f"{frontier.GOAL_MIN_AGE}, nothing trained over max_age, length KS < {frontier.GOAL_KS}):",
+                *frontier.goal_lines(points),
+            ]
+        )
     files = {
         "jsonl": os.path.join(out_dir, "metrics.jsonl"),
         "report": os.path.join(out_dir, "report.txt"),
@@ -104,6 +123,15 @@ def run_experiment(
             )
             if not bias_path.startswith("no figure"):
                 files["bias_figure"] = bias_path
+        if len({p["max_age"] for p in points}) > 1:  # the goodput study: the frontier against max_age
+            made = goodput_plot.plot_frontier(
+                points,
+                os.path.join(out_dir, "goodput.png"),
+                f"the throughput price of a hard bound: {cfg.slots or cfg.prompts_per_tick} generation "
+                f"{'slots' if cfg.slots else 'prompts per step'}, {what}",
+            )
+            if not made.startswith("no figure"):
+                files["goodput_figure"] = made
     wall = time.perf_counter() - started
     with open(files["summary"], "w", encoding="utf-8") as f:
         json.dump(
@@ -114,6 +142,7 @@ def run_experiment(
                 "runs": summaries,
                 "aggregate": agg,
                 "planner_vs_measured": checks,
+                "frontier": points,
                 "wall_seconds": wall,
             },
             f,

@@ -8,6 +8,9 @@ from pyfast_buffer.workflow.audit import ledger_gap
 
 #: The bias study's per-arm numbers (ArmRun._bias_record), in summary.json when the run requeues lost prompts.
 BIAS_KEYS = (
+    "goodput",
+    "generator_idle_share",
+    "trained_over_age_share",
     "idle_share",
     "wasted_share",
     "regenerations_per_prompt",
@@ -49,6 +52,12 @@ def per_tick(rows: Sequence[Record], key: str) -> Tuple[List[int], List[float]]:
     return ticks, [sum(by_tick[t]) / len(by_tick[t]) for t in ticks]
 
 
+def _idle_share(tick_rows: Sequence[Record]) -> Optional[float]:
+    """Share of the sampling steps on which the trainer took no step (None in thread mode, which does not count)."""
+    counted = [r["trainer_steps"] for r in tick_rows if r.get("trainer_steps") is not None]
+    return sum(1 for n in counted if not n) / len(counted) if counted else None
+
+
 def first_tick_below(rows: Sequence[Record], key: str, level: float) -> Optional[int]:
     """The first sampling step whose mean ``key`` over its trainer steps is at or below ``level``."""
     for tick, value in zip(*per_tick(rows, key)):
@@ -83,6 +92,10 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int, seed: Optional[in
     return {
         **{k: bias.get(k) for k in BIAS_KEYS if bias},
         "max_attempts": getattr(arm, "max_attempts", None),
+        "in_flight_updates": getattr(arm, "in_flight_updates", False),
+        "trainer_idle_share": _idle_share(tick_rows),
+        "prompts_skipped": sum(r.get("prompts_skipped", 0) for r in tick_rows),
+        "trained_over_age": ledger.get("trained_over_age", 0),
         "arm": arm.name,
         "seed": seed if seed is not None else (mine[0].get("seed") if mine else None),
         "reuse": arm.reuse,
@@ -120,6 +133,11 @@ def summarise(records: Sequence[Record], arm: Any, ticks: int, seed: Optional[in
         "ledger": ledger,
         "reconciled": reconciles(ledger),
     }
+
+
+def bound_kept(s: Dict[str, Any]) -> bool:
+    """True when no trajectory of the run was trained older than the arm's max_age (step records and ledger)."""
+    return not s.get("age_over_bound") and not s.get("trained_over_age")
 
 
 def reconciles(ledger: Dict[str, int]) -> bool:

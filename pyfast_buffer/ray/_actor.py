@@ -289,6 +289,9 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
     def renew(self, request: int, prompt_ids: np.ndarray, lease: float) -> None:
         self._apply(request, lambda: self._buf.renew(prompt_ids, lease))
 
+    def restamp_in_flight(self, step: int) -> int:
+        return self._apply(None, lambda: self._buf.restamp_in_flight(step))
+
     def expire_in_flight(self, older_than_s: float) -> int:
         return self._apply(None, lambda: self._buf.expire_in_flight(older_than_s))
 

@@ -239,6 +239,12 @@ class RemoteBuffer(RemoteAsyncMethods):
         lease = as_seconds(lease, "lease", False, "renew with a lease > 0")
         self._call("renew", _request(), as_ids(prompt_ids, "prompt_ids"), lease)
 
+    def restamp_in_flight(self, step: int) -> int:
+        """Under ``age_from="finish"``: the weights of ``step`` now write every in-flight prompt (an in-flight weight
+        update), so each one stamped below ``step`` is stamped ``step``; returns how many (idempotent: a retry of the
+        same step raises none)."""
+        return self._call("restamp_in_flight", as_step(step, "step"))
+
     def expire_in_flight(self, older_than_s: float) -> int:
         """Fails, as expired, every in-flight prompt dispatched at least ``older_than_s`` seconds ago."""
         return self._call("expire_in_flight", as_seconds(older_than_s, "older_than_s", True, "pass seconds >= 0"))

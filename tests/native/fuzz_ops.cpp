@@ -137,7 +137,7 @@ class Session {
  private:
   enum Op : uint8_t {
     kDispatch, kComplete, kFail, kPut, kTake, kEvict, kCheckpoint, kCorruptImport, kSetMaxAge, kRenew, kExpire,
-    kAdvanceLeaseClock, kClose, kOps
+    kAdvanceLeaseClock, kClose, kRestamp, kOps
   };
 
   // A step near the fuzzer's clock, or now and then a lower, negative or huge one.
@@ -338,6 +338,7 @@ class Session {
       case kRenew: return renew();
       case kExpire: return expire();
       case kAdvanceLeaseClock: return advance_lease_clock();
+      case kRestamp: return restamp();
       case kClose:
         // Rare: a closed ring answers every later call with Closed.
         if (in_.ConsumeIntegralInRange<int>(0, 15) == 0)
@@ -610,6 +611,26 @@ class Session {
            pfb::Ledger l = before.ledger;
            l.failed += gone, l.expired += gone;
            expect_ledger(after, l, "expire_in_flight");
+         });
+  }
+
+  // restamp_in_flight raises exactly the in-flight stamps below the step to it (age_from='finish'; refused, changing
+  // nothing, under 'start'), returns how many, and moves no counter.
+  void restamp() {
+    const int64_t s = pick_step();
+    both("restamp_in_flight", [&](pfb::StalenessRing& r, Result& res) { res.count = r.restamp_in_flight(s); },
+         [&](const pfb::RingState& before, const Result& res, const pfb::RingState& after) {
+           if (config_.age_from != pfb::AgeFrom::kFinish) chk::fail_check("restamp_in_flight: ran under 'start'");
+           int64_t raised = 0;
+           for (size_t i = 0; i < before.in_flight_prompt.size(); ++i) {
+             raised += before.in_flight_step[i] < s;
+             const size_t j = index_of(after.in_flight_prompt, before.in_flight_prompt[i]);
+             if (j == after.in_flight_prompt.size() || after.in_flight_step[j] != std::max(before.in_flight_step[i], s))
+               chk::fail_check("restamp_in_flight: wrong stamps: " + chk::describe(after));
+           }
+           if (res.count != raised || after.in_flight_prompt.size() != before.in_flight_prompt.size())
+             chk::fail_check("restamp_in_flight: raised the wrong prompts: " + chk::describe(before));
+           expect_ledger(after, before.ledger, "restamp_in_flight");
          });
   }
 
