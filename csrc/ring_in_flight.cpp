@@ -132,6 +132,13 @@ int64_t StalenessRing::restamp_in_flight(int64_t step) {
         "update cannot change; construct it with age_from='finish' to age trajectories from the weights that "
         "finished them");
   if (step < 0) throw InvalidArgument(concat("step=", step, " is negative; steps are ints >= 0"));
+  // The weights of `step` exist once the trainer has taken step - 1: a restamp past the trainer's next step would
+  // move that step (pace's t0) without admission, which the pace proof does not allow.
+  const int64_t limit = restamp_limit();
+  if (step > limit)
+    throw InvalidArgument(concat("restamp_in_flight: step=", step, " is past the trainer's next step ", limit,
+                                 "; pass the step of the weights pushed to the engines, which the trainer has "
+                                 "already produced (<= ", limit, ")"));
   const int64_t raised = in_flight_.raise_steps(step);
   if (raised == 0) return 0;
   advance_clock_by_stamp(step);

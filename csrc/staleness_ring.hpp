@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -202,8 +203,9 @@ class StalenessRing {
   void renew(const int64_t* prompt_ids, int64_t n, double lease) PFB_EXCLUDES(mutex_);
 
   /// Under age_from="finish", raises to `step` the stamp of every in-flight prompt stamped below it (the weights
-  /// of `step` now write them: an in-flight weight update) and returns how many it raised; throws InvalidArgument,
-  /// changing nothing, under age_from="start" or for a negative `step`.
+  /// of `step` now write them: an in-flight weight update) and returns how many it raised; throws InvalidArgument
+  /// (after expiring passed leases, as every call does) under age_from="start", for a negative `step`, or for a
+  /// `step` past the trainer's next step (pace's next take; else one past the largest step seen).
   int64_t restamp_in_flight(int64_t step) PFB_EXCLUDES(mutex_);
 
   /// Fails (as expired) every in-flight prompt dispatched at least `older_than` seconds ago (>= 0,
@@ -431,6 +433,11 @@ class StalenessRing {
     return std::max<int64_t>(next_take_, clock_ < 0 ? 0 : clock_);
   }
   int64_t pace_room(int64_t step) const PFB_REQUIRES(mutex_);  // admissible(step), the lock held
+  int64_t restamp_limit() const PFB_REQUIRES(mutex_) {  // the largest step restamp_in_flight accepts
+    if (paced()) return pace_next_take();  // never moves t0
+    const int64_t clock = clock_ < 0 ? 0 : clock_;
+    return clock == std::numeric_limits<int64_t>::max() ? clock : clock + 1;  // the weights after the latest step
+  }
   void check_pace_call_size(int64_t groups, const char* call) const;  // InvalidArgument past the whole limit
   bool pace_admits(const StepCounts& groups, int64_t total) const PFB_REQUIRES(mutex_);
   // Returns true if the groups are admitted now; false once admitted after a wait, mutex_ released meanwhile

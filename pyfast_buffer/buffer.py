@@ -181,8 +181,10 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         """Under ``age_from="finish"``: the weights of ``step`` now write every in-flight prompt (an in-flight weight
         update reached the running generations), so each prompt stamped below ``step`` is stamped ``step``: its
         finish step can be no earlier. ``pace`` admission and the take gates judge in-flight prompts by it, and a
-        batch row reports it as ``sample_step``. Returns how many prompts it raised (docs/design.md, "In-flight
-        weight updates")."""
+        batch row reports it as ``sample_step``. ``step`` may not pass the trainer's next step (pace's next take;
+        else one past the largest step seen). Call it once the push reached the engines and what they finished
+        before it was completed: a later ``complete`` with a ``finish_step`` below the stamp is refused. Returns
+        how many prompts it raised (docs/design.md, "In-flight weight updates")."""
         return self._ring.restamp_in_flight(as_step(step, "step"))
 
     def expire_in_flight(self, older_than_s: float) -> int:

@@ -368,6 +368,13 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._expire_due()
             if self.config.age_from != "finish":
                 raise ValueError(RESTAMP_NEEDS_FINISH)
+            # Never past the trainer's next step: it would move pace's next take without admission.
+            limit = self._pace_next_take() if self._paced() else min(max(self._clock, 0) + 1, 2**63 - 1)
+            if step > limit:
+                raise ValueError(
+                    f"restamp_in_flight: step={step} is past the trainer's next step {limit}; pass the step of the "
+                    f"weights pushed to the engines, which the trainer has already produced (<= {limit})"
+                )
             raised = [p for p, rec in self._in_flight.items() if rec[0] < step]
             for p in raised:
                 self._in_flight[p] = (step, *self._in_flight[p][1:])

@@ -6,6 +6,8 @@ is dropped, and the two implementations hand out the same batches."""
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 from _helpers import assert_balanced
@@ -42,12 +44,77 @@ def test_it_is_refused_under_age_from_start_and_changes_nothing(impl):
         closed.restamp_in_flight(1)
 
 
+def test_a_step_past_the_trainers_next_step_is_refused_and_cannot_move_paces_next_take(impl):
+    # Without the limit, restamp_in_flight(2) here moved pace's next take from 0 to 2 unchecked, and the take at
+    # step 3 trained a group stamped 0 at age 3 > max_age (found in review).
+    buf = impl(32, max_age=2, strategy="pace", prompts_per_step=1, lookahead=2, age_from="finish")
+    buf.put([10], 0)
+    buf.put([11], 0)
+    buf.dispatch([1], 0)
+    before = (buf.ledger(), buf.admissible(0))
+    with pytest.raises(ValueError, match=r"step=2 is past the trainer's next step 0.*\(<= 0\)"):
+        buf.restamp_in_flight(2)
+    assert (buf.ledger(), buf.admissible(0)) == before
+    assert buf.take(1, 0).traj_ids.tolist() == [10]
+    assert buf.restamp_in_flight(1) == 1  # after the take at step 0, the weights of step 1 are allowed
+    drop = impl(32, max_age=2, age_from="finish")  # elsewhere: one past the largest step seen
+    drop.dispatch([1], 3)
+    with pytest.raises(ValueError, match="past the trainer's next step 4"):
+        drop.restamp_in_flight(5)
+    assert drop.restamp_in_flight(4) == 1
+
+
+def test_a_restamp_wakes_a_blocked_take_and_a_waiting_paced_dispatch(impl):
+    buf = impl(32, max_age=1, strategy="pace", prompts_per_step=1, lookahead=1, age_from="finish")
+    buf.dispatch([1], 0)  # a straggler: at step 1 it is at max_age
+    buf.put([20], 0)
+    assert len(buf.take(1, 0)) == 1
+    buf.put([21], 1)
+    out: dict = {}
+
+    def trainer() -> None:
+        began = time.monotonic()
+        out["batch"] = buf.take(1, 1, timeout=30)
+        out["s"] = time.monotonic() - began
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive()  # held by prompt 1, stamped 0
+    assert buf.restamp_in_flight(1) == 1
+    t.join(30)
+    assert out["batch"].traj_ids.tolist() == [21] and out["s"] < 30
+    # A paced dispatch that waits for room: after the take at step 0, prompt 1 (stamped 0) holds the one slot that
+    # stamp 0 has left; raised to 1 it no longer does, and the waiting dispatch is admitted.
+    paced = impl(32, max_age=1, strategy="pace", prompts_per_step=1, lookahead=1, age_from="finish")
+    paced.dispatch([1], 0)
+    paced.put([30], 0)
+    assert paced.take(1, 0).traj_ids.tolist() == [30]
+    assert paced.admissible(0) == 0
+    errors: list = []
+
+    def producer() -> None:
+        try:
+            paced.dispatch([2], 0, timeout=30)
+            out["admitted"] = True
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    waiter = threading.Thread(target=producer)
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive() and not errors
+    assert paced.restamp_in_flight(1) == 1
+    waiter.join(30)
+    assert not errors and out.get("admitted") is True and paced.in_flight == 2
+
+
 def test_a_finish_step_below_the_raised_stamp_is_refused(impl):
     buf = impl(32, max_age=3, age_from="finish")
     buf.dispatch([1], 0)
-    buf.restamp_in_flight(2)
-    with pytest.raises(ValueError, match=r"finish_step=1 .*before step 2, the stamp of prompt 1"):
-        buf.complete([10], [1], finish_step=1)
+    buf.restamp_in_flight(1)
+    with pytest.raises(ValueError, match=r"finish_step=0 .*before step 1, the stamp of prompt 1"):
+        buf.complete([10], [1], finish_step=0)
     assert buf.in_flight == 1 and len(buf) == 0
 
 

@@ -133,10 +133,14 @@ class NativeMatchesReference(RuleBasedStateMachine):
 
     @rule(lag=st.integers(-1, 3))
     def restamp_in_flight(self, lag):
-        """An in-flight weight update: both raise the same prompts (age_from='finish'), or both refuse ('start')."""
+        """An in-flight weight update: both raise the same prompts (age_from='finish'), or both refuse ('start', or a
+        step past the trainer's next step: pace's next take, else one past the largest step seen)."""
         step = max(0, self.clock + 1 - lag)
+        ref = self.ref
+        limit = ref._pace_next_take() if ref.config.strategy == "pace" else max(ref._clock, 0) + 1
+        refused = ref.config.age_from == "start" or step > limit or ref.closed
         result = self.both(lambda b: b.restamp_in_flight(step))
-        assert (result is None) == (self.ref.config.age_from == "start")
+        assert (result is None) == refused
         if result:
             assert result[0] == result[1]
 

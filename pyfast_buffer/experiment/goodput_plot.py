@@ -23,17 +23,19 @@ def plot_frontier(points: Sequence[Dict[str, Any]], path: str, title: str) -> st
         import matplotlib.pyplot as plt
     except ImportError:
         return "no figure: matplotlib is not installed (pip install 'pyfast-buffer[demo]')"
-    kinds = list(dict.fromkeys(p["kind"] for p in points))
+    lags = {p["lag"] for p in points}
+    kinds = list(dict.fromkeys((p["kind"], p["lag"]) for p in points))
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     for ax, (key, label) in zip(axes.flat, _PANELS):
-        for i, k in enumerate(kinds):
-            mine = [p for p in points if p["kind"] == k and p.get(key)]
+        for i, (k, lag) in enumerate(kinds):
+            mine = [p for p in points if (p["kind"], p["lag"]) == (k, lag) and p.get(key)]
             if not mine:
                 continue
+            name = k if len(lags) == 1 else f"{k}, lag {lag}"
             ages = [p["max_age"] for p in mine]
             mean = [p[key][0] for p in mine]
             err = [[m - p[key][1] for m, p in zip(mean, mine)], [p[key][2] - m for m, p in zip(mean, mine)]]
-            ax.errorbar(ages, mean, yerr=err, marker="o", capsize=3, label=k, color=f"C{i}")
+            ax.errorbar(ages, mean, yerr=err, marker="o", capsize=3, label=name, color=f"C{i}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("max_age (trainer steps)")
         ax.set_title(label, fontsize=10)

@@ -241,8 +241,8 @@ class RemoteBuffer(RemoteAsyncMethods):
 
     def restamp_in_flight(self, step: int) -> int:
         """Under ``age_from="finish"``: the weights of ``step`` now write every in-flight prompt (an in-flight weight
-        update), so each one stamped below ``step`` is stamped ``step``; returns how many (idempotent: a retry of the
-        same step raises none)."""
+        update), so each one stamped below ``step`` is stamped ``step``; returns how many. A retry of the same step
+        changes nothing already raised (it returns only the prompts still below ``step``)."""
         return self._call("restamp_in_flight", as_step(step, "step"))
 
     def expire_in_flight(self, older_than_s: float) -> int:
