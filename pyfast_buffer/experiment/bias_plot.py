@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Sequence
 
+from .pyplot import NO_MATPLOTLIB, pyplot
+
 _PANELS = (
     ("difficulty_ks", "difficulty KS"),
     ("length_ks", "length KS"),
@@ -21,13 +23,9 @@ _PANELS = (
 
 def plot_bias(agg: Sequence[Dict[str, Any]], path: str, title: str) -> str:
     """Writes the figure to ``path`` and returns it (or why there is none)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no figure: matplotlib is not installed (pip install 'pyfast-buffer[demo]')"
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     fig, axes = plt.subplots(3, 3, figsize=(13, 9))
     names = [a["arm"] for a in agg]
     for ax, (key, label) in zip(axes.flat, _PANELS):

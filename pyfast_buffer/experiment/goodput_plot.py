@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Sequence
 
+from .pyplot import NO_MATPLOTLIB, pyplot
+
 _PANELS = (
     ("goodput", "goodput: trained groups per sampling step"),
     ("length_ks", "length KS, trained vs generated"),
@@ -16,13 +18,9 @@ _PANELS = (
 
 def plot_frontier(points: Sequence[Dict[str, Any]], path: str, title: str) -> str:
     """Writes the figure to ``path`` and returns it (or why there is none)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no figure: matplotlib is not installed (pip install 'pyfast-buffer[demo]')"
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     lags = {p["lag"] for p in points}
     kinds = list(dict.fromkeys((p["kind"], p["lag"]) for p in points))
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
 
+from .pyplot import NO_MATPLOTLIB, pyplot
 from .summary import bound_kept
 from .summary import per_tick as _per_tick
 
@@ -44,13 +45,9 @@ def _smooth(values: List[float], width: int) -> List[float]:
 
 def plot(records: Sequence[Record], summaries: Sequence[Dict[str, Any]], path: str, title: str) -> str:
     """Writes the PNG to ``path`` and returns ``path``; returns a 'no figure: ...' reason without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only, never a window
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no figure: matplotlib is not installed (pip install 'pyfast_buffer[demo]' adds it)"
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     arms = [s["arm"] for s in summaries]
     ticks = max(r["tick"] for r in records) + 1
     width = max(1, ticks // 40)
@@ -164,14 +161,11 @@ def plot_bands(
     records: Sequence[Record], aggregate: Sequence[Dict[str, Any]], seeds: Sequence[int], path: str, title: str
 ) -> str:
     """The multi-seed figure: each arm's mean curve over seeds with its 95% bootstrap band (seeds resampled)."""
-    try:
-        import matplotlib
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    import numpy as np
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import numpy as np
-    except ImportError:
-        return "no figure: matplotlib is not installed (pip install 'pyfast_buffer[demo]' adds it)"
     from .aggregate import band
 
     ticks = max(r["tick"] for r in records) + 1
