@@ -327,6 +327,31 @@ def test_snapshots_bound_the_log_and_keep_the_state(tmp_path):
     assert got == list(range(1, 200)) and last == 199
 
 
+def test_a_read_that_loses_a_segment_to_a_snapshot_reads_again_from_that_snapshot(tmp_path, monkeypatch):
+    """The race CI hit once: a snapshot of the live journal deleted a segment between read's listing and its open.
+    The first listing here names a segment that no longer exists (as the snapshot thread leaves it); read starts
+    again from the snapshot on disk and returns the whole state."""
+    path = str(tmp_path / "index.pfb")
+    done: list = []
+    j, lock, box = _open_journal(path, done, snapshot_bytes=256)
+    for i in range(1, 60):
+        _append(j, lock, box, done, i)
+    deadline = time.monotonic() + 30
+    while j.stats()["snapshot_busy"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    listed = _journal.segments
+    stale = [(0, str(tmp_path / "index.pfb.0000000000000000.log"))]  # deleted behind a snapshot
+    calls = []
+
+    def first_listing_is_stale(p):
+        calls.append(p)
+        return stale + listed(p) if len(calls) == 1 else listed(p)
+
+    monkeypatch.setattr(_journal, "segments", first_listing_is_stale)
+    got, last = _state_after(_journal.read(path))
+    assert got == list(range(1, 60)) and last == 59 and len(calls) == 2
+
+
 def test_a_snapshot_the_log_made_due_shows_as_busy_until_written_and_a_call_snapshot_stands_for_it(tmp_path):
     """``snapshot_busy`` is true from the moment the log's size makes a snapshot due until it is written (a test
     that counts a call's snapshots waits for it to clear); a snapshot a call takes holds the log so far, so

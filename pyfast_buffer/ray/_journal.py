@@ -149,7 +149,34 @@ def segments(path: str) -> List[Tuple[int, str]]:
 
 def read(path: str) -> Optional[Tuple[Dict[str, Any], List[Dict[str, Any]], int]]:
     """The snapshot at ``path``, the records after it (until one is missing, torn or corrupt) and the last
-    record's seq; None if there is no snapshot (a first start)."""
+    record's seq; None if there is no snapshot (a first start).
+
+    A journal still being written can take a snapshot while this reads it (a new file renamed over the old), and
+    then delete the segments behind it: the read would find a segment gone, or a gap after its older snapshot.
+    So a read during which the snapshot file changed, or a segment vanished, starts again from the newer snapshot
+    (a few times at most; a writer that snapshots faster than this reads is not a journal anyone restarts from).
+    """
+    for _ in range(8):
+        before = _snapshot_identity(path)
+        try:
+            got = _read_once(path)
+        except FileNotFoundError:
+            continue
+        if _snapshot_identity(path) == before:
+            return got
+    return _read_once(path)
+
+
+def _snapshot_identity(path: str) -> Optional[Tuple[int, int, int]]:
+    """(inode, mtime ns, size) of the snapshot file, None without one: a snapshot replaced by rename changes it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _read_once(path: str) -> Optional[Tuple[Dict[str, Any], List[Dict[str, Any]], int]]:
     if not os.path.exists(path):
         return None
     snap = load_state(path)
