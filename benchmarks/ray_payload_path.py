@@ -5,8 +5,9 @@ reads"): medians of single calls on one local node.
 
 - put of 4 payloads (64 KiB, 1 MiB): ``RemoteBuffer.put(payloads=)`` against 4 ``ray.put`` + one queue call;
 - take + fetch of 16 against a queue get of 16 refs + ``ray.get``; a take alone;
-- the call that carries 4 MiB to an actor as inline pieces (our owner's path), as one numpy argument (an argument
-  object in the store), and a ``ray.put`` of 4 MiB.
+- the call that carries 4 MiB to an actor as inline pieces (our owner's path for small puts), through a memory file
+  (``pyfast_buffer/ray/_shm.py``: written by the caller, mapped by the actor; the path of puts of 256 KiB or
+  more), as one numpy argument (an argument object in the store), and a ``ray.put`` of 4 MiB.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def main() -> None:
         def take(self, *pieces):
             return len(pieces)
 
+        def take_file(self, ticket):
+            from pyfast_buffer.ray import _shm
+
+            return len(_shm.read(ticket))
+
     try:
         for size in (64 * 1024, 1024 * 1024):
             value = np.random.default_rng(0).integers(0, 2**31, size // 8, dtype=np.int64)
@@ -77,14 +83,26 @@ def main() -> None:
         sink = Sink.remote()
         ray.get(sink.take.remote())
         value = np.random.default_rng(0).integers(0, 2**31, 2**20 // 8, dtype=np.int64)
-        pieces = [p for _, cut in (_wire.pack(value) for _ in range(4)) for p in cut]
+        pieces = [p for _, whole in (_wire.pack(value) for _ in range(4)) for p in _wire.cut(whole)]
         joined = np.frombuffer(b"".join(pieces), np.uint8)
         inline = median_ms(lambda: ray.get(sink.take.remote(*pieces)))
         one_arg = median_ms(lambda: ray.get(sink.take.remote(joined)))
         stored = median_ms(lambda: ray.put(joined))
+        from pyfast_buffer.ray import _shm
+
+        whole = [b for _, bufs in (_wire.pack(value) for _ in range(4)) for b in bufs]
+
+        def through_file():
+            ticket, region = _shm.write(whole)  # a kept region after the first call, as in a producer
+            try:
+                ray.get(sink.take_file.remote(ticket))
+            finally:
+                _shm.done(region, True)
+
+        filed = median_ms(through_file)
         print(
-            f"4 MiB to an actor: {len(pieces)} inline pieces {inline:.1f} ms, one numpy argument {one_arg:.1f} ms, "
-            f"ray.put {stored:.1f} ms"
+            f"4 MiB to an actor: {len(pieces)} inline pieces {inline:.1f} ms, through a memory file {filed:.1f} ms, "
+            f"one numpy argument {one_arg:.1f} ms, ray.put {stored:.1f} ms"
         )
     finally:
         ray.shutdown()

@@ -50,8 +50,13 @@ class Producer:
         except Exception as exc:
             return type(exc).__name__, time.monotonic() - start, str(exc)
 
-    def put_big(self, client: RemoteBuffer, traj_id: int, words: int) -> None:
-        """One put of one payload of ``words`` int64 (traj_id, traj_id + 1, ...: every byte checkable)."""
+    def put_big(self, client: RemoteBuffer, traj_id: int, words: int, inline: bool = False) -> None:
+        """One put of one payload of ``words`` int64 (traj_id, traj_id + 1, ...: every byte checkable);
+        ``inline``: as from a process whose memory files the node's owner cannot open (pieces in the calls)."""
+        if inline:
+            from pyfast_buffer.ray import _sending, _shm
+
+            _shm.mark_unreachable(_shm.key(_sending.owner_here(client.actor)[1]))
         client.put([traj_id], 0, payloads=[np.arange(traj_id, traj_id + words, dtype=np.int64)])
 
     def make_ref(self, words: int) -> ray.ObjectRef:

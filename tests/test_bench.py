@@ -73,6 +73,15 @@ def test_rays_floor_per_payload_is_its_idle_rate_and_its_calls_spread_over_the_p
     assert "| - | 0.110 ms |" in markdown([queue]).splitlines()[-1]
 
 
+def test_the_read_table_names_each_size_and_gives_ratios_to_the_queue_but_none_for_the_floor():
+    from pyfast_buffer.bench.ray_read import FLOOR, OURS, QUEUE, _row, markdown
+
+    rows = [_row(65536, OURS, 700.0, 1.08, 5), _row(65536, QUEUE, 650.0, 1.0, 5), _row(1 << 20, FLOOR, 4e4, None, 1)]
+    lines = markdown(rows).splitlines()
+    assert lines[2] == "| 64 KiB | pyfast_buffer | 700 | 5 | 1.08x |"
+    assert lines[3].endswith("| 1.00x |") and lines[4] == f"| 1 MiB | {FLOOR} | 40,000 | 1 |  |"
+
+
 class _FakeClock:
     """``time`` for the bench module: ``sleep`` moves the clock on, nothing else does."""
 

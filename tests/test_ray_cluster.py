@@ -272,15 +272,26 @@ def test_one_store_write_per_payload_byte_on_the_producers_node(ray_cluster):
     batch = client.take(n, 5)
     assert [int(v[0]) for v in ray.get(batch.payloads)] == batch.traj_ids.tolist()
     assert client.ledger()["retired"] == n
-    # A payload larger than one call may carry inline (24 MiB, past Ray's 10 MiB per call): sent in several
-    # calls, each byte still written once, by the owner's put, and never as an argument object.
+    # A payload larger than one call may carry inline (24 MiB, past Ray's 10 MiB per call): through the memory
+    # file, then inline (sent in several calls, staged at the owner); each byte written once, by the owner's put,
+    # and never as an argument object.
     words = 3 * 2**20
-    before = object_store_stats()
-    ray.get(producer.put_big.remote(client, 5000, words))
-    after = object_store_stats()
-    written = {node: after[node]["created_bytes"] - before[node]["created_bytes"] for node in (node0, node1)}
-    assert words * 8 <= written[node1] <= words * 8 * 1.05, written
-    assert written[node0] == 0, written
-    batch = client.take(8, 5)  # the big one, and the first put's (which started the owner)
-    value = ray.get(batch.payloads[batch.traj_ids.tolist().index(5000)])
-    assert value.shape == (words,) and int(value[0]) == 5000 and int(value[-1]) == words - 1 + 5000
+    for traj, inline in ((5000, False), (6000, True)):
+        paths = _paths_of(client, node1)
+        before = object_store_stats()
+        ray.get(producer.put_big.remote(client, traj, words, inline))
+        after = object_store_stats()
+        assert tuple(_paths_of(client, node1) - paths) == ((0, 1) if inline else (1, 0))  # the path meant
+        written = {node: after[node]["created_bytes"] - before[node]["created_bytes"] for node in (node0, node1)}
+        assert words * 8 <= written[node1] <= words * 8 * 1.05, (inline, written)
+        assert written[node0] == 0, (inline, written)
+    batch = client.take(8, 5)  # the big ones, and the first put's (which started the owner)
+    for traj in (5000, 6000):
+        value = ray.get(batch.payloads[batch.traj_ids.tolist().index(traj)])
+        assert value.shape == (words,) and int(value[0]) == traj and int(value[-1]) == words - 1 + traj
+
+
+def _paths_of(client: RemoteBuffer, node: str) -> np.ndarray:
+    """(puts through a memory file, puts inline) of the payload owner of ``node``."""
+    (owner,) = [o for o in client.payload_owners() if o["node_id"] == node]
+    return np.array([owner["memory_file_puts"], owner["inline_puts"]])

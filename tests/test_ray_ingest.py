@@ -250,13 +250,16 @@ BIG_WORDS = 3 * 2**17  # 3 MiB payloads: two fit the bytes one call carries (_wi
 
 
 @on_cluster
-def test_a_put_past_one_calls_bytes_is_one_admission_and_all_or_nothing():
-    from pyfast_buffer.ray import _wire
+@pytest.mark.parametrize("path", ["shared memory", "inline"])
+def test_a_put_past_one_calls_bytes_is_one_admission_and_all_or_nothing(path):
+    from pyfast_buffer.ray import _shm, _wire
 
-    assert 2 * BIG_WORDS * 8 < _wire.CALL_BYTES < 3 * BIG_WORDS * 8  # so the puts below are staged
+    assert 2 * BIG_WORDS * 8 < _wire.CALL_BYTES < 3 * BIG_WORDS * 8  # so the inline puts below are staged
     client = RemoteBuffer.create(16, max_age=5)
     client.put([7], 0, payloads=[payload(7)])  # starts this node's owner; id 7 now holds a payload
     owner = _owner_of_this_node(client)
+    if path == "inline":  # as for an owner that cannot open this process's memory files
+        _shm.mark_unreachable(_shm.key(owner))
     before = ray.get(owner.registrations.remote())
     # A repeated id in the last payload: the whole put is refused, its first payloads too.
     with pytest.raises(ValueError, match="already hold payloads"):

@@ -25,6 +25,7 @@ from .plan import CURRENT_STEP, Plan
 from .ray_cluster import init_local_cluster
 from .ray_journal import journal_rows
 from .ray_journal import markdown as journal_table
+from .ray_read import markdown as read_table
 from .ray_read import read_rows
 from .timing import median, percentile
 
@@ -370,6 +371,8 @@ def markdown(rows: List[Dict]) -> str:
         for r in rows
         if r["op"] == "wake"
     ]
+    if any(r["op"].startswith("ingest read/") for r in rows):
+        out += ["", read_table(rows)]
     if any(r["op"].startswith("journal/") for r in rows):
         out += ["", journal_table(rows)]
     if any("nodes" in r for r in rows):

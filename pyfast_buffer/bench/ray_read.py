@@ -4,16 +4,21 @@ One node: 4 producer actors put payloads of 64 KiB or 1 MiB, 4 per call, for a f
 driver takes 16 at a time and reads every payload (``take`` + ``fetch``: the values in its hands). The baseline:
 each producer ``ray.put``s its payloads and sends the refs through ``ray.util.queue.Queue``; the trainer gets 16
 refs and ``ray.get``s them. Per row: payloads read per second by the trainer, and ours / the queue.
+Each producer makes one put and the trainer reads it before the timed window (both contenders alike).
 
-``python -c "from pyfast_buffer.bench.ray_read import main; main()" [--seconds 6]`` prints the rows.
+``python -c "from pyfast_buffer.bench.ray_read import main; main()" [--seconds 6] [--repeats 3] [--inline]`` prints
+the rows as a Markdown table: medians of the repeats (the contenders take turns at going first), the median of
+the per-run ratios to the queue, and the floor, one core copying the same bytes. ``--inline`` adds ours with
+every put's bytes inside its calls, the path before the memory file (``pyfast_buffer/ray/_shm.py``), same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -22,6 +27,8 @@ PRODUCERS = 4
 PER_CALL = 4
 TAKE = 16
 OURS, QUEUE = "pyfast_buffer", "ray Queue (producer refs)"
+FLOOR = "copy of the same bytes (floor)"
+INLINE = "pyfast_buffer, bytes inline"
 
 
 def _producer_class() -> Any:
@@ -36,7 +43,7 @@ def _producer_class() -> Any:
             sent, next_id = 0, first_id
             stop = time.perf_counter() + seconds
             while time.perf_counter() < stop:
-                if kind == "ours":
+                if kind != "queue":
                     target.put(np.arange(next_id, next_id + PER_CALL, dtype=np.int64), 0, payloads=[value] * PER_CALL)
                 else:
                     target.put_nowait_batch([ray.put(value) for _ in range(PER_CALL)])
@@ -46,6 +53,21 @@ def _producer_class() -> Any:
 
         def ping(self) -> int:
             return 0
+
+        def warm(self, target: Any, kind: str, size: int, first_id: int) -> None:
+            """One put before the timed window: the first call of a process imports what the client needs
+            (for ours, pyfast_buffer and torch: ~1.4 s of CPU once), which a 6-second window must not count."""
+            import ray
+
+            value = np.zeros(size // 8, dtype=np.int64)
+            if kind == "inline":  # as a process whose memory files the owner cannot open: bytes in the calls
+                from ..ray import _sending, _shm
+
+                _shm.mark_unreachable(_shm.key(_sending.owner_here(target.actor)[1]))
+            if kind != "queue":
+                target.put(np.arange(first_id, first_id + PER_CALL, dtype=np.int64), 0, payloads=[value] * PER_CALL)
+            else:
+                target.put_nowait_batch([ray.put(value) for _ in range(PER_CALL)])
 
     return Producer
 
@@ -73,54 +95,123 @@ def _read_queue(queue: Any, stop: threading.Event, got: List[int]) -> None:
         got[0] += len(ray.get(refs))
 
 
-def read_rows(seconds: float = 6.0, sizes: tuple = SIZES) -> List[Dict[str, Any]]:
-    """One row per size and contender (Ray must be running, one node)."""
+def _drain(target: Any, kind: str, n: int) -> None:
+    """Takes and reads the warm-up payloads, so that the timed window starts empty."""
+    import ray
+
+    if kind != "queue":
+        target.fetch(target.take(n, 0, timeout=30))
+    else:
+        ray.get([target.get(timeout=30) for _ in range(n)])
+
+
+def _rate(kind: str, size: int, seconds: float, producers: List[Any]) -> float:
+    """Payloads per second the trainer reads from one fresh target while the producers put for ``seconds``."""
+    payloads, elapsed, _ = run_once(kind, size, seconds, producers)
+    return payloads / elapsed
+
+
+def run_once(
+    kind: str, size: int, seconds: float, producers: List[Any], sample: Optional[Callable[[], Any]] = None
+) -> Tuple[int, float, List[Any]]:
+    """One timed run on a fresh target ("ours", "inline" or "queue") after the warm-up: the payloads the
+    trainer read, the seconds, and what ``sample`` returned just before and just after the timed window."""
     import ray
     from ray.util.queue import Queue
 
     from ..ray import RemoteBuffer
 
+    target: Any
+    if kind != "queue":
+        target = RemoteBuffer.create(4096, max_age=10, on_full="evict_oldest", num_cpus=0)
+    else:
+        target = Queue(maxsize=4096, actor_options={"num_cpus": 0})
+        target.size()
+    marks: List[Any] = []
+    try:
+        firsts = [10**9 * (i + 1) for i in range(len(producers))]
+        ray.get([p.warm.remote(target, kind, size, first - PER_CALL) for p, first in zip(producers, firsts)])
+        _drain(target, kind, len(producers) * PER_CALL)  # the trainer's side warmed too, nothing counted
+        stop, got = threading.Event(), [0]
+        reader = threading.Thread(target=_read_queue if kind == "queue" else _read_ours, args=(target, stop, got))
+        reader.start()
+        marks += [sample()] if sample else []
+        began = time.perf_counter()
+        ray.get([p.run.remote(target, kind, size, seconds, first) for p, first in zip(producers, firsts)])
+        elapsed = time.perf_counter() - began
+        marks += [sample()] if sample else []
+        stop.set()
+        reader.join()
+        return got[0], elapsed, marks
+    finally:
+        if kind != "queue":
+            target.kill()
+        else:
+            target.shutdown()
+
+
+def _copy_rate(size: int, seconds: float = 0.5) -> float:
+    """The floor: payloads per second one core copies (the same bytes, memory to fresh memory)."""
+    src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+    copies, stop = 0, time.perf_counter() + seconds
+    began = time.perf_counter()
+    while time.perf_counter() < stop:
+        src.copy()
+        copies += 1
+    return copies / (time.perf_counter() - began)
+
+
+def read_rows(
+    seconds: float = 6.0, sizes: tuple = SIZES, repeats: int = 1, inline: bool = False
+) -> List[Dict[str, Any]]:
+    """One row per size and contender (Ray must be running, one node), and the copy floor: median rates of
+    ``repeats`` runs, the contenders taking turns at going first, and the median of the per-run ratios to the
+    queue. ``inline`` adds ours with every put's bytes inside its calls (no memory file), as before it."""
+    import ray
+
     producer_cls = _producer_class()
     producers = [producer_cls.remote() for _ in range(PRODUCERS)]
     ray.get([p.ping.remote() for p in producers])
+    kinds = ["ours", "queue"] + (["inline"] if inline else [])
+    names = {"ours": OURS, "queue": QUEUE, "inline": INLINE}
     rows: List[Dict[str, Any]] = []
     for size in sizes:
-        rates: Dict[str, float] = {}
-        for kind in ("ours", "queue"):
-            target: Any
-            if kind == "ours":
-                target = RemoteBuffer.create(4096, max_age=10, on_full="evict_oldest", num_cpus=0)
-            else:
-                target = Queue(maxsize=4096, actor_options={"num_cpus": 0})
-                target.size()
-            stop, got = threading.Event(), [0]
-            reader = threading.Thread(target=_read_ours if kind == "ours" else _read_queue, args=(target, stop, got))
-            reader.start()
-            began = time.perf_counter()
-            ray.get([p.run.remote(target, kind, size, seconds, 10**9 * (i + 1)) for i, p in enumerate(producers)])
-            elapsed = time.perf_counter() - began
-            stop.set()
-            reader.join()
-            rates[kind] = got[0] / elapsed
-            if kind == "ours":
-                target.kill()
-            else:
-                target.shutdown()
-        for kind, name in (("ours", OURS), ("queue", QUEUE)):
-            rows.append(
-                {
-                    "case": "ray",
-                    "op": f"ingest read/{size // 1024}KiB",
-                    "contender": name,
-                    "batch": TAKE,
-                    "payloads_per_s": rates[kind],
-                    "x_queue": rates[kind] / rates["queue"] if rates["queue"] else None,
-                    "median_s": 1.0 / rates[kind] if rates[kind] else float("inf"),
-                    "p99_s": None,
-                    "runs": 1,
-                }
-            )
+        rates: Dict[str, List[float]] = {k: [] for k in kinds}
+        for r in range(repeats):
+            for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
+                rates[kind].append(_rate(kind, size, seconds, producers))
+        for kind in kinds:
+            ratios = [a / q for a, q in zip(rates[kind], rates["queue"]) if q]
+            rate = statistics.median(rates[kind])
+            rows.append(_row(size, names[kind], rate, statistics.median(ratios) if ratios else None, repeats))
+        floor = _copy_rate(size)
+        rows.append(_row(size, FLOOR, floor, None, 1))
     return rows
+
+
+def _row(size: int, contender: str, rate: float, x_queue: Optional[float], runs: int) -> Dict[str, Any]:
+    return {
+        "case": "ray",
+        "op": f"ingest read/{size // 1024}KiB",
+        "contender": contender,
+        "batch": TAKE,
+        "payloads_per_s": rate,
+        "x_queue": x_queue,
+        "median_s": 1.0 / rate if rate else float("inf"),
+        "p99_s": None,
+        "runs": runs,
+    }
+
+
+def markdown(rows: List[Dict[str, Any]]) -> str:
+    """The rows as the table of docs/ray.md: per payload size, each contender's rate and its ratio to the queue."""
+    out = ["| payload | contender | payloads/s | runs | ours / queue |", "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r["op"].startswith("ingest read/"):
+            ratio = "" if r["x_queue"] is None else f"{r['x_queue']:.2f}x"
+            size = r["op"].split("/", 1)[1].replace("KiB", " KiB").replace("1024 KiB", "1 MiB")
+            out.append(f"| {size} | {r['contender']} | {r['payloads_per_s']:,.0f} | {r['runs']} | {ratio} |")
+    return "\n".join(out)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -130,6 +221,8 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     parser = argparse.ArgumentParser(description="Payloads the trainer reads, against producer refs in a queue.")
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row, taking turns; medians reported")
+    parser.add_argument("--inline", action="store_true", help="also ours with every put's bytes inside its calls")
     args = parser.parse_args(argv)
     from .ray_cluster import init_local_cluster
 
@@ -141,9 +234,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         namespace="pyfast_buffer_read",
     )
     try:
-        for r in read_rows(args.seconds):
-            print(
-                f"{r['op']:<20} {r['contender']:<28} {r['payloads_per_s']:8.0f} payloads/s  x_queue {r['x_queue']:.2f}"
-            )
+        print(markdown(read_rows(args.seconds, repeats=args.repeats, inline=args.inline)))
     finally:
         ray.shutdown()

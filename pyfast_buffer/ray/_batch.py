@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -49,17 +50,28 @@ class RemoteBatch(Batch):
 
 def read_payloads(refs: List[Optional[ray.ObjectRef]], timeout: Optional[float]) -> Tuple[List[Any], np.ndarray]:
     """Reads each ref within ``timeout`` (GetTimeoutError past it): the values (None for a trajectory put
-    without a payload or whose object is gone) and a mask of those gone for good (owner or node dead)."""
-    present = [r for r in refs if r is not None]
-    _, waiting = ray.wait(present, num_returns=len(present), timeout=timeout, fetch_local=True)
-    if waiting:
-        raise GetTimeoutError(f"{len(waiting)} of {len(refs)} payloads were not readable within {timeout} s")
-    values: List[Any] = []
+    without a payload or whose object is gone) and a mask of those gone for good (owner or node dead).
+
+    One ``ray.get`` of them all (a get per ref costs Ray's fixed overhead each time); only when some object
+    is gone are they read one by one, to tell which."""
+    at = [i for i, r in enumerate(refs) if r is not None]
+    present: List[ray.ObjectRef] = [r for r in refs if r is not None]
+    values: List[Any] = [None] * len(refs)
     gone = np.zeros(len(refs), bool)
-    for i, ref in enumerate(refs):
-        try:
-            values.append(None if ref is None else ray.get(ref, timeout=timeout))
-        except ObjectLostError:  # OwnerDiedError too: the object is gone for good
-            values.append(None)
-            gone[i] = True
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        got = ray.get(present, timeout=timeout)
+    except GetTimeoutError:
+        _, waiting = ray.wait(present, num_returns=len(present), timeout=0, fetch_local=False)
+        raise GetTimeoutError(f"{len(waiting)} of {len(refs)} payloads were not readable within {timeout} s") from None
+    except ObjectLostError:  # OwnerDiedError too: some object is gone for good; the others are read below
+        for i, ref in zip(at, present):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                values[i] = ray.get(ref, timeout=left)
+            except ObjectLostError:
+                gone[i] = True
+        return values, gone
+    for i, value in zip(at, got):
+        values[i] = value
     return values, gone

@@ -3,7 +3,8 @@
 Ray frees an object when the process that put it dies, so whoever puts a payload decides how long it can
 live. A producer's own ``ray.put`` dies with the producer; the index actor's would die with the index and
 would cost it a store write and a millisecond of CPU per payload. The owner of a node receives the payload
-bytes of the producers on its node inside their calls (``_wire``: no argument object in the store), puts
+bytes of the producers on its node through their memory files (``_shm``) or inside their calls (``_wire``):
+no argument object in the store either way; it puts
 each once into its node's store and holds the ref by trajectory id, next to the id's stamp, group and size.
 It outlives producers and the index (it is detached, owned by Ray's control store, and never restarts:
 an owner that died lost its objects, and a new one takes a new slot). The index keeps ids and stamps only.
@@ -20,7 +21,7 @@ import ray
 from ray.exceptions import OwnerDiedError
 
 from .._args import is_probe
-from . import _wire
+from . import _shm, _wire
 from ._calls import DEFER, call_index
 from ._group import GroupCall
 
@@ -46,6 +47,7 @@ class PayloadOwner:
         self._held: Dict[int, Tuple[ray.ObjectRef, int]] = {}  # traj id -> (ref, bytes), admitted by the index
         self._pending: Dict[int, Tuple[ray.ObjectRef, int]] = {}  # put here, admission not answered yet
         self._staged: Dict[int, Tuple[float, Dict[int, Tuple[bytes, ...]]]] = {}  # request -> (when, pieces)
+        self._paths = {"memory_file_puts": 0, "inline_puts": 0}  # store calls by how their bytes came
         # Reservations and admissions of concurrent puts go to the index together, one call at a time.
         self._group = GroupCall(
             lambda items: call_index(self._index, "register", items, blocking=True), linger_s=LINGER_S
@@ -57,13 +59,14 @@ class PayloadOwner:
         call: Dict[str, Any],
         headers: List[Optional[_wire.Header]],
         refs: List[Optional[ray.ObjectRef]],
-        *pieces: bytes,
+        *pieces: Any,
     ) -> None:
         """Puts the payloads of one put/complete call into this node's store, then admits their ids at the index.
 
         ``headers[i]`` carries payload ``i`` as a value (its bytes in ``pieces``, after those ``stage``d for
-        this request), or is None and ``refs[i]`` is a ray.ObjectRef the producer made: that one is read and
-        put again here, so that this owner, not the producer, owns what the buffer hands out.
+        this request, or in the producer's memory file when ``pieces`` is one ``_shm.Ticket``), or is None
+        and ``refs[i]`` is a ray.ObjectRef the producer made: that one is read and put again here, so that
+        this owner, not the producer, owns what the buffer hands out.
         """
         began = time.monotonic()
         self._group.announce()  # its admission is coming: one about to go to the index may wait for it
@@ -78,15 +81,24 @@ class PayloadOwner:
         call: Dict[str, Any],
         headers: List[Optional[_wire.Header]],
         refs: List[Optional[ray.ObjectRef]],
-        pieces: Tuple[bytes, ...],
+        pieces: Tuple[Any, ...],
         began: float,
     ) -> None:
-        with self._lock:
-            staged = self._staged.pop(request, None)
-        if staged is not None:
-            pieces = (*(p for _, run in sorted(staged[1].items()) for p in run), *pieces)
+        present = [h for h in headers if h is not None]
+        if len(pieces) == 1 and isinstance(pieces[0], _shm.Ticket):
+            buffers = _shm.read(pieces[0])  # views of the producer's file: ray.put below reads them, once
+            with self._lock:
+                self._paths["memory_file_puts"] += 1
+        else:
+            with self._lock:
+                staged = self._staged.pop(request, None)
+                self._paths["inline_puts"] += bool(present)
+            if staged is not None:
+                pieces = (*(p for _, run in sorted(staged[1].items()) for p in run), *pieces)
+            buffers = _wire.join(present, pieces)
         traj_ids: np.ndarray = call["traj_ids"]
-        packed = iter(_wire.unpack([h for h in headers if h is not None], pieces))
+        packed = iter(_wire.unpack(present, buffers))
+        del buffers
         given = [r for h, r in zip(headers, refs) if h is None]
         adopted = iter(_adopt(traj_ids, given) if given else [])
         values = [next(packed) if h is not None else next(adopted) for h in headers]
@@ -176,7 +188,8 @@ class PayloadOwner:
 
     def stats(self) -> Dict[str, int]:
         with self._lock:
-            return {"payloads": len(self._held), "payload_bytes": int(sum(n for _, n in self._held.values()))}
+            held = {"payloads": len(self._held), "payload_bytes": int(sum(n for _, n in self._held.values()))}
+            return {**held, **self._paths}
 
     def where(self) -> Tuple[str, int]:
         """(node id, pid) of this owner (tests kill it by pid)."""

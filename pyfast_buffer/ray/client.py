@@ -305,35 +305,34 @@ class RemoteBuffer(RemoteAsyncMethods):
             self._call("admit", request, call, None, -1, blocking=_waits(call["timeout"]), timeout_arg=None)
             return
         headers: List[Optional[_wire.Header]] = []
-        pieces: List[List[bytes]] = []
+        buffers: List[Any] = []
         refs: List[Optional[ray.ObjectRef]] = []
         for value in payloads:
             if isinstance(value, ray.ObjectRef):
                 headers.append(None)
-                pieces.append([])
                 refs.append(value)
             else:
-                header, cut = _wire.pack(value)
+                header, whole = _wire.pack(value)
                 headers.append(header)
-                pieces.append(cut)
+                buffers.extend(whole)
                 refs.append(None)
-        # One store call, one admission, one request id for the whole put, however many bytes it carries:
-        # pieces past what one call inlines are staged at the owner first (``_send_to_owner``). So a put is
-        # applied whole or not at all, its groups arrive together, and it costs the index one registration.
-        self._store(request, call, headers, refs, [p for cut in pieces for p in cut])
+        # One store call, one admission, one request id for the whole put, however many bytes it carries
+        # (``_send_to_owner``). So a put is applied whole or not at all, its groups arrive together, and it
+        # costs the index one registration.
+        self._store(request, call, headers, refs, buffers)
 
     def _store(
-        self, request: int, call: Dict[str, Any], headers: List[Any], refs: List[Any], pieces: List[bytes]
+        self, request: int, call: Dict[str, Any], headers: List[Any], refs: List[Any], buffers: List[Any]
     ) -> None:
         slot, owner = _owner_here(self.actor)
         try:
-            _send_to_owner(owner, request, call, headers, refs, pieces)
+            _send_to_owner(owner, request, call, headers, refs, buffers)
         except RayActorError:
             # The owner of this node died (with the payloads it held): the next one gets them, once.
             self._call("owner_died", slot)
             _forget_owner(self.actor)
             slot, owner = _owner_here(self.actor)
-            _send_to_owner(owner, request, call, headers, refs, pieces)
+            _send_to_owner(owner, request, call, headers, refs, buffers)
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> RemoteBatch:
         """Takes up to ``batch_size`` trajectories (see StalenessBuffer.take); refs in ``batch.payloads``."""
@@ -526,7 +525,8 @@ class RemoteBuffer(RemoteAsyncMethods):
         return self._call("payloads_held")
 
     def payload_owners(self) -> List[Dict[str, Any]]:
-        """One dict per live payload owner: its node id, pid, and the payloads and bytes it holds."""
+        """One dict per live payload owner: its node id, pid, the payloads and bytes it holds, and how many puts
+        brought their bytes through a memory file (``memory_file_puts``) or inside the call (``inline_puts``)."""
         out = []
         for owner in self._call("owners"):
             if owner is None:
