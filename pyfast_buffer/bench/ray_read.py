@@ -37,16 +37,12 @@ def _producer_class() -> Any:
     @ray.remote(num_cpus=0)
     class Producer:
         def run(self, target: Any, kind: str, size: int, seconds: float, first_id: int) -> int:
-            import ray
 
             value = np.random.default_rng(first_id).integers(0, 2**31, size // 8, dtype=np.int64)
             sent, next_id = 0, first_id
             stop = time.perf_counter() + seconds
             while time.perf_counter() < stop:
-                if kind != "queue":
-                    target.put(np.arange(next_id, next_id + PER_CALL, dtype=np.int64), 0, payloads=[value] * PER_CALL)
-                else:
-                    target.put_nowait_batch([ray.put(value) for _ in range(PER_CALL)])
+                self.send(target, kind, value, next_id)
                 next_id += PER_CALL
                 sent += PER_CALL
             return sent
@@ -57,13 +53,18 @@ def _producer_class() -> Any:
         def warm(self, target: Any, kind: str, size: int, first_id: int) -> None:
             """One put before the timed window: the first call of a process imports what the client needs
             (for ours, pyfast_buffer and torch: ~1.4 s of CPU once), which a 6-second window must not count."""
-            import ray
 
             value = np.zeros(size // 8, dtype=np.int64)
             if kind == "inline":  # as a process whose memory files the owner cannot open: bytes in the calls
                 from ..ray import _sending, _shm
 
                 _shm.mark_unreachable(_shm.key(_sending.owner_here(target.actor)[1]))
+            self.send(target, kind, value, first_id)
+
+        def send(self, target: Any, kind: str, value: np.ndarray, first_id: int) -> None:
+            """One put of PER_CALL payloads: ours with ids from ``first_id``, or refs into the queue."""
+            import ray
+
             if kind != "queue":
                 target.put(np.arange(first_id, first_id + PER_CALL, dtype=np.int64), 0, payloads=[value] * PER_CALL)
             else:

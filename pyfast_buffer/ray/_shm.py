@@ -27,7 +27,7 @@ import stat
 import sys
 import threading
 import weakref
-from typing import Any, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, List, NamedTuple, Sequence, Set, Tuple
 
 #: A put whose payload buffers come to fewer bytes goes inline (one call, no file): measured at 4 x 64 KiB,
 #: the two ways cost the same, and below that the inline call is cheaper.
@@ -44,13 +44,12 @@ ALIGN = 64
 
 class Ticket(NamedTuple):
     """Where the owner finds a put's buffers: the producer's pid and fd of a memory file, its inode, nonce,
-    and the offset of each buffer."""
+    and the length of each buffer (their offsets follow from ``layout``)."""
 
     pid: int
     fd: int
     inode: int
     nonce: bytes
-    offsets: Tuple[int, ...]
     lengths: Tuple[int, ...]
 
 
@@ -141,7 +140,7 @@ def write(buffers: Sequence[Any]) -> Tuple[Ticket, _Region]:
     except BaseException:
         region.close()
         raise
-    return Ticket(os.getpid(), region.fd, region.inode, region.nonce, offsets, lengths), region
+    return Ticket(os.getpid(), region.fd, region.inode, region.nonce, lengths), region
 
 
 def done(region: _Region, reusable: bool) -> None:
@@ -159,7 +158,7 @@ def read(ticket: Ticket) -> List[memoryview]:
     """The owner's side: the ticket's buffers, views of the producer's memory file (valid while referenced;
     a private mapping, so a payload whose unpickling writes into its buffer changes nothing of the producer's)."""
     path = f"/proc/{ticket.pid}/fd/{ticket.fd}"
-    _, need = layout(ticket.lengths)
+    offsets, need = layout(ticket.lengths)
     try:
         found = os.stat(path)  # follows the link without opening: a pipe or a device is never opened
         if not stat.S_ISREG(found.st_mode) or found.st_ino != ticket.inode or found.st_size < need:
@@ -182,7 +181,7 @@ def read(ticket: Ticket) -> List[memoryview]:
         view.release()
         mapped.close()
         raise Unreachable(f"{path} does not carry the producer's nonce (another process's file)")
-    return [view[at : at + n] for at, n in zip(ticket.offsets, ticket.lengths)]
+    return [view[at : at + n] for at, n in zip(offsets, ticket.lengths)]
 
 
 def _forget_in_child() -> None:
@@ -198,9 +197,8 @@ if hasattr(os, "register_at_fork"):
 
 
 def key(owner: Any) -> str:
-    """The key ``usable``/``mark_unreachable`` know an owner by."""
-    actor_id: Optional[Any] = getattr(owner, "_actor_id", None)
-    return actor_id.hex() if actor_id is not None else repr(owner)
+    """The key ``usable``/``mark_unreachable`` know an owner (an actor handle) by."""
+    return owner._actor_id.hex()
 
 
 __all__ = [
