@@ -6,10 +6,11 @@ each producer ``ray.put``s its payloads and sends the refs through ``ray.util.qu
 refs and ``ray.get``s them. Per row: payloads read per second by the trainer, and ours / the queue.
 Each producer makes one put and the trainer reads it before the timed window (both contenders alike).
 
-``python -c "from pyfast_buffer.bench.ray_read import main; main()" [--seconds 6] [--repeats 3] [--inline]`` prints
-the rows as a Markdown table: medians of the repeats (the contenders take turns at going first), the median of
-the per-run ratios to the queue, and the floor, one core copying the same bytes. ``--inline`` adds ours with
-every put's bytes inside its calls, the path before the memory file (``pyfast_buffer/ray/_shm.py``), same run.
+``python -c "from pyfast_buffer.bench.ray_read import main; main()" [--seconds 6] [--repeats 3] [--inline]
+[--sizes 64 1024] [--producers 4]`` prints the rows as a Markdown table: medians of the repeats (the contenders
+take turns at going first), the median of the per-run ratios to the queue, and the floor, one core copying the
+same bytes. ``--inline`` adds ours with every put's bytes inside its calls, the path before the memory file
+(``pyfast_buffer/ray/_shm.py``), same run; ``--producers`` other than 4 leaves the issue's setup.
 """
 
 from __future__ import annotations
@@ -163,16 +164,17 @@ def _copy_rate(size: int, seconds: float = 0.5) -> float:
 
 
 def read_rows(
-    seconds: float = 6.0, sizes: tuple = SIZES, repeats: int = 1, inline: bool = False
+    seconds: float = 6.0, sizes: tuple = SIZES, repeats: int = 1, inline: bool = False, producers: int = PRODUCERS
 ) -> List[Dict[str, Any]]:
     """One row per size and contender (Ray must be running, one node), and the copy floor: median rates of
     ``repeats`` runs, the contenders taking turns at going first, and the median of the per-run ratios to the
-    queue. ``inline`` adds ours with every put's bytes inside its calls (no memory file), as before it."""
+    queue. ``inline`` adds ours with every put's bytes inside its calls (no memory file), as before it;
+    ``producers`` changes how many producer actors put (the issue's setup is 4)."""
     import ray
 
     producer_cls = _producer_class()
-    producers = [producer_cls.remote() for _ in range(PRODUCERS)]
-    ray.get([p.ping.remote() for p in producers])
+    actors = [producer_cls.remote() for _ in range(producers)]
+    ray.get([p.ping.remote() for p in actors])
     kinds = ["ours", "queue"] + (["inline"] if inline else [])
     names = {"ours": OURS, "queue": QUEUE, "inline": INLINE}
     rows: List[Dict[str, Any]] = []
@@ -180,7 +182,7 @@ def read_rows(
         rates: Dict[str, List[float]] = {k: [] for k in kinds}
         for r in range(repeats):
             for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
-                rates[kind].append(_rate(kind, size, seconds, producers))
+                rates[kind].append(_rate(kind, size, seconds, actors))
         for kind in kinds:
             ratios = [a / q for a, q in zip(rates[kind], rates["queue"]) if q]
             rate = statistics.median(rates[kind])
@@ -224,6 +226,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--repeats", type=int, default=3, help="runs per row, taking turns; medians reported")
     parser.add_argument("--inline", action="store_true", help="also ours with every put's bytes inside its calls")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[s // 1024 for s in SIZES], help="payload KiB")
+    parser.add_argument("--producers", type=int, default=PRODUCERS, help="producer actors (the issue's setup: 4)")
     args = parser.parse_args(argv)
     from .ray_cluster import init_local_cluster
 
@@ -235,6 +239,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         namespace="pyfast_buffer_read",
     )
     try:
-        print(markdown(read_rows(args.seconds, repeats=args.repeats, inline=args.inline)))
+        sizes = tuple(k * 1024 for k in args.sizes)
+        print(markdown(read_rows(args.seconds, sizes, args.repeats, args.inline, args.producers)))
     finally:
         ray.shutdown()
