@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pyfast_buffer.bench import main as bench_main
-from pyfast_buffer.bench import report
+from pyfast_buffer.bench import ray_read, report
 from pyfast_buffer.bench.plan import Plan
 from pyfast_buffer.bench.registry import CASES
 
@@ -48,6 +48,8 @@ def test_every_case_measures_real_work(case):
     if case == "ray":  # every payload row of ours has Ray's floor measured and its index calls counted
         payload = [r for r in ours if "nodes" in r]
         assert all(r["index_calls_per_payload"] > 0 and r["ray_floor_ms_per_payload"] > 0 for r in payload)
+        read = [r for r in rows if r["op"].startswith("ingest read/") and r["contender"] != ray_read.FLOOR]
+        assert read and all(r["producers"] == ray_read.PRODUCERS and r["payloads_per_s"] > 0 for r in read)
     if case == "overhead":
         assert {r["order"] for r in ours} == {"put", "take"}
         assert all(set(r["split_s"]) >= {"argument checks", "binding call", "core"} for r in ours)

@@ -186,13 +186,15 @@ def read_rows(
         for kind in kinds:
             ratios = [a / q for a, q in zip(rates[kind], rates["queue"]) if q]
             rate = statistics.median(rates[kind])
-            rows.append(_row(size, names[kind], rate, statistics.median(ratios) if ratios else None, repeats))
-        floor = _copy_rate(size)
-        rows.append(_row(size, FLOOR, floor, None, 1))
+            x_queue = statistics.median(ratios) if ratios else None
+            rows.append(_row(size, names[kind], rate, x_queue, repeats, producers))
+        rows.append(_row(size, FLOOR, _copy_rate(size), None, 1, 0))
     return rows
 
 
-def _row(size: int, contender: str, rate: float, x_queue: Optional[float], runs: int) -> Dict[str, Any]:
+def _row(
+    size: int, contender: str, rate: float, x_queue: Optional[float], runs: int, producers: int = PRODUCERS
+) -> Dict[str, Any]:
     return {
         "case": "ray",
         "op": f"ingest read/{size // 1024}KiB",
@@ -203,6 +205,7 @@ def _row(size: int, contender: str, rate: float, x_queue: Optional[float], runs:
         "median_s": 1.0 / rate if rate else float("inf"),
         "p99_s": None,
         "runs": runs,
+        "producers": producers,
     }
 
 
