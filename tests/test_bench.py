@@ -84,6 +84,14 @@ def test_the_read_table_names_each_size_and_gives_ratios_to_the_queue_but_none_f
     assert lines[3].endswith("| 1.00x |") and lines[4] == f"| 1 MiB | {FLOOR} | 40,000 | 1 |  |"
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "named"), [({"producers": 0}, "producers=0"), ({"sizes": (1001,)}, "sizes="), ({"sizes": ()}, "sizes=")]
+)
+def test_the_read_bench_refuses_no_producers_and_sizes_that_are_not_whole_int64_payloads(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        ray_read.read_rows(**kwargs)  # refused before it needs Ray
+
+
 class _FakeClock:
     """``time`` for the bench module: ``sleep`` moves the clock on, nothing else does."""
 

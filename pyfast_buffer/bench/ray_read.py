@@ -172,6 +172,11 @@ def read_rows(
     ``producers`` changes how many producer actors put (the issue's setup is 4)."""
     import ray
 
+    if producers < 1:
+        raise ValueError(f"producers={producers}: the bench needs at least 1 producer actor (the issue's setup: 4)")
+    if not sizes or any(size < 8 or size % 8 for size in sizes):
+        raise ValueError(f"sizes={sizes}: give payload sizes in bytes, each a positive multiple of 8 (e.g. 65536)")
+
     producer_cls = _producer_class()
     actors = [producer_cls.remote() for _ in range(producers)]
     ray.get([p.ping.remote() for p in actors])
@@ -188,12 +193,12 @@ def read_rows(
             rate = statistics.median(rates[kind])
             x_queue = statistics.median(ratios) if ratios else None
             rows.append(_row(size, names[kind], rate, x_queue, repeats, producers))
-        rows.append(_row(size, FLOOR, _copy_rate(size), None, 1, 0))
+        rows.append(_row(size, FLOOR, _copy_rate(size), None, 1, None))
     return rows
 
 
 def _row(
-    size: int, contender: str, rate: float, x_queue: Optional[float], runs: int, producers: int = PRODUCERS
+    size: int, contender: str, rate: float, x_queue: Optional[float], runs: int, producers: Optional[int] = PRODUCERS
 ) -> Dict[str, Any]:
     return {
         "case": "ray",
