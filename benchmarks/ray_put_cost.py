@@ -9,7 +9,8 @@ payload (docs/ray.md, "payloads the trainer reads", "The ceiling at 1 MiB"):
   holding all 4 (fewer store calls; not what we do, because each payload keeps an ObjectRef of its own):
   median wall and thread CPU of one such put;
 - the floor: one core copying the same bytes.
-Medians over ``--rounds`` rounds, the shapes taking turns at going first.
+Medians over ``--rounds`` rounds, the shapes taking turns at going first; the putters of a shape put in one shared
+window of wall-clock time, and their counts add up over it.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import logging
 import statistics
 import threading
 import time
-from typing import Dict, List
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 import ray
 
-PUTS = 100  # per thread and round
+WINDOW_S = 0.5  # seconds every putter of a shape puts for, all in the same window
 KEEP = 8  # refs a putter holds at once (a producer's payloads live a while; the store recycles the rest)
 
 
@@ -33,23 +34,27 @@ class Putter:
     def __init__(self, size: int) -> None:
         self.values = [np.random.default_rng(i).integers(0, 255, size, dtype=np.uint8) for i in range(4)]
 
-    def rate(self, threads: int) -> float:
-        """Puts per second of ``threads`` threads each putting PUTS payloads (holding the last KEEP)."""
+    def count(self, threads: int, start: float, seconds: float) -> int:
+        """Puts that ``threads`` threads finish between ``start`` and ``start + seconds`` (wall clock, shared
+        by every putter of a shape, so that their counts add up over one window)."""
+        done = [0] * threads
 
-        def work() -> None:
+        def work(t: int) -> None:
             held: List[ray.ObjectRef] = []
-            for i in range(PUTS):
-                held.append(ray.put(self.values[i % 4]))
+            while time.time() < start:
+                time.sleep(0.001)
+            while time.time() < start + seconds:
+                held.append(ray.put(self.values[done[t] % 4]))
+                done[t] += 1
                 if len(held) > KEEP:
                     held.pop(0)
 
-        workers = [threading.Thread(target=work) for _ in range(threads)]
-        began = time.perf_counter()
+        workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
         for w in workers:
             w.start()
         for w in workers:
             w.join()
-        return threads * PUTS / (time.perf_counter() - began)
+        return sum(done)
 
     def four(self, grouped: bool, n: int = 100) -> Dict[str, float]:
         """Median wall and thread CPU (ms) of putting the 4 payloads as 4 objects or as one."""
@@ -64,49 +69,48 @@ class Putter:
         return {"wall": statistics.median(walls) * 1e3, "cpu": statistics.median(cpus) * 1e3}
 
 
-def _copy_rate(size: int, seconds: float = 0.5) -> float:
-    src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
-    copies, began = 0, time.perf_counter()
-    while time.perf_counter() - began < seconds:
-        src.copy()
-        copies += 1
-    return copies / (time.perf_counter() - began)
+def _rate(putters: List[Any], threads: int) -> float:
+    """Puts per second of ``putters`` (each with ``threads`` threads) over one shared window."""
+    start = time.time() + 0.2  # every putter is waiting before the window opens
+    return sum(ray.get([p.count.remote(threads, start, WINDOW_S) for p in putters])) / WINDOW_S
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--size-kib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.size_kib < 1 or args.rounds < 1:
+        parser.error("--size-kib and --rounds take whole numbers of at least 1")
     size = args.size_kib * 1024
 
     from pyfast_buffer.bench.ray_cluster import init_local_cluster
+    from pyfast_buffer.bench.ray_read import _copy_rate, in_turns
 
     init_local_cluster(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     try:
         putters = [Putter.remote(size) for _ in range(4)]
-        ray.get([p.rate.remote(1) for p in putters])  # warm: each process's first puts map the store
-        shapes = {
-            "1 process, 1 thread": lambda: ray.get(putters[0].rate.remote(1)),
-            "1 process, 4 threads": lambda: ray.get(putters[0].rate.remote(4)),
-            "2 processes": lambda: sum(ray.get([p.rate.remote(1) for p in putters[:2]])),
-            "4 processes": lambda: sum(ray.get([p.rate.remote(1) for p in putters])),
+        _rate(putters, 1)  # warm: each process's first puts map the store
+        shapes: Dict[str, Callable[[], float]] = {
+            "1 process, 1 thread": lambda: _rate(putters[:1], 1),
+            "1 process, 4 threads (our owner serves its producers in threads of one process)": lambda: _rate(
+                putters[:1], 4
+            ),
+            "2 processes": lambda: _rate(putters[:2], 1),
+            "4 processes (the queue's producers)": lambda: _rate(putters, 1),
         }
-        names = list(shapes)
-        rates: Dict[str, List[float]] = {n: [] for n in names}
-        for r in range(args.rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                rates[name].append(shapes[name]())
-        print(f"| {args.size_kib} KiB payloads | puts/s (median of {args.rounds}) |")
+        rates = in_turns(list(shapes), args.rounds, lambda name: shapes[name]())
+        print(f"| {args.size_kib} KiB payloads | puts/s (median of {args.rounds} windows of {WINDOW_S} s) |")
         print("| --- | --- |")
-        for name in names:
-            print(f"| {name} | {statistics.median(rates[name]):,.0f} |")
+        for name, got in rates.items():
+            print(f"| {name} | {statistics.median(got):,.0f} |")
         print(f"| copy of the same bytes, one core (floor) | {_copy_rate(size):,.0f} |")
         print()
-        print("| 4 payloads | wall ms | thread CPU ms |")
+        print("| 4 payloads, one caller | wall ms | thread CPU ms |")
         print("| --- | --- | --- |")
-        for grouped, name in ((False, "4 objects (ours, the queue's)"), (True, "1 object holding 4")):
-            got = [ray.get(putters[0].four.remote(grouped)) for _ in range(args.rounds)]
+        grouped = {"4 objects (ours, the queue's)": False, "1 object holding 4": True}
+        times = in_turns(list(grouped), args.rounds, lambda name: ray.get(putters[0].four.remote(grouped[name])))
+        for name, got in times.items():
             wall = statistics.median(g["wall"] for g in got)
             cpu = statistics.median(g["cpu"] for g in got)
             print(f"| {name} | {wall:.2f} | {cpu:.2f} |")

@@ -85,11 +85,26 @@ def test_the_read_table_names_each_size_and_gives_ratios_to_the_queue_but_none_f
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "named"), [({"producers": 0}, "producers=0"), ({"sizes": (1001,)}, "sizes="), ({"sizes": ()}, "sizes=")]
+    ("kwargs", "named"),
+    [
+        ({"producers": 0}, "producers=0"),
+        ({"sizes": (1000,)}, "sizes="),
+        ({"sizes": ()}, "sizes="),
+        ({"repeats": 0}, "repeats=0"),
+    ],
 )
-def test_the_read_bench_refuses_no_producers_and_sizes_that_are_not_whole_int64_payloads(kwargs, named):
+def test_the_read_bench_refuses_no_producers_and_sizes_that_are_not_whole_kib_before_it_needs_ray(
+    kwargs, named, monkeypatch
+):
+    monkeypatch.setattr(ray_read, "_producer_class", lambda: pytest.fail("reached Ray"))  # no Ray in this process
     with pytest.raises(ValueError, match=named):
-        ray_read.read_rows(**kwargs)  # refused before it needs Ray
+        ray_read.read_rows(**kwargs)
+
+
+def test_the_read_table_labels_sizes_from_their_number():
+    rows = [ray_read._row(k * 1024, ray_read.OURS, 1.0, None, 1) for k in (64, 1024, 11024, 2048)]
+    labels = [line.split(" | ")[0] for line in ray_read.markdown(rows).splitlines()[2:]]
+    assert labels == ["| 64 KiB", "| 1 MiB", "| 11024 KiB", "| 2 MiB"]
 
 
 class _FakeClock:

@@ -152,6 +152,16 @@ def run_once(
             target.shutdown()
 
 
+def in_turns(names: List[str], rounds: int, measure: Callable[[str], Any]) -> Dict[str, List[Any]]:
+    """``measure(name)`` for every name, ``rounds`` times, the names taking turns at going first (a machine
+    that drifts during a run then favours none of them): name -> its results, in round order."""
+    results: Dict[str, List[Any]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            results[name].append(measure(name))
+    return results
+
+
 def _copy_rate(size: int, seconds: float = 0.5) -> float:
     """The floor: payloads per second one core copies (the same bytes, memory to fresh memory)."""
     src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
@@ -170,12 +180,13 @@ def read_rows(
     ``repeats`` runs, the contenders taking turns at going first, and the median of the per-run ratios to the
     queue. ``inline`` adds ours with every put's bytes inside its calls (no memory file), as before it;
     ``producers`` changes how many producer actors put (the issue's setup is 4)."""
-    import ray
-
-    if producers < 1:
+    if producers < 1:  # checked before Ray is imported: a refused run starts nothing
         raise ValueError(f"producers={producers}: the bench needs at least 1 producer actor (the issue's setup: 4)")
-    if not sizes or any(size < 8 or size % 8 for size in sizes):
-        raise ValueError(f"sizes={sizes}: give payload sizes in bytes, each a positive multiple of 8 (e.g. 65536)")
+    if not sizes or any(size < 1024 or size % 1024 for size in sizes):
+        raise ValueError(f"sizes={sizes}: give payload sizes in bytes, each a positive multiple of 1024 (e.g. 65536)")
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats}: give at least 1 run per row")
+    import ray
 
     producer_cls = _producer_class()
     actors = [producer_cls.remote() for _ in range(producers)]
@@ -184,10 +195,11 @@ def read_rows(
     names = {"ours": OURS, "queue": QUEUE, "inline": INLINE}
     rows: List[Dict[str, Any]] = []
     for size in sizes:
-        rates: Dict[str, List[float]] = {k: [] for k in kinds}
-        for r in range(repeats):
-            for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
-                rates[kind].append(_rate(kind, size, seconds, actors))
+
+        def measure(kind: str, size: int = size) -> float:
+            return _rate(kind, size, seconds, actors)
+
+        rates = in_turns(kinds, repeats, measure)
         for kind in kinds:
             ratios = [a / q for a, q in zip(rates[kind], rates["queue"]) if q]
             rate = statistics.median(rates[kind])
@@ -220,9 +232,14 @@ def markdown(rows: List[Dict[str, Any]]) -> str:
     for r in rows:
         if r["op"].startswith("ingest read/"):
             ratio = "" if r["x_queue"] is None else f"{r['x_queue']:.2f}x"
-            size = r["op"].split("/", 1)[1].replace("KiB", " KiB").replace("1024 KiB", "1 MiB")
+            size = _size_label(int(r["op"].split("/", 1)[1].removesuffix("KiB")))
             out.append(f"| {size} | {r['contender']} | {r['payloads_per_s']:,.0f} | {r['runs']} | {ratio} |")
     return "\n".join(out)
+
+
+def _size_label(kib: int) -> str:
+    """64 -> "64 KiB", 1024 -> "1 MiB", 1536 -> "1536 KiB"."""
+    return f"{kib // 1024} MiB" if kib % 1024 == 0 else f"{kib} KiB"
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -237,6 +254,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[s // 1024 for s in SIZES], help="payload KiB")
     parser.add_argument("--producers", type=int, default=PRODUCERS, help="producer actors (the issue's setup: 4)")
     args = parser.parse_args(argv)
+    if any(k < 1 for k in args.sizes) or args.producers < 1 or args.repeats < 1:
+        parser.error("--sizes (KiB), --producers and --repeats take whole numbers of at least 1")
     from .ray_cluster import init_local_cluster
 
     init_local_cluster(
