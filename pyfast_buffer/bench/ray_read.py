@@ -38,7 +38,6 @@ def _producer_class() -> Any:
     @ray.remote(num_cpus=0)
     class Producer:
         def run(self, target: Any, kind: str, size: int, seconds: float, first_id: int) -> int:
-
             value = np.random.default_rng(first_id).integers(0, 2**31, size // 8, dtype=np.int64)
             sent, next_id = 0, first_id
             stop = time.perf_counter() + seconds
@@ -165,9 +164,8 @@ def in_turns(names: List[str], rounds: int, measure: Callable[[str], Any]) -> Di
 def _copy_rate(size: int, seconds: float = 0.5) -> float:
     """The floor: payloads per second one core copies (the same bytes, memory to fresh memory)."""
     src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
-    copies, stop = 0, time.perf_counter() + seconds
-    began = time.perf_counter()
-    while time.perf_counter() < stop:
+    copies, began = 0, time.perf_counter()
+    while time.perf_counter() < began + seconds:
         src.copy()
         copies += 1
     return copies / (time.perf_counter() - began)
