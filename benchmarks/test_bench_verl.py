@@ -17,6 +17,7 @@ import os
 import pytest
 
 pytest.importorskip("transfer_queue", reason="the verl extra is not installed: pip install '.[verl]'")
+pytest.importorskip("transfer_queue", reason="the verl extra is not installed: pip install '.[verl]'")
 ours = pytest.importorskip("pyfast_buffer.integrations.verl", reason="the verl extra is not installed")
 from pyfast_buffer.bench import verl_case  # noqa: E402 - after the skip: it needs the verl extra
 

@@ -11,9 +11,9 @@ import numbers
 from typing import Any, Optional
 
 import numpy as np
-import torch
 
-_INT_TORCH_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+from . import _torch
+
 _INT64_MAX = int(np.iinfo(np.int64).max)
 #: Longest timeout, lease or expiry age accepted, in seconds (about 31 years): the core's kMaxSeconds.
 MAX_TIMEOUT = 1e9
@@ -31,6 +31,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
+def _is_scalar_array(value: Any) -> bool:
+    """A 0-d numpy array or tensor (a tensor only if torch is loaded: whoever made one imported it)."""
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0
+    torch = _torch.loaded()
+    return torch is not None and isinstance(value, torch.Tensor) and value.ndim == 0
+
+
 def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
     """Returns ``value`` as a 1-D contiguous int64 numpy array, or raises TypeError/ValueError naming ``name``.
 
@@ -40,13 +48,14 @@ def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
     """
     if isinstance(value, np.ndarray) and value.dtype == np.int64 and value.ndim == 1:
         return np.array(value, order="C") if copy else np.ascontiguousarray(value)
-    if type(value) is torch.Tensor:
+    torch = _torch.loaded()  # None: no tensor can exist in this process, so none is checked for
+    if torch is not None and type(value) is torch.Tensor:
         try:  # a CPU tensor without grad: a view of its memory, then numpy's own path (one call, no checks here)
             return as_ids(value.numpy(), name, copy)
         except (RuntimeError, TypeError):  # on a device, or requires grad: the general path below
             pass
-    if isinstance(value, torch.Tensor):
-        if value.dtype not in _INT_TORCH_DTYPES:
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
             raise TypeError(f"{name} has dtype {value.dtype}; pass integer ids (e.g. tensor.long())")
         # A CUDA (or other device) tensor is copied to the host here: one synchronising copy per call. Keep ids
         # on the CPU in a hot loop (the buffer holds ids, never data).
@@ -79,7 +88,7 @@ def as_step(value: Any, name: str) -> int:
     """Returns ``value`` as an int >= 0, or raises TypeError/ValueError naming ``name``."""
     if type(value) is int and 0 <= value <= _INT64_MAX:  # the hot path: skip the ABC checks
         return value
-    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0:
+    if _is_scalar_array(value):
         value = value.item()
     if not _is_int(value):
         if isinstance(value, float) and math.isnan(value):
@@ -97,11 +106,7 @@ def as_steps(value: Any, name: str, n: int, copy: bool = False) -> np.ndarray:
     """Returns one stamp (shape (1,)) or ``n`` stamps as int64 >= 0, or raises naming ``name``."""
     if type(value) is int and 0 <= value <= _INT64_MAX:
         return np.array((value,), dtype=np.int64)
-    if (
-        _is_int(value)
-        or isinstance(value, float)
-        or (isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0)
-    ):
+    if _is_int(value) or isinstance(value, float) or _is_scalar_array(value):
         return np.array([as_step(value, name)], dtype=np.int64)
     steps = as_ids(value, name, copy)
     if len(steps) != n:
@@ -183,7 +188,7 @@ def as_slots(source: Any, n: int, per: str) -> Optional[np.ndarray]:
     entry (one int for all) or ``n`` (one per id); raises TypeError/ValueError naming ``source``."""
     if source is None:
         return None
-    if _is_int(source) or (isinstance(source, (torch.Tensor, np.ndarray)) and source.ndim == 0):
+    if _is_int(source) or _is_scalar_array(source):
         value = as_count(int(source), "source", -(2**63))
         if not 0 <= value <= MAX_SOURCE:
             raise ValueError(

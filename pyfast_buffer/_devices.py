@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-import torch
+from . import _torch
 
 _ACCELERATORS = ("cuda", "mps", "xpu")  # device types whose torch module has is_available()
 
@@ -17,7 +17,7 @@ def _device_argument(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[
     """The device of a ``Tensor.to`` call (``to(device, ...)``, ``to(device=...)``), or None (``to(dtype)``)."""
     if "device" in kwargs:
         return kwargs["device"]
-    if args and isinstance(args[0], (str, torch.device, int)) and not isinstance(args[0], bool):
+    if args and isinstance(args[0], (str, _torch.require().device, int)) and not isinstance(args[0], bool):
         return args[0]
     return None
 
@@ -27,6 +27,7 @@ def check_usable(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
     wanted = _device_argument(args, kwargs)
     if wanted is None:
         return
+    torch = _torch.require()  # loaded already: Batch.to is a call on a tensor
     try:
         device = torch.device(wanted)
     except (RuntimeError, TypeError) as exc:

@@ -21,15 +21,17 @@ import contextlib
 import os
 import re
 import weakref
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import numpy as np
-import torch
 
 from ._args import PROBE, as_timeout
 from .errors import WouldBlock
 
-Ids = Union[torch.Tensor, np.ndarray, Sequence[int]]
+if TYPE_CHECKING:  # torch loads on the first tensor made or read, not with the package
+    import torch
+
+Ids = Union["torch.Tensor", np.ndarray, Sequence[int]]
 
 
 class Wakeups:

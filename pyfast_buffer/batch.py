@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 import numpy as np
-import torch
 
+from . import _torch
 from ._devices import check_usable
+
+if TYPE_CHECKING:  # torch loads on the first tensor a batch hands out, not with the package
+    import torch
 
 logger = logging.getLogger("pyfast_buffer")
 
@@ -205,7 +208,7 @@ class Batch:
     def columns(self) -> torch.Tensor:
         """One contiguous (9, k) int64 tensor whose rows are FIELDS."""
         if self._columns is None:
-            self._columns = torch.from_numpy(self._array)
+            self._columns = _torch.require().from_numpy(self._array)
         return self._columns
 
     @property
@@ -236,7 +239,7 @@ class Batch:
         # Before `columns` exists, one from_numpy of the numpy row is cheaper than building the block
         # and indexing it; the tensor shares the batch's memory either way.
         if self._columns is None and self._array is not None:
-            return torch.from_numpy(self._array[field])
+            return _torch.require().from_numpy(self._array[field])
         return self.columns[field]
 
     @property
@@ -297,12 +300,14 @@ class Batch:
     def __len__(self) -> int:
         if self._stats is not None:
             return self._stats[0]
+        if self._array is not None:  # no tensor made just to count
+            return int(self._array.shape[1])
         return int(self.columns.shape[1])
 
     def age_seconds(self, now_ns: int | None = None) -> torch.Tensor:
         """Returns each trajectory's age in seconds since dispatch, as float64."""
         now = time.time_ns() if now_ns is None else now_ns
-        return (now - self.columns[6]).to(torch.float64) / 1e9
+        return (now - self.columns[6]).to(_torch.require().float64) / 1e9
 
     def to(self, *args: Any, **kwargs: Any) -> Batch:
         """Returns a Batch with the columns moved by ``Tensor.to`` (e.g. ``"cuda", non_blocking=True``).

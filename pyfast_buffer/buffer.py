@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import torch
 
-from . import _core, bias, state
+from . import _core, _torch, bias, state
 from ._args import (
     as_count,
     as_ids,
@@ -29,13 +28,17 @@ from .config import SourceMaxAge, check_max_age_keeps_lookahead, pace_limits, re
 from .errors import CLOSED_MESSAGE, BufferClosedError
 from .released import Released
 
-Ids = Union[torch.Tensor, np.ndarray, Sequence[int]]
+if TYPE_CHECKING:  # torch loads on the first tensor made or read, not with the package
+    import torch
+
+Ids = Union["torch.Tensor", np.ndarray, Sequence[int]]
 _N_COLUMNS = _core.BATCH_COLUMNS
 _INT64 = np.dtype(np.int64)
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def _pinned_columns(capacity: int) -> tuple:
+    torch = _torch.require()  # pinning means a CUDA torch, asked for already by resolve_pin_memory
     wide = [torch.empty(capacity, dtype=torch.int64, pin_memory=True) for _ in range(7)]
     narrow = [torch.empty(capacity, dtype=torch.int32, pin_memory=True) for _ in range(2)]
     return tuple(wide + narrow)
@@ -276,6 +279,7 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         rows = n if n < self._capacity else self._capacity  # a batch never holds more than the ring
         columns: Union[torch.Tensor, np.ndarray]
         if self.pin_memory:
+            torch = _torch.require()
             out = torch.empty(_N_COLUMNS * rows, dtype=torch.int64, pin_memory=True)
             stats = self._ring.take(out.numpy(), n, step, wait)
             taken = stats[0]

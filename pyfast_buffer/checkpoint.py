@@ -28,10 +28,14 @@ import secrets
 import socket
 import stat
 import struct
-from typing import Any, BinaryIO, Protocol, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, Union
 
 import numpy as np
-import torch
+
+from . import _torch
+
+if TYPE_CHECKING:  # torch loads when a checkpoint holds or yields a tensor, not with the package
+    import torch
 
 MAGIC = b"\x89PFB\r\n\x1a\n"  # PNG-style: a high byte and CR/LF/EOF catch text-mode and 7-bit mangling
 FORMAT_VERSION = 1
@@ -78,7 +82,7 @@ class Checkpointable(Protocol):
 
 
 def _as_array(value: Any, where: str) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
+    if _torch.is_tensor(value):
         try:
             array = value.detach().cpu().contiguous().numpy()
         except TypeError as exc:  # e.g. bfloat16, which numpy cannot hold
@@ -105,9 +109,9 @@ def _encode(node: Any, where: str, arrays: list[np.ndarray], depth: int = 0) -> 
         return int(node)
     if isinstance(node, (float, np.floating)):
         return float(node)
-    if isinstance(node, (torch.Tensor, np.ndarray)):
+    if isinstance(node, np.ndarray) or _torch.is_tensor(node):
         arrays.append(_as_array(node, where))
-        return {"tensor" if isinstance(node, torch.Tensor) else "ndarray": len(arrays) - 1}
+        return {"ndarray" if isinstance(node, np.ndarray) else "tensor": len(arrays) - 1}
     if isinstance(node, dict):
         bad = [k for k in node if not isinstance(k, str)]
         if bad:
@@ -356,7 +360,7 @@ def _decode(path: str, node: Any, arrays: list[np.ndarray], depth: int = 0) -> A
     if tag in ("tensor", "ndarray"):
         if not (type(value) is int and 0 <= value < len(arrays)):
             raise CheckpointError(path, f"refers to array {value!r} but its header lists {len(arrays)} arrays")
-        return torch.from_numpy(arrays[value]) if tag == "tensor" else arrays[value]
+        return _torch.require().from_numpy(arrays[value]) if tag == "tensor" else arrays[value]
     if tag == "dict" and isinstance(value, dict):
         return {k: _decode(path, v, arrays, depth + 1) for k, v in value.items()}
     if tag in ("list", "tuple") and isinstance(value, list):
@@ -416,6 +420,7 @@ def load(buffer: Checkpointable, path: PathLike, in_flight: str = DEFAULT_IN_FLI
             os.fspath(path), "holds no state_dict; it was written by save_state() from something else"
         )
     buffer.load_state_dict(state)
+    torch = _torch.require()  # load returns the restored prompts as a tensor
     prompts = torch.as_tensor(state["in_flight"]["prompt_id"], dtype=torch.int64)
     if in_flight == "keep" or len(prompts) == 0:
         return prompts[:0]

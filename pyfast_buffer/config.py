@@ -12,9 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Optional, Tuple, Union
 from typing import Mapping as MappingType
 
-import torch
-
-from . import _core
+from . import _core, _torch
 from ._args import MAX_CAPACITY, MAX_SOURCE, STRATEGIES, as_count
 from .verl_mapping import (
     DEFAULT_VERL_CAPACITY as DEFAULT_VERL_CAPACITY,
@@ -190,10 +188,13 @@ def check_capacity_fits(capacity: int) -> None:
 
 
 def resolve_pin_memory(pin_memory: Optional[bool]) -> bool:
-    """Returns whether to pin host memory: ``None`` pins iff CUDA is available."""
+    """Returns whether to pin host memory: ``None`` pins iff CUDA is available.
+
+    torch is imported only where a GPU build of it is installed: a CPU-only (or missing) torch cannot pin, so
+    ``None`` is False there without loading it (pyfast_buffer/_torch.py, docs/performance.md)."""
     if pin_memory not in (None, True, False):
         raise TypeError(f"pin_memory={pin_memory!r} must be None, True or False")
-    cuda = torch.cuda.is_available()
+    cuda = _torch.cuda_available()
     if pin_memory and not cuda:
         raise ValueError("pin_memory=True needs CUDA, which is not available; pass pin_memory=None or False")
     return cuda if pin_memory is None else bool(pin_memory)

@@ -19,7 +19,6 @@ from collections import deque
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
-import torch
 
 from . import _reference_pace, bias, state
 from ._args import (
@@ -1038,7 +1037,8 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         if self._bias is not None:
             self._bias.on_take()
         self._watch_take(stats)
-        return Batch(torch.tensor(columns, dtype=torch.int64).reshape(len(columns), plan.taken), make_metrics(stats))
+        # A numpy block, as the core's take: Batch makes the tensor on first access, so torch loads only then.
+        return Batch(np.array(columns, dtype=np.int64).reshape(len(columns), plan.taken), make_metrics(stats))
 
     def _own_max_age(self, slot: int) -> int:
         return self._source_max_age.get(slot - 1, self.config.max_age) if slot else self.config.max_age

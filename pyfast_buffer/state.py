@@ -6,7 +6,8 @@ import dataclasses
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
-import torch
+
+from . import _torch
 
 FORMAT = "pyfast_buffer.state/1"
 ENTRY_COLUMNS = (
@@ -74,7 +75,7 @@ def pack(
     """Returns a state_dict from numpy columns in ring order (oldest first); ``next_take`` is the pace state
     (the step of the trainer's next take, docs/design.md), 0 for the other strategies; ``attempts``,
     ``attempt_counters`` and ``source_counts`` are the data accounting (docs/data-bias.md)."""
-    as_tensor = lambda v: torch.from_numpy(np.asarray(v, dtype=np.int64))  # noqa: E731
+    as_tensor = lambda v: _torch.require().from_numpy(np.asarray(v, dtype=np.int64))  # noqa: E731
     empty = {k: np.empty(0, np.int64) for k in ATTEMPT_COLUMNS}
     counts = np.zeros((SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)), np.int64) if source_counts is None else source_counts
     return {
@@ -96,7 +97,7 @@ def _column(section: Dict[str, Any], key: str, where: str) -> np.ndarray:
     if key not in section:
         raise ValueError(f"state_dict['{where}'] lacks '{key}'; pass a dict made by state_dict()")
     value = section[key]
-    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    array = value.detach().cpu().numpy() if _torch.is_tensor(value) else np.asarray(value)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise TypeError(f"state_dict['{where}']['{key}'] must be a 1-D integer tensor")
     return array.astype(np.int64)
@@ -253,9 +254,7 @@ def _unpack_accounting(sd: Dict[str, Any]) -> Dict[str, Any]:
     if value is None:
         counts = np.zeros((SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)), dtype=np.int64)
     else:
-        counts = (value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)).astype(
-            np.int64
-        )
+        counts = (value.detach().cpu().numpy() if _torch.is_tensor(value) else np.asarray(value)).astype(np.int64)
         if counts.shape != (SOURCE_SLOTS, len(SOURCE_COUNT_FIELDS)) or (counts.size and counts.min() < 0):
             raise ValueError(f"state_dict['source_counts'] must be ({SOURCE_SLOTS}, 6) counts >= 0; it was edited")
     return {"attempts": attempts, "attempt_counters": counters, "source_counts": counts}

@@ -113,6 +113,7 @@ def today_verl_blocks(global_steps, step, threshold):
 
 @pytest.mark.parametrize("threshold", range(1, 11))
 def test_verl_sampler_cut_and_wait_gate_equal_todays_verl(threshold):
+    pytest.importorskip("transfer_queue", reason="the verl extra is not installed: pip install '.[verl]'")
     verl = pytest.importorskip("pyfast_buffer.integrations.verl", reason="the verl extra is not installed")
     now = 14
     steps = range(0, now + 3)  # includes prompts stamped ahead of the trainer, as verl's tests write them

@@ -15,6 +15,7 @@ from _verl_helpers import clear_partition, listed, new_partition, new_uid, put_g
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+pytest.importorskip("transfer_queue", reason="the verl extra is not installed: pip install '.[verl]'")
 verl_mod = pytest.importorskip("pyfast_buffer.integrations.verl", reason="the verl extra is not installed")
 FastReplayBuffer, VerlConfigError = verl_mod.FastReplayBuffer, verl_mod.VerlConfigError
 TRAIN = "train"  # pace admits into verl's training partition

@@ -24,6 +24,7 @@ from _verl_helpers import (
     uids_of,
 )
 
+pytest.importorskip("transfer_queue", reason="the verl extra is not installed: pip install '.[verl]'")
 verl_mod = pytest.importorskip("pyfast_buffer.integrations.verl", reason="the verl extra is not installed")
 
 STEPS = 200

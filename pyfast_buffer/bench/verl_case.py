@@ -114,7 +114,7 @@ def sampler_modules() -> list[Any]:
     """
     import transfer_queue
 
-    from pyfast_buffer.integrations import verl  # noqa: F401 - loads every module of the sampler
+    from pyfast_buffer.integrations.verl import _sampler  # noqa: F401 - loads every module of the sampler
 
     prefix = "pyfast_buffer.integrations."
     return [

@@ -7,9 +7,9 @@ import os
 from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
-import torch
 from ray.actor import ActorHandle
 
+from .. import _torch
 from .._args import as_steps
 from ..buffer import Ids
 
@@ -56,7 +56,7 @@ def finish_steps(finish_step: Union[int, Ids, None], n: int) -> Union[int, np.nd
 def payload_list(payloads: Optional[Sequence[Any]], n: int) -> Optional[List[Any]]:
     if payloads is None:
         return None
-    if isinstance(payloads, (str, bytes, np.ndarray, torch.Tensor)) or not hasattr(payloads, "__len__"):
+    if isinstance(payloads, (str, bytes, np.ndarray)) or _torch.is_tensor(payloads) or not hasattr(payloads, "__len__"):
         raise TypeError(f"payloads must be a list with one object (or ObjectRef) per trajectory, not {type(payloads)}")
     if len(payloads) != n:
         raise ValueError(f"payloads has {len(payloads)} entries but traj_ids has {n}; pass one per trajectory")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import ray
-import torch
 from ray.exceptions import GetTimeoutError, ObjectLostError
 
 from .._devices import check_usable
 from ..batch import Batch
+
+if TYPE_CHECKING:  # torch loads on the first tensor made or read, not with the package
+    import torch
 
 
 class RemoteBatch(Batch):
@@ -25,7 +27,7 @@ class RemoteBatch(Batch):
 
     def __init__(
         self,
-        columns: torch.Tensor,
+        columns: Union[torch.Tensor, np.ndarray],
         metrics: Dict[str, Any],
         payloads: Optional[List[Optional[ray.ObjectRef]]] = None,
         lost: Optional[np.ndarray] = None,
@@ -36,11 +38,11 @@ class RemoteBatch(Batch):
 
     def without(self, gone: np.ndarray) -> RemoteBatch:
         """This batch without the trajectories ``gone`` marks (their payloads are lost): listed in ``lost``."""
-        columns = self.columns.numpy()
+        columns = self._array if self._array is not None else self.columns.numpy()  # no tensor made for this
         keep = (~gone).tolist()
         metrics = {**self.metrics, "payload_lost": int(self.metrics.get("payload_lost", 0)) + int(gone.sum())}
         refs = None if self.payloads is None else [r for r, k in zip(self.payloads, keep) if k]
-        kept = torch.from_numpy(np.ascontiguousarray(columns[:, ~gone]))
+        kept = np.ascontiguousarray(columns[:, ~gone])  # Batch makes the tensor on first access
         return RemoteBatch(kept, metrics, refs, np.concatenate([self.lost, columns[0][gone]]))
 
     def to(self, *args: Any, **kwargs: Any) -> RemoteBatch:

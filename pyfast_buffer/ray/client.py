@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import ray
-import torch
 from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -48,6 +47,9 @@ from ._sending import forget_owner as _forget_owner
 from ._sending import get_owner as _get_owner
 from ._sending import owner_here as _owner_here
 from ._sending import send_to_owner as _send_to_owner
+
+if TYPE_CHECKING:  # torch loads on the first tensor made or read, not with the package
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -356,7 +358,7 @@ class RemoteBuffer(RemoteAsyncMethods):
         except BaseException:
             receipts.send(carried)  # it may not have reached the index: they go alone (a repeat is harmless)
             raise
-        batch = RemoteBatch(torch.from_numpy(columns), metrics)
+        batch = RemoteBatch(columns, metrics)  # a numpy block: torch loads when the caller reads a tensor
         lost = None
         if slots is not None and (slots >= 0).any():
             batch.payloads, gone = self._hand_out(columns[0], np.asarray(slots), np.asarray(retire, bool))

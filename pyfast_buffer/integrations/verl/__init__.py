@@ -12,7 +12,9 @@ and two more turn on ``pace`` (admission control: nothing dropped, nothing train
     +actor_rollout_ref.rollout.agent.agent_loop_manager_class=pyfast_buffer.integrations.verl.PacedAgentLoopManager
 
 ``ReplayBuffer``, ``ReplayBufferAsync`` and ``FastReplayBuffer`` need TransferQueue (``pip install
-"pyfast_buffer[verl]"``); ``PacedAgentLoopManager`` needs verl itself and is imported only when asked for.
+"pyfast_buffer[verl]"``), ``PacedAgentLoopManager`` needs verl itself: each is imported when first asked for, so
+this module imports, star-imports and ``help()``s without either (a missing one is named, with its install line,
+when its class is asked for).
 docs/verl.md has the setup per strategy, the verl versions matched and what each verl key does.
 
 Absolute imports only: verl may load this file by path, outside the package.
@@ -20,7 +22,9 @@ Absolute imports only: verl may load this file by path, outside the package.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any, List
 
 from pyfast_buffer.integrations.verl._metrics import (
     DAPO_FILTERED_REWARD_COUNTS_KEY,
@@ -28,27 +32,49 @@ from pyfast_buffer.integrations.verl._metrics import (
     _accumulate_eviction_metrics,
 )
 from pyfast_buffer.integrations.verl._options import VerlConfigError
-from pyfast_buffer.integrations.verl._sampler import FastReplayBuffer, ReplayBuffer, ReplayBufferAsync
 
-if TYPE_CHECKING:  # at run time it is loaded by __getattr__, on first use (it imports verl)
-    from pyfast_buffer.integrations.verl._manager import PacedAgentLoopManager
+if TYPE_CHECKING:  # at run time they are loaded by __getattr__, on first use (they import TransferQueue / verl)
+    from pyfast_buffer.integrations.verl._manager import PacedAgentLoopManager  # noqa: F401 - for type checkers
+    from pyfast_buffer.integrations.verl._sampler import FastReplayBuffer, ReplayBuffer, ReplayBufferAsync  # noqa: F401
 
+_TQ = ("_sampler", "transfer_queue", "TransferQueue", "pip install 'pyfast_buffer[verl]'")
+_VERL = ("_manager", "verl", "verl", "pip install verl (docs/verl.md has the versions matched)")
+#: Names loaded on first use: the module that defines each, the module it needs, its name, and how to install it.
+_LAZY = {"FastReplayBuffer": _TQ, "ReplayBuffer": _TQ, "ReplayBufferAsync": _TQ, "PacedAgentLoopManager": _VERL}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# The names a star import binds: those that need nothing, and the lazy ones whose package is installed here, so
+# `from pyfast_buffer.integrations.verl import *` works with or without TransferQueue and verl.
 __all__ = [
     "DAPO_FILTERED_REWARD_COUNTS_KEY",
     "LEDGER_PREFIX",
-    "FastReplayBuffer",
-    "PacedAgentLoopManager",
-    "ReplayBuffer",
-    "ReplayBufferAsync",
     "VerlConfigError",
     "_accumulate_eviction_metrics",
+    *sorted(name for name, needs in _LAZY.items() if _installed(needs[1])),
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """``PacedAgentLoopManager`` subclasses verl's ``AgentLoopManagerTQ``, so verl is imported only for it."""
-    if name == "PacedAgentLoopManager":
-        from pyfast_buffer.integrations.verl._manager import PacedAgentLoopManager
+    """Imports the module behind a lazy name on first use; without its package, says what to install."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, _, needs, how = _LAZY[name]
+    try:
+        module = importlib.import_module(f"{__name__}.{module_name}")
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"{__name__}.{name} needs {needs}, not installed here (no module named {exc.name!r}): {how}", name=exc.name
+        ) from exc
+    return getattr(module, name)
 
-        return PacedAgentLoopManager
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> List[str]:
+    # help() and IDEs read every name listed here: a lazy one is listed only where it can be loaded.
+    return sorted([*globals(), *(name for name in __all__ if name in _LAZY)])
