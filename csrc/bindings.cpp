@@ -91,7 +91,7 @@ py::tuple stats_tuple(const pfb::TakeStats& s) {
                         to_pyint(s.age_sum), s.age_max, hist, s.buffer_left, s.in_flight, s.sampled_total, s.max_age,
                         s.expired, s.trained_over_age, to_pyint(s.span_sum), s.span_max, s.admitted,
                         s.admission_refused, s.admission_waits, attempts_tuple(s.attempts), sources,
-                        s.protected_admitted, s.admitted_ahead);
+                        s.protected_admitted, s.admitted_ahead, s.retired_early);
 }
 
 // The starved gauge of every tagged source that has any starved prompt: {source: count}.
@@ -145,6 +145,7 @@ py::dict ledger_dict(const pfb::Ledger& l) {
   d["admitted"] = l.admitted, d["admission_refused"] = l.admission_refused;
   d["admission_waits"] = l.admission_waits, d["trained_over_age"] = l.trained_over_age;
   d["protected_admitted"] = l.protected_admitted, d["admitted_ahead"] = l.admitted_ahead;
+  d["retired_early"] = l.retired_early;
   return d;
 }
 
@@ -522,6 +523,7 @@ PYBIND11_MODULE(_core, m) {
         s.ledger.trained_over_age = optional_int(l, "trained_over_age", 0);
         s.ledger.protected_admitted = optional_int(l, "protected_admitted", 0);
         s.ledger.admitted_ahead = optional_int(l, "admitted_ahead", 0);
+        s.ledger.retired_early = optional_int(l, "retired_early", 0);
         s.clock = d["clock"].cast<int64_t>();
         s.evicted_unreported = d["evicted_unreported"].cast<int64_t>();
         py::gil_scoped_release release;

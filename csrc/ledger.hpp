@@ -26,6 +26,7 @@ struct Ledger {
   int64_t trained_over_age = 0;   // uses taken at age > max_age (pace and wait; 0 under drop); <= taken
   int64_t protected_admitted = 0;  // pace: admitted prompts that were protected attempts (max_attempts); <= admitted
   int64_t admitted_ahead = 0;      // pace: protected dispatch calls admitted while an unprotected call waited
+  int64_t retired_early = 0;       // pace, max_uses > 1: trajectories retired after one use, below max_uses; <= retired
 
   /// Largest counter a checkpoint may carry: far beyond any real run, and small enough that the
   /// sums below and the next increments cannot overflow int64.
@@ -35,7 +36,7 @@ struct Ledger {
   bool in_range() const {
     for (int64_t v : {dispatched, completed, failed, put_total, taken, retired, dropped_stale, evicted, in_flight,
                       buffer_left, max_age_changes, expired, admitted, admission_refused, admission_waits,
-                      trained_over_age, protected_admitted, admitted_ahead})
+                      trained_over_age, protected_admitted, admitted_ahead, retired_early})
       if (v < 0 || v > kMaxCounter) return false;
     return true;
   }
@@ -44,7 +45,8 @@ struct Ledger {
   bool balanced() const {
     return put_total == retired + dropped_stale + evicted + buffer_left &&
            dispatched == completed + failed + in_flight && 0 <= expired && expired <= failed &&
-           admitted <= dispatched && trained_over_age <= taken && protected_admitted <= admitted;
+           admitted <= dispatched && trained_over_age <= taken && protected_admitted <= admitted &&
+           retired_early <= retired;
   }
 };
 

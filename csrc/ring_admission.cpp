@@ -207,11 +207,11 @@ void StalenessRing::pace_forget_prefix(int64_t count) {
 }
 
 void StalenessRing::pace_forget_retired(int64_t walked) {
-  // The walked prefix of a paced take holds only taken groups (nothing is dropped); those at max_uses leave.
+  // The walked prefix of a paced take holds only taken groups (nothing is dropped), and under pace every
+  // taken group leaves (commit_take: one use per group, whatever max_uses).
   const ColumnPointers& c = columns_.get();
   const int64_t* ages = age_steps();
-  for (int64_t i = 0; i < walked; i += c.group_len[phys(i)])
-    if (config_.max_uses == 1 || c.uses[phys(i)] >= config_.max_uses) ready_groups_.remove(ages[phys(i)]);
+  for (int64_t i = 0; i < walked; i += c.group_len[phys(i)]) ready_groups_.remove(ages[phys(i)]);
 }
 
 std::optional<int64_t> StalenessRing::pace_blocker_for(const TakePlan& plan, int64_t current_step) const {

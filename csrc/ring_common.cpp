@@ -125,7 +125,7 @@ void StalenessRing::note_walked(int64_t walked, int64_t current_step) {
     const int64_t p = phys(i);
     if (per_entry ? stale_at(p) : ages[p] < cutoff)
       note_left(c.traj_id[p], ReleaseReason::kDroppedStale);
-    else if (c.uses[p] >= config_.max_uses)
+    else if (c.uses[p] >= config_.max_uses || paced())  // under pace every use is the last (commit_take)
       note_left(c.traj_id[p], ReleaseReason::kRetired);
   }
 }

@@ -213,7 +213,9 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   int64_t* const o_complete = base + 7 * k_all;
   int64_t* const o_finish = base + 8 * k_all;
   int64_t* const o_source = base + 9 * k_all;
-  const int32_t max_uses = static_cast<int32_t>(config_.max_uses);
+  // Under pace every use is a group's last (docs/design.md, "Reuse under the bound"): the admission rule
+  // reserves one trainer slot per group, so a reused group would take a slot no admitted group was promised.
+  const int32_t max_uses = paced() ? 1 : static_cast<int32_t>(config_.max_uses);
   const ColumnPointers c = columns_.get();  // a local copy: the output writes cannot alias it
   const int64_t* const ages = age_steps();
   const int64_t sync = config_.parameter_sync_step, max_age = max_age_;
@@ -221,7 +223,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   Int128 age_sum = 0;  // 2**40 ages near 2**63 overflow int64
   // With max_uses == 1 every taken entry retires and leaves with the walked prefix, so its ring `uses`
   // need not be written, unless the released-id hooks read it (note_walked) before it leaves.
-  const bool uses_unread = max_uses == 1 && !leave_hooks();
+  const bool uses_unread = config_.max_uses == 1 && !leave_hooks();
   // Ages come in runs (a group shares one stamp, producers stamp many entries alike): the histogram
   // and the sums are updated once per run of equal ages, not once per entry.
   int64_t run_age = 0, run_count = 0;
@@ -351,9 +353,11 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   stats.taken = plan.taken;
   stats.dropped_stale = plan.dropped;
   stats.retired = plan.taken - survivors;
+  stats.retired_early = paced() && config_.max_uses > 1 ? stats.retired : 0;
   stats.blocked_by = plan.blocked_by;
   ledger_.taken += plan.taken;
   ledger_.retired += stats.retired;
+  ledger_.retired_early += stats.retired_early;
   ledger_.dropped_stale += plan.dropped;
   if (plan.walked > 0) room_cv_.notify_all();
 }

@@ -127,6 +127,7 @@ struct TakeStats {
   int64_t span_max = 0;
   int64_t admitted = 0, admission_refused = 0, admission_waits = 0;  // the Ledger's, after this call
   int64_t protected_admitted = 0, admitted_ahead = 0;                 // the Ledger's, after this call
+  int64_t retired_early = 0;  // pace, max_uses > 1: entries this call retired below max_uses (part of retired)
   std::array<int64_t, 6> attempts{};  // PromptAttempts::totals() after this call
   // (slot, taken, dropped) of every source slot this call took or dropped from, when any entry is tagged
   std::vector<std::array<int64_t, 3>> sources;

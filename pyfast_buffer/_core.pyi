@@ -40,6 +40,7 @@ _Stats = Tuple[
     Tuple[tuple, ...],
     int,
     int,
+    int,
 ]
 
 class Ring:

@@ -33,20 +33,23 @@ FIELDS = (
 AGE_BUCKETS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32-63", "64+")
 #: The log record of every take and evict_stale: dropped_stale and taken per call, buffer_left and sampled_total
 #: running, retired and evicted per call, then the max_age in force and the running count of expired prompts,
-#: the uses this call trained over max_age, and the running admission counters of strategy="pace".
+#: the uses this call trained over max_age, and the running admission counters of strategy="pace"; last the
+#: trajectories this call retired below max_uses (pace, max_uses > 1: part of retired).
 #: New fields are only ever appended.
 LOG_FORMAT = (
     "dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d retired=%d evicted=%d max_age=%d expired=%d "
     "trained_over_age=%d admitted=%d admission_refused=%d admission_waits=%d"
     " retried=%d starved=%d regenerations=%d"
     " protected_admitted=%d admitted_ahead=%d"
+    " retired_early=%d"
 )
 
 # (taken, dropped_stale, retired, evicted, blocked_by, age_sum, age_max, age_hist, buffer_left, in_flight,
 #  sampled_total, max_age, expired, trained_over_age, span_sum, span_max, admitted, admission_refused,
-#  admission_waits, attempts, sources, protected_admitted, admitted_ahead): attempts is ATTEMPT_FIELDS in order;
-#  sources holds (source, taken, dropped) of each source this call took or dropped from (-1: untagged), once any
-#  is tagged; the last two are the running pace counters of protected (max_attempts) admissions.
+#  admission_waits, attempts, sources, protected_admitted, admitted_ahead, retired_early): attempts is
+#  ATTEMPT_FIELDS in order; sources holds (source, taken, dropped) of each source this call took or dropped
+#  from (-1: untagged), once any is tagged; then the running pace counters of protected (max_attempts)
+#  admissions; last the trajectories this call retired below max_uses (pace, max_uses > 1).
 Stats = Tuple[Any, ...]  # the fields above, in that order (typed one by one in _core.pyi's _Stats)
 #: The prompt-attempt counters of every take (docs/data-bias.md): retries and prompts_retried, regenerations
 #: (trajectories of lost attempts whose prompt was dispatched again), protected groups (max_attempts), the
@@ -80,6 +83,7 @@ _NAMES = (
     "admission_waits",
     *ATTEMPT_FIELDS,
     *PROTECTED_ADMISSION_FIELDS,
+    "retired_early",
 )
 _prefix = DEFAULT_METRICS_PREFIX
 _keys = tuple(_prefix + n for n in _NAMES)
@@ -138,6 +142,7 @@ def log_record(stats: Stats) -> None:
             attempts[2],
             stats[21],
             stats[22],
+            stats[23],
         )
 
 
@@ -166,6 +171,7 @@ def metrics_from_stats(stats: Stats) -> Dict[str, float]:
         *stats[19],
         stats[21],
         stats[22],
+        stats[23],
     )
     metrics = dict(zip(_keys, values))
     for source, source_taken, source_dropped in stats[20]:

@@ -953,6 +953,9 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         hist = [0] * len(AGE_BUCKETS)
         age_sum = age_max = retired = over_age = span_sum = span_max = 0
         keep = []
+        # Under pace every use is a group's last (docs/design.md, "Reuse under the bound"): admission reserved
+        # one trainer slot per group, so a second use would take a slot no admitted group was promised.
+        keep_below = 1 if self._paced() else self.config.max_uses
         observing = self._observing()
         by_slot: Dict[int, List[int]] = {}  # slot -> [taken, dropped] by this call
         for _ in range(plan.walked):
@@ -994,7 +997,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             if observing:
                 by_slot.setdefault(_slot(group[0]["meta"]), [0, 0])[0] += len(group)
                 self._observe_taken(group)
-            if group[0]["uses"] < self.config.max_uses:
+            if group[0]["uses"] < keep_below:
                 keep.append(group)  # reused entries keep their place at the front
             else:
                 retired += len(group)
@@ -1004,7 +1007,9 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             self._groups.appendleft(group)
             self._size += len(group)
         self._counts["taken"] += plan.taken
+        retired_early = retired if self._paced() and self.config.max_uses > 1 else 0
         self._counts["retired"] += retired
+        self._counts["retired_early"] += retired_early
         self._counts["dropped_stale"] += plan.dropped
         self._counts["trained_over_age"] += over_age
         if plan.walked:
@@ -1033,6 +1038,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             tuple((slot - 1, *by_slot[slot]) for slot in sorted(by_slot)) if self._tagged else (),
             self._counts["protected_admitted"],
             self._counts["admitted_ahead"],
+            retired_early,
         )
         if self._bias is not None:
             self._bias.on_take()
@@ -1147,6 +1153,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 (),
                 self._counts["protected_admitted"],
                 self._counts["admitted_ahead"],
+                0,
             )
         make_metrics(stats)
         return removed
@@ -1185,6 +1192,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 "trained_over_age": c["trained_over_age"],
                 "protected_admitted": c["protected_admitted"],
                 "admitted_ahead": c["admitted_ahead"],
+                "retired_early": c["retired_early"],
             }
 
     def __len__(self) -> int:

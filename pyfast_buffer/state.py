@@ -51,6 +51,7 @@ LATER_LEDGER_KEYS = (
     "trained_over_age",
     "protected_admitted",
     "admitted_ahead",
+    "retired_early",
 )
 ALL_LEDGER_KEYS = LEDGER_KEYS + LATER_LEDGER_KEYS
 #: Largest ledger counter a state_dict may carry (the core's Ledger::kMaxCounter).
@@ -222,6 +223,7 @@ def unpack(sd: Any, capacity: int, max_uses: int) -> Dict[str, Any]:
         or led["admitted"] > led["dispatched"]
         or led["trained_over_age"] > led["taken"]
         or led["protected_admitted"] > led["admitted"]
+        or led["retired_early"] > led["retired"]
     ):
         raise ValueError("state_dict's ledger does not balance with the entries it holds; it was edited or is corrupt")
     return {

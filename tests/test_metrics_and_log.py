@@ -35,6 +35,7 @@ NAMES = {
     "attempts_forgotten",
     "protected_admitted",
     "admitted_ahead",
+    "retired_early",
 } | {f"age_hist/{b}" for b in pfb.AGE_BUCKETS}
 STABLE_KEYS = {"buffer/" + n for n in NAMES}
 
@@ -130,7 +131,7 @@ def test_log_line_format(impl, caplog):
     assert caplog.records[-1].getMessage() == (
         "dropped_stale=0 taken=1 buffer_left=0 sampled_total=1 retired=1 evicted=0 max_age=7 expired=0 "
         "trained_over_age=0 admitted=0 admission_refused=0 admission_waits=0"
-        " retried=0 starved=0 regenerations=0 protected_admitted=0 admitted_ahead=0"
+        " retried=0 starved=0 regenerations=0 protected_admitted=0 admitted_ahead=0 retired_early=0"
     )
     assert caplog.records[-1].getMessage().startswith(pfb.LOG_FORMAT.split(" retired")[0] % (0, 1, 0, 1))
 

@@ -193,14 +193,16 @@ def test_put_is_admitted_like_a_dispatch(impl):
     assert len(buf) == 3 and buf.ledger()["admitted"] == 2
 
 
-def test_reuse_and_a_lowered_max_age_are_trained_and_counted_not_dropped(impl):
+def test_reuse_retires_early_and_a_lowered_max_age_is_trained_and_counted_not_dropped(impl):
     buf = paced(impl, max_age=3, per_step=1, max_uses=2)
-    buf.dispatch([1], step=0)
+    buf.dispatch([1, 2], step=0)
     buf.complete([10], [1])
-    buf.take(1, current_step=0)
+    assert buf.take(1, current_step=0).traj_ids.tolist() == [10]  # its only use: under pace it retires now
+    assert assert_balanced(buf)["retired_early"] == 1
+    buf.complete([20], [2])
     buf.max_age = 0
-    batch = buf.take(1, current_step=2)  # second use, age 2 > max_age 0
-    assert batch.traj_ids.tolist() == [10] and batch.age.tolist() == [2]
+    batch = buf.take(1, current_step=2)  # first use, age 2 > max_age 0: trained (pace never drops), counted
+    assert batch.traj_ids.tolist() == [20] and batch.age.tolist() == [2]
     led = assert_balanced(buf)
     assert led["dropped_stale"] == 0 and led["trained_over_age"] == 1
     assert batch.metrics[pfb.batch.metric_key("trained_over_age")] == 1

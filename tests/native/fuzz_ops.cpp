@@ -94,7 +94,7 @@ bool same_stats(const pfb::TakeStats& a, const pfb::TakeStats& b) {
          a.trained_over_age == b.trained_over_age && a.span_sum == b.span_sum && a.span_max == b.span_max &&
          a.admitted == b.admitted && a.admission_refused == b.admission_refused &&
          a.admission_waits == b.admission_waits && a.protected_admitted == b.protected_admitted &&
-         a.admitted_ahead == b.admitted_ahead;
+         a.admitted_ahead == b.admitted_ahead && a.retired_early == b.retired_early;
 }
 
 // Columns of a batch that do not depend on the wall clock (all but dispatch_ns and complete_ns, columns 6 and 7).
@@ -509,7 +509,7 @@ class Session {
       if (config_.strategy == pfb::Strategy::kDrop && age > max_age_) chk::fail_check("take: stale entry taken");
       over_age += age > max_age_;
       age_sum += age, age_max = std::max(age_max, age);
-      retired += col(4, m) >= config_.max_uses;
+      retired += config_.strategy == pfb::Strategy::kPace || col(4, m) >= config_.max_uses;  // pace: one use
     }
     for (int64_t h : st.age_hist) hist_total += h;
     if (age_sum != st.age_sum || age_max != st.age_max || hist_total != k)
@@ -525,6 +525,9 @@ class Session {
     pfb::Ledger l = before.ledger;
     l.taken += k, l.retired += st.retired, l.dropped_stale += st.dropped_stale;
     l.trained_over_age += st.trained_over_age;
+    l.retired_early += st.retired_early;
+    if (st.retired_early != (config_.strategy == pfb::Strategy::kPace && config_.max_uses > 1 ? st.retired : 0))
+      chk::fail_check("take: retired_early is not pace's retirements below max_uses");
     expect_ledger(after, l, "take");
     if (after.clock != std::max(before.clock, s)) chk::fail_check("take: clock is not max(clock, current_step)");
   }

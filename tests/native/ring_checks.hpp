@@ -31,7 +31,8 @@ inline bool same_ledger(const Ledger& a, const Ledger& b) {
          a.buffer_left == b.buffer_left && a.max_age_changes == b.max_age_changes && a.expired == b.expired &&
          a.admitted == b.admitted && a.admission_refused == b.admission_refused &&
          a.admission_waits == b.admission_waits && a.trained_over_age == b.trained_over_age &&
-         a.protected_admitted == b.protected_admitted && a.admitted_ahead == b.admitted_ahead;
+         a.protected_admitted == b.protected_admitted && a.admitted_ahead == b.admitted_ahead &&
+         a.retired_early == b.retired_early;
 }
 
 /// Returns true iff every cumulative counter of `after` is >= the one of `before`.
@@ -43,7 +44,8 @@ inline bool ledger_grew(const Ledger& before, const Ledger& after) {
          after.expired >= before.expired && after.admitted >= before.admitted &&
          after.admission_refused >= before.admission_refused && after.admission_waits >= before.admission_waits &&
          after.trained_over_age >= before.trained_over_age &&
-         after.protected_admitted >= before.protected_admitted && after.admitted_ahead >= before.admitted_ahead;
+         after.protected_admitted >= before.protected_admitted && after.admitted_ahead >= before.admitted_ahead &&
+         after.retired_early >= before.retired_early;
 }
 
 /// Returns true iff the two states hold the same entries, prompts, ledger and clock; wall-clock
