@@ -19,6 +19,7 @@ from ._args import (
     as_step,
     as_steps,
     as_timeout,
+    cpu_ids_view,
     same_length,
 )
 from ._buffer_base import BufferBase
@@ -246,8 +247,9 @@ class StalenessBuffer(BufferBase, AccountingMethods):
             and traj_ids.flags.c_contiguous
         ):
             trajs = traj_ids
-        else:
-            trajs = as_ids(traj_ids, "traj_ids")
+        else:  # a CPU int64 tensor takes the next-fastest path; everything else the general conversion
+            view = cpu_ids_view(traj_ids)
+            trajs = view if view is not None else as_ids(traj_ids, "traj_ids")
         if type(sample_step) is int and 0 <= sample_step <= _INT64_MAX:
             steps = np.array((sample_step,), _INT64)
         else:
