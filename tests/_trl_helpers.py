@@ -71,7 +71,9 @@ class Run:
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # transformers' own deprecation notices about its arguments
-            self.config = self._config(AsyncGRPOConfig, folder, steps, save_steps, token_budget, max_staleness, max_age, seed)
+            self.config = self._config(
+                AsyncGRPOConfig, folder, steps, save_steps, token_budget, max_staleness, max_age, seed
+            )
         self.delivered: List[int] = []  # group ids in the order the trainer pulled their samples
         self.reserved: Dict[int, int] = {}  # group id -> dataset index, as the worker reserved them
         self._watch()

@@ -20,11 +20,11 @@ import pytest
 pytest.importorskip("trl", reason="needs TRL: pip install 'pyfast_buffer[trl]'")
 pytest.importorskip("requests", reason="TRL's trainer builds its vLLM client from requests: pip install requests")
 
-import torch  # noqa: E402
-from _trl_helpers import Run, balanced, trl_drops, trl_staleness_max  # noqa: E402
+import torch
+from _trl_helpers import Run, balanced, trl_drops, trl_staleness_max
 
-from pyfast_buffer.integrations.trl import GenerationStopped, StalenessRolloutWorker  # noqa: E402
-from pyfast_buffer.integrations.trl.tiny import sum_dataset, sum_reward, tiny_policy  # noqa: E402
+from pyfast_buffer.integrations.trl import GenerationStopped, StalenessRolloutWorker
+from pyfast_buffer.integrations.trl.tiny import sum_dataset, sum_reward, tiny_policy
 
 STEPS = 10
 
@@ -63,8 +63,13 @@ def test_bound_holds_in_trls_own_log(tmp_path, model, strategy):
     ledger = run.worker.buffer.ledger()
     steps = [h for h in history if "loss" in h]
     assert len(steps) == STEPS
-    assert trl_drops(history) == 0, "TRL's own staleness filter fired"
-    assert trl_staleness_max(history) <= 1
+    if strategy == "wait":
+        # wait bounds what is in flight, not the ready backlog (docs/trl.md, "wait"): whatever TRL's filter drops
+        # is a use past the bound, and our ledger counted every one of them first
+        assert trl_drops(history) <= ledger["trained_over_age"]
+    else:
+        assert trl_drops(history) == 0, "TRL's own staleness filter fired"
+        assert trl_staleness_max(history) <= 1
     # staleness really occurred: groups were trained at the bound, and drop had stale groups to drop
     assert max(h.get("pyfast_buffer/trajectory_age/max", 0) for h in history) == 1
     if strategy == "drop":
@@ -73,7 +78,8 @@ def test_bound_holds_in_trls_own_log(tmp_path, model, strategy):
         assert ledger["dropped_stale"] == 0
     if strategy == "pace":
         assert ledger["trained_over_age"] == 0 and ledger["admission_refused"] + ledger["admission_waits"] > 0
-    assert run.worker.counts["delivered_over_age"] == 0
+    if strategy != "wait":
+        assert run.worker.counts["delivered_over_age"] == 0
     assert check.seen and all(check.seen), "the ledger did not balance after some step"
     assert balanced(ledger)
     # our figures reached TRL's logs, under our prefix
@@ -106,11 +112,24 @@ def test_refuses_other_num_generations_and_split_steps(model):
     from pyfast_buffer.integrations.trl._options import plan
 
     worker = StalenessRolloutWorker(
-        dataset=sum_dataset(4), processing_class=model[1], reward_funcs=[sum_reward], num_generations=4,
-        max_completion_length=4, complete=_never, max_age=1,
+        dataset=sum_dataset(4),
+        processing_class=model[1],
+        reward_funcs=[sum_reward],
+        num_generations=4,
+        max_completion_length=4,
+        complete=_never,
+        max_age=1,
     )
-    args = SimpleNamespace(max_staleness=4, num_generations=8, per_device_train_batch_size=8, world_size=1,
-                           gradient_accumulation_steps=1, weight_sync_steps=1, token_budget=0, queue_maxsize=0)
+    args = SimpleNamespace(
+        max_staleness=4,
+        num_generations=8,
+        per_device_train_batch_size=8,
+        world_size=1,
+        gradient_accumulation_steps=1,
+        weight_sync_steps=1,
+        token_budget=0,
+        queue_maxsize=0,
+    )
     with pytest.raises(ValueError, match=r"AsyncGRPOConfig\.num_generations=8 differs .*num_generations=4"):
         plan(worker, args)
     args.num_generations, args.per_device_train_batch_size = 4, 6
@@ -150,3 +169,208 @@ def test_bad_arguments_are_named(model, kwargs, error, words):
 async def _never(prompt_ids, max_tokens):
     await asyncio.sleep(3600)
     return [], []
+
+
+def _saved(folder):
+    import json
+
+    with open(os.path.join(folder, "pyfast_buffer", "worker.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_resume_is_exact(tmp_path, model):
+    first = Run(str(tmp_path), "drop", max_age=1, steps=4, save_steps=4, model=model, seed=3)
+    try:
+        first.train()
+    finally:
+        first.close()
+    checkpoint = os.path.join(first.config.output_dir, "checkpoint-4")
+    saved = _saved(checkpoint)
+    trained_before = {first.reserved[g] for g in first.delivered}
+    dropped_before = {i for g, i in first.reserved.items() if g not in first.delivered and str(g) not in saved["ready"]}
+    dropped_before -= set(saved["redo"])
+    assert first.worker.counts["groups_dropped_stale"] > 0 and dropped_before, "the first run should drop a group"
+
+    second = Run(str(tmp_path), "drop", max_age=1, steps=8, model=model, seed=4)
+    try:
+        history = second.train(resume_from_checkpoint=checkpoint)
+    finally:
+        second.close()
+    worker = second.worker
+    assert worker.restored_from == os.path.join(checkpoint, "pyfast_buffer")
+    assert second.trainer.state.global_step == 8
+    # the ledger continues from the checkpoint's counts: what was in flight there is failed, and nothing restarts
+    ledger = worker.buffer.ledger()
+    assert balanced(ledger) and ledger["failed"] >= len(saved["redo"]) - len(first.worker._redo)
+    assert ledger["taken"] > first.worker.buffer.ledger()["taken"]
+    # group ids continue, so TRL's per-group bookkeeping never sees one twice
+    assert min(second.reserved) == saved["next_group"]
+    assert not set(second.delivered) & set(first.delivered)
+    # the same epoch: no prompt trained before the checkpoint is generated again, and dropped ones do not pin
+    reserved_after = list(second.reserved.values())
+    assert reserved_after[: len(saved["redo"])] == saved["redo"], "prompts lost in flight go first"
+    assert not trained_before & set(reserved_after)
+    assert not dropped_before & set(reserved_after)
+    assert reserved_after[len(saved["redo"])] == saved["cursor"]
+    # steps keep counting across the resume, and the bound holds in TRL's log of the resumed run
+    assert worker.step() == saved["step"] + 4
+    assert trl_drops(history) == 0 and trl_staleness_max(history) <= 1
+
+
+def _flaky(generator, share, seed):
+    import random
+
+    rng = random.Random(seed)
+
+    async def complete(prompt_ids, max_tokens):
+        if rng.random() < share:
+            raise ConnectionError("inference server reset the connection")
+        return await generator.complete(prompt_ids, max_tokens)
+
+    return complete
+
+
+def test_failing_completions_are_retried_or_failed_and_counted(tmp_path, model):
+    run = Run(
+        str(tmp_path),
+        "pace",
+        max_age=1,
+        steps=6,
+        model=model,
+        seed=5,
+        worker_kwargs={"completion_attempts": 2, "max_consecutive_failures": 1000},
+    )
+    run.worker.complete = _flaky(run.generator, 0.3, seed=5)
+    try:
+        history = run.train()
+    finally:
+        run.close()
+    ledger, counts = run.worker.buffer.ledger(), run.worker.counts
+    assert counts["completion_retries"] > 0 and counts["groups_failed"] > 0
+    assert ledger["failed"] == counts["groups_failed"] + counts["stopped_in_flight"]
+    assert ledger["dispatched"] == ledger["completed"] + ledger["failed"] + ledger["in_flight"]
+    assert balanced(ledger) and trl_drops(history) == 0
+
+
+def test_generation_that_stops_raises_with_its_cause(tmp_path, model):
+    async def broken(prompt_ids, max_tokens):
+        raise ConnectionRefusedError("no inference server at localhost:8000")
+
+    run = Run(
+        str(tmp_path),
+        "drop",
+        max_age=1,
+        steps=4,
+        model=model,
+        complete=broken,
+        worker_kwargs={"completion_attempts": 2, "max_consecutive_failures": 3},
+    )
+    try:
+        with pytest.raises(GenerationStopped, match="generation stopped") as raised:
+            run.train()
+    finally:
+        run.close()
+    assert isinstance(raised.value.__cause__, ConnectionRefusedError)
+    ledger = run.worker.buffer.ledger()
+    assert ledger["failed"] >= 3 and ledger["in_flight"] == 0 and balanced(ledger)
+
+
+def test_stop_returns_within_its_timeout_with_generation_in_flight(model):
+    from types import SimpleNamespace
+
+    worker = StalenessRolloutWorker(
+        dataset=sum_dataset(8),
+        processing_class=model[1],
+        reward_funcs=[sum_reward],
+        num_generations=4,
+        max_completion_length=4,
+        complete=_never,
+        max_age=1,
+    )
+    worker.configure(
+        SimpleNamespace(
+            max_staleness=1,
+            num_generations=4,
+            per_device_train_batch_size=8,
+            world_size=1,
+            gradient_accumulation_steps=1,
+            weight_sync_steps=1,
+            token_budget=0,
+            queue_maxsize=0,
+        )
+    )
+    worker.update_model_version(1)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while worker.buffer.ledger()["in_flight"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker.buffer.ledger()["in_flight"] >= 2
+    started = time.monotonic()
+    worker.stop(timeout=0.5)
+    assert time.monotonic() - started < 10  # generous: the completions it stopped sleep for an hour
+    ledger = worker.buffer.ledger()
+    assert ledger["in_flight"] == 0 and ledger["failed"] == ledger["dispatched"] > 0
+    assert worker.counts["stopped_in_flight"] == ledger["failed"]
+    worker.check_health(60.0)  # a stop is not a failure
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from _trl_helpers import Run
+    run = Run(sys.argv[1], "pace", max_age=1, steps=400, save_steps=2, seed=6)
+    run.train()
+    """
+)
+
+
+def test_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path, model):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)],
+        env=env,
+        cwd=str(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    out = os.path.join(str(tmp_path), "out")
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and child.poll() is None:
+            if os.path.isfile(os.path.join(out, "checkpoint-6", "pyfast_buffer", "worker.json")):
+                break
+            time.sleep(0.1)
+        assert child.poll() is None, child.stderr.read().decode()[-3000:]
+        child.send_signal(signal.SIGINT)
+        child.wait(60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.stderr.close()
+    assert child.returncode != 0
+    saved = [d for d in os.listdir(out) if os.path.isfile(os.path.join(out, d, "pyfast_buffer", "worker.json"))]
+    last = max(saved, key=lambda d: int(d.split("-")[1]))
+    step = int(last.split("-")[1])
+    assert step >= 6
+    resumed = Run(
+        str(tmp_path), "pace", max_age=1, steps=step + 2, model=(os.path.join(str(tmp_path), "model"), model[1]), seed=7
+    )
+    try:
+        history = resumed.train(resume_from_checkpoint=os.path.join(out, last))
+    finally:
+        resumed.close()
+    assert resumed.trainer.state.global_step == step + 2
+    ledger = resumed.worker.buffer.ledger()
+    assert balanced(ledger) and ledger["dropped_stale"] == 0 and ledger["trained_over_age"] == 0
+    assert trl_drops(history) == 0 and trl_staleness_max(history) <= 1
+
+
+def test_the_example_runs_as_is(tmp_path):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "trl_async_grpo.py")
+    done = subprocess.run(
+        [sys.executable, example, "--steps", "8"], cwd=str(tmp_path), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from checkpoint-4: 8 steps, strategy=pace, max_age=2" in done.stdout
+    assert done.stdout.count("samples TRL's filter dropped 0") == 2
+    assert done.stdout.count("0 dropped stale, 0 trained past max_age") == 2 and "balanced: True" in done.stdout

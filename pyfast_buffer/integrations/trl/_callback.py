@@ -9,6 +9,7 @@ pushed before TRL's weight sync and its ``log()`` (which drains ``metrics_queue`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 from typing import Any
@@ -54,10 +55,8 @@ class StalenessWorkerCallback(TrainerCallback):
         if control.should_log or state.global_step >= state.max_steps:
             values.update(totals(worker))
         if values:
-            try:
+            with contextlib.suppress(queue.Full):  # TRL drains it in log(); one that never logs must not stop training
                 worker.metrics_queue.put_nowait(values)
-            except queue.Full:  # TRL drains it in log(); a trainer that never logs must not stop training
-                pass
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.worker.save_state(checkpoint_folder(args, state))

@@ -21,6 +21,7 @@ import shutil
 from typing import Any, Dict, List
 
 from pyfast_buffer.integrations.trl._options import WHERE
+from pyfast_buffer.integrations.trl._states import READY
 
 FORMAT = 1
 BUFFER_FILE = "buffer.pfb"
@@ -59,8 +60,6 @@ def _sample(record: Dict[str, Any]) -> Any:
 
 
 def save(worker: Any, folder: str) -> None:
-    from pyfast_buffer.integrations.trl._worker import READY
-
     parent = os.path.dirname(os.path.abspath(folder))
     os.makedirs(parent, exist_ok=True)
     temporary = os.path.join(parent, f".{os.path.basename(folder)}.{os.getpid()}.tmp")
@@ -114,10 +113,9 @@ def load(worker: Any, folder: str) -> None:
         worker._next_group = int(state["next_group"])
         worker._redo.clear()
         worker._redo.extend(int(i) for i in state["redo"])
-        from pyfast_buffer.integrations.trl._worker import READY
-
         worker._groups = {
-            int(g): {"index": int(e["index"]), "step": int(e["step"]), "state": READY} for g, e in state["ready"].items()
+            int(g): {"index": int(e["index"]), "step": int(e["step"]), "state": READY}
+            for g, e in state["ready"].items()
         }
         worker._samples = {int(r["trajectory"]): _sample(r) for r in state["samples"]}
         staged: List[Any] = [_sample(r) for r in state["staged"]]

@@ -9,12 +9,14 @@ or the worker stopped with it in flight), so there is never a silent hole.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any, List, Tuple
 
 from pyfast_buffer.errors import AdmissionError
 from pyfast_buffer.integrations.trl._scoring import build_samples, reward_name, score
+from pyfast_buffer.integrations.trl._states import IN_FLIGHT, READY, RESERVED
 
 logger = logging.getLogger("pyfast_buffer.trl")
 
@@ -28,7 +30,7 @@ def run(worker: Any) -> None:
     worker._loop = loop
     try:
         loop.run_until_complete(_main(worker))
-    except BaseException as exc:  # noqa: BLE001 (kept, and raised by check_health in the trainer's thread)
+    except BaseException as exc:
         worker._error = exc
         logger.exception("pyfast_buffer TRL worker: generation failed")
     finally:
@@ -40,10 +42,8 @@ def wake(worker: Any) -> None:
     """Nudges the loop (it also polls the stop flag every POLL_S)."""
     loop = worker._loop
     if loop is not None and not loop.is_closed():
-        try:
+        with contextlib.suppress(RuntimeError):  # closed between the check and the call
             loop.call_soon_threadsafe(lambda: None)
-        except RuntimeError:  # closed between the check and the call
-            pass
 
 
 async def _main(worker: Any) -> None:
@@ -96,8 +96,6 @@ async def _room_ahead(worker: Any) -> bool:
 
 def _reserve(worker: Any) -> int:
     """The next prompt (a redo first, else the epoch's next index) under a new group id."""
-    from pyfast_buffer.integrations.trl._worker import RESERVED
-
     with worker._lock:
         if worker._redo:
             index = worker._redo.popleft()
@@ -116,8 +114,6 @@ def _reserve(worker: Any) -> int:
 async def _admit(worker: Any, group: int) -> Any:
     """Dispatches ``group`` at the current step; under pace, once admitted (re-asked every POLL_S at the then
     current step). Returns the step, or None if the worker stops first (the group is then given back)."""
-    from pyfast_buffer.integrations.trl._worker import IN_FLIGHT
-
     buffer = worker.buffer
     while not worker._stopping.is_set():
         worker._heartbeat = time.monotonic()
@@ -200,7 +196,7 @@ async def _generate(worker: Any, group: int, step: int) -> None:
         )
     except asyncio.CancelledError:
         raise  # stop(): fail_unfinished fails it
-    except Exception as exc:  # noqa: BLE001 (counted and kept: check_health raises it once generation stops)
+    except Exception as exc:
         _fail(worker, group, exc)
         return
     await _into_buffer(worker, group, samples)
@@ -220,8 +216,6 @@ def _fail(worker: Any, group: int, exc: BaseException) -> None:
 
 async def _into_buffer(worker: Any, group: int, samples: List[Any]) -> None:
     """Completes the group once the buffer has room for it (ours is the only writer, so room stays)."""
-    from pyfast_buffer.integrations.trl._worker import READY
-
     G = len(samples)
     trajectories = [group * G + k for k in range(G)]
     started = time.monotonic()
@@ -247,8 +241,6 @@ async def _into_buffer(worker: Any, group: int, samples: List[Any]) -> None:
 
 def fail_unfinished(worker: Any) -> None:
     """After stop(): fails every group still reserved or in flight (counted), so the ledger balances."""
-    from pyfast_buffer.integrations.trl._worker import IN_FLIGHT, READY
-
     with worker._lock:
         for group, entry in list(worker._groups.items()):
             if entry["state"] == READY:

@@ -31,7 +31,7 @@ def reward_name(func: Callable[..., Any]) -> str:
 
 
 async def _call(func: Callable[..., Any], kwargs: Dict[str, Any]) -> List[Any]:
-    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None)):
+    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
         return list(await func(**kwargs))
     return list(await asyncio.to_thread(func, **kwargs))
 

@@ -17,7 +17,7 @@ from collections import Counter, deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
 from pyfast_buffer.buffer import StalenessBuffer
-from pyfast_buffer.integrations.trl import _options
+from pyfast_buffer.integrations.trl import _options, _states
 from pyfast_buffer.integrations.trl._options import WHERE, Plan
 from pyfast_buffer.integrations.trl._queue import StalenessQueue
 
@@ -25,8 +25,8 @@ logger = logging.getLogger("pyfast_buffer.trl")
 
 Complete = Callable[[List[int], int], Any]
 
-#: Group states in ``_groups`` (what a checkpoint does with each: ``_checkpoint``).
-RESERVED, IN_FLIGHT, READY = "reserved", "in_flight", "ready"
+#: Group states in ``_groups`` (what a checkpoint does with each: ``_checkpoint``), kept in ``_states``.
+RESERVED, IN_FLIGHT, READY = _states.RESERVED, _states.IN_FLIGHT, _states.READY
 
 
 class GenerationStopped(RuntimeError):

@@ -91,11 +91,13 @@ def use_cpu_kernels() -> Callable[[], None]:
     import trl.experimental.async_grpo.packing as packing
 
     saved = (packing._flash_attn, trainer_module.get_peak_flops_per_device)
-    packing._flash_attn = lambda: _VarlenKernel
-    trainer_module.get_peak_flops_per_device = _no_peak_flops
+    # setattr: the replacements are not the originals' types (an lru_cache wrapper), only their call shapes
+    setattr(packing, "_flash_attn", lambda: _VarlenKernel)  # noqa: B010
+    setattr(trainer_module, "get_peak_flops_per_device", _no_peak_flops)  # noqa: B010
 
     def undo() -> None:
-        packing._flash_attn, trainer_module.get_peak_flops_per_device = saved
+        setattr(packing, "_flash_attn", saved[0])  # noqa: B010
+        setattr(trainer_module, "get_peak_flops_per_device", saved[1])  # noqa: B010
 
     return undo
 
