@@ -240,7 +240,7 @@ def test_the_log_line_carries_the_protected_counters_and_audit_reads_them(impl, 
     buf.dispatch([7, 8], step=0)  # prompt 7 protected, 8 a first attempt
     buf.complete([70, 80], [7, 8])
     buf.take(2, current_step=0)
-    assert caplog.records[-1].getMessage().endswith(" protected_admitted=1 admitted_ahead=0")
+    assert caplog.records[-1].getMessage().endswith(" protected_admitted=1 admitted_ahead=0 retired_early=0")
     log = tmp_path / "train.log"
     log.write_text("\n".join(r.getMessage() for r in caplog.records) + "\n")
     result = audit([str(log)])

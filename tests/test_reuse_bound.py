@@ -138,3 +138,21 @@ def test_retired_early_survives_a_state_dict_and_an_old_one_loads(impl):
     old = impl(8, max_age=3, strategy="pace", prompts_per_step=1, max_uses=2)
     old.load_state_dict(sd)
     assert old.ledger()["retired_early"] == 0
+
+
+def test_audit_reconciles_retired_early_and_refuses_more_than_retired(impl, tmp_path, caplog):
+    from pyfast_buffer.workflow.audit import audit, format_result
+
+    caplog.set_level("INFO", logger="pyfast_buffer")
+    buf = impl(8, max_age=3, strategy="pace", prompts_per_step=2, max_uses=4)
+    buf.dispatch([1, 2], step=0)
+    buf.complete([10, 20], [1, 2])
+    buf.take(2, current_step=0)
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(r.getMessage() for r in caplog.records) + "\n")
+    result = audit([str(log)])
+    assert result.balanced and result.segments[0].pace["retired_early"] == 2
+    assert "retired below max_uses (pace, one use a group): 2 of 2 (<= retired: ok)" in format_result(result)
+    bad = tmp_path / "bad.log"
+    bad.write_text("dropped_stale=0 taken=2 buffer_left=0 sampled_total=2 retired=2 evicted=0 retired_early=3\n")
+    assert not audit([str(bad)]).balanced

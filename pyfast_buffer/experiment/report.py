@@ -111,8 +111,7 @@ def over_age(s: Dict[str, Any]) -> Optional[str]:
     why = {
         "wait": "wait blocks only on in-flight prompts at max_age and never drops ready entries, so ready entries age "
         "past it",
-        "pace": "pace bounds a group's first use; with max_uses > 1 a group is trained again later, which its proof "
-        "excludes (counted in trained_over_age)",
+        "pace": "one of pace's assumptions broke (counted in trained_over_age; docs/design.md lists them)",
     }
     return f"trained on data up to {s['age_max']} trainer steps old, past {bound}: " + why.get(
         s["strategy"], "unexpected under drop"
@@ -146,6 +145,12 @@ def bound_line(s: Dict[str, Any]) -> str:
             f"{s.get('prompts_skipped', 0)} of {asked} prompts held back by admission (not dispatched); nothing "
             f"dropped; {idle_text}"
         )
+        if s["reuse"] > 1:  # every use is a group's last under pace: the reuse the bound cost
+            early = led.get("retired_early", 0)
+            paid += (
+                f"; reuse under the bound: {early} trajectories retired after one use of up to {s['reuse']} "
+                f"({early * (s['reuse'] - 1)} uses not made)"
+            )
     return f"{verdict}; paid: {paid}."
 
 
@@ -210,6 +215,15 @@ def render(summaries: Sequence[Dict[str, Any]], cfg: Any) -> str:
         out += ["", "Age past max_age:"] + [f"- {arm}: {note}." for arm, note in notes]
     out += ["", "Which arms kept the bound (nothing trained older than max_age), and what each paid:"]
     out += [f"- {s['arm']}: {bound_line(s)}" for s in summaries]
+    bounded = [s for s in summaries if s["strategy"] in ("drop", "pace")]
+    broke = [s["arm"] for s in bounded if not bound_kept(s)]
+    if bounded:
+        out.append(
+            f"- all {len(bounded)} drop and pace arms kept the bound"
+            + (", reuse included." if any(s["reuse"] > 1 for s in bounded) else ".")
+            if not broke
+            else f"- drop and pace arms that did NOT keep the bound: {', '.join(broke)}."
+        )
     out += [
         "",
         "These are short runs with one fixed seed on a toy task: they show direction in this range only, "

@@ -38,8 +38,9 @@ _FIELD = re.compile(
 )
 _AGE = re.compile(r'"?age_hist/([0-9+\-]+)"?\s*[=:]\s*(\d+)')
 #: The counters strategy="pace" adds to the line (docs/design.md, "pace"), read when present and never needed
-#: for the balance: trained_over_age counts per record (summed, a subset of taken), the admission counters run.
-PACE_COUNT_FIELDS = ("trained_over_age",)
+#: for the balance: trained_over_age and retired_early count per record (summed, subsets of taken and of retired),
+#: the admission counters run.
+PACE_COUNT_FIELDS = ("trained_over_age", "retired_early")
 PACE_RUNNING_FIELDS = ("admitted", "admission_refused", "admission_waits", *PROTECTED_ADMISSION_FIELDS)
 _PACE_FIELD = re.compile(
     r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?('
@@ -365,6 +366,8 @@ def _reconcile(seg: Segment, absent: List[str]) -> None:
     # The pace counters: uses trained over max_age are a subset of the uses taken; admissions only grow.
     if seg.pace.get("trained_over_age", 0) > trained or seg.pace_went_back:
         seg.balanced = False
+    if seg.pace.get("retired_early", 0) > s["retired"]:  # retired below max_uses are a part of retired
+        seg.balanced = False
     # A record with every field (the buffer's own line) must balance on its own line, from the baseline.
     counts = dict.fromkeys(COUNT_FIELDS, 0)
     start = anchor + 1 if mid_run else 0
@@ -433,6 +436,10 @@ def format_result(result: AuditResult) -> str:
             over, taken = seg.pace["trained_over_age"], s["taken"]
             verdict = "<= taken: ok" if over <= taken else "MORE than taken: the counts do not reconcile"
             out.append(f"  trained over max_age: {over} of {taken} uses ({verdict})")
+        if seg.pace.get("retired_early"):
+            early, retired = seg.pace["retired_early"], s["retired"]
+            verdict = "<= retired: ok" if early <= retired else "MORE than retired: the counts do not reconcile"
+            out.append(f"  retired below max_uses (pace, one use a group): {early} of {retired} ({verdict})")
         if any(k in seg.pace for k in PACE_RUNNING_FIELDS):
             counts = " ".join(f"{k}={seg.pace.get(k, '-')}" for k in PACE_RUNNING_FIELDS)
             went_back = f"; a counter went back at {seg.pace_went_back}" if seg.pace_went_back else ""
