@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 
@@ -66,7 +66,7 @@ def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
     torch = _torch.loaded()  # None: no tensor can exist in this process, so none is checked for
     if torch is not None and type(value) is torch.Tensor:
         try:  # a CPU tensor without grad: a view of its memory, then numpy's own path (one call, no checks here)
-            return as_ids(value.numpy(), name, copy)
+            return as_ids(cast(Any, value).numpy(), name, copy)
         except (RuntimeError, TypeError):  # on a device, or requires grad: the general path below
             pass
     if torch is not None and isinstance(value, torch.Tensor):
@@ -74,7 +74,7 @@ def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
             raise TypeError(f"{name} has dtype {value.dtype}; pass integer ids (e.g. tensor.long())")
         # A CUDA (or other device) tensor is copied to the host here: one synchronising copy per call. Keep ids
         # on the CPU in a hot loop (the buffer holds ids, never data).
-        array = value.detach().cpu().numpy()
+        array = cast(Any, value).detach().cpu().numpy()
     elif isinstance(value, np.ndarray):
         array = value
     elif isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
@@ -104,7 +104,7 @@ def as_step(value: Any, name: str) -> int:
     if type(value) is int and 0 <= value <= _INT64_MAX:  # the hot path: skip the ABC checks
         return value
     if _is_scalar_array(value):
-        value = value.item()
+        value = cast(Any, value).item()
     if not _is_int(value):
         if isinstance(value, float) and math.isnan(value):
             raise ValueError(f"{name}=nan is not a step; pass the trainer's global step as an int >= 0")

@@ -11,8 +11,7 @@ import importlib.util
 import os
 import re
 import sys
-from types import ModuleType
-from typing import Any, Optional
+from typing import Any
 
 
 def require() -> Any:
@@ -26,7 +25,7 @@ def require() -> Any:
     return torch
 
 
-def loaded() -> Optional[ModuleType]:
+def loaded() -> Any:
     """torch if this process has imported it, else None (then no argument can be a tensor)."""
     return sys.modules.get("torch")
 

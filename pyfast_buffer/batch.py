@@ -213,9 +213,10 @@ class Batch:
     @property
     def columns(self) -> torch.Tensor:
         """One contiguous (9, k) int64 tensor whose rows are FIELDS."""
-        if self._columns is None:
-            self._columns = _torch.require().from_numpy(self._array)
-        return self._columns
+        columns = self._columns
+        if columns is None:
+            columns = self._columns = _torch.require().from_numpy(self._array)
+        return columns
 
     @property
     def metrics(self) -> Dict[str, float]:

@@ -90,7 +90,7 @@ def use_cpu_kernels() -> Callable[[], None]:
     import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
     import trl.experimental.async_grpo.packing as packing
 
-    saved = (packing._flash_attn, trainer_module.get_peak_flops_per_device)
+    saved = (getattr(packing, "_flash_attn"), getattr(trainer_module, "get_peak_flops_per_device"))  # noqa: B009
     # setattr: the replacements are not the originals' types (an lru_cache wrapper), only their call shapes
     setattr(packing, "_flash_attn", lambda: _VarlenKernel)  # noqa: B010
     setattr(trainer_module, "get_peak_flops_per_device", _no_peak_flops)  # noqa: B010
