@@ -149,6 +149,44 @@ class Run:
         self.undo()
 
 
+def trainer_args(**overrides: Any) -> Any:
+    """The fields of ``AsyncGRPOConfig`` the worker reads, without building a trainer (``worker.configure``)."""
+    from types import SimpleNamespace
+
+    fields = dict(
+        max_staleness=4,
+        num_generations=G,
+        per_device_train_batch_size=PER_DEVICE,
+        world_size=1,
+        gradient_accumulation_steps=1,
+        weight_sync_steps=1,
+        token_budget=0,
+        queue_maxsize=0,
+    )
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def idle_worker(model: Tuple[str, Any], prompts: int = 4, **kwargs: Any) -> Any:
+    """A worker over the tiny policy whose ``complete`` never answers (for what needs no generation)."""
+    from pyfast_buffer.integrations.trl import StalenessRolloutWorker
+    from pyfast_buffer.integrations.trl.tiny import sum_dataset, sum_reward
+
+    options = dict(num_generations=G, max_completion_length=4, complete=never, max_age=1)
+    options.update(kwargs)
+    return StalenessRolloutWorker(
+        dataset=sum_dataset(prompts), processing_class=model[1], reward_funcs=[sum_reward], **options
+    )
+
+
+async def never(prompt_ids: List[int], max_tokens: int) -> Tuple[List[int], List[float]]:
+    """A ``complete`` that never answers."""
+    import asyncio
+
+    await asyncio.sleep(3600)
+    return [], []
+
+
 def balanced(ledger: Dict[str, int]) -> bool:
     """docs/design.md, "The ledger": every trajectory put is in exactly one place."""
     return ledger["sampled_total"] == ledger["put_total"] and ledger["put_total"] == (

@@ -7,7 +7,6 @@ reached the bound); the ledger balances after every step; the parameters change;
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -21,7 +20,7 @@ pytest.importorskip("trl", reason="needs TRL: pip install 'pyfast_buffer[trl]'")
 pytest.importorskip("requests", reason="TRL's trainer builds its vLLM client from requests: pip install requests")
 
 import torch
-from _trl_helpers import Run, balanced, trl_drops, trl_staleness_max
+from _trl_helpers import Run, balanced, idle_worker, never, trainer_args, trl_drops, trl_staleness_max
 
 from pyfast_buffer.integrations.trl import GenerationStopped, StalenessRolloutWorker
 from pyfast_buffer.integrations.trl.tiny import sum_dataset, sum_reward, tiny_policy
@@ -107,29 +106,10 @@ def test_refuses_a_trl_bound_below_ours(tmp_path, model):
 
 
 def test_refuses_other_num_generations_and_split_steps(model):
-    from types import SimpleNamespace
-
     from pyfast_buffer.integrations.trl._options import plan
 
-    worker = StalenessRolloutWorker(
-        dataset=sum_dataset(4),
-        processing_class=model[1],
-        reward_funcs=[sum_reward],
-        num_generations=4,
-        max_completion_length=4,
-        complete=_never,
-        max_age=1,
-    )
-    args = SimpleNamespace(
-        max_staleness=4,
-        num_generations=8,
-        per_device_train_batch_size=8,
-        world_size=1,
-        gradient_accumulation_steps=1,
-        weight_sync_steps=1,
-        token_budget=0,
-        queue_maxsize=0,
-    )
+    worker = idle_worker(model)
+    args = trainer_args(num_generations=8)
     with pytest.raises(ValueError, match=r"AsyncGRPOConfig\.num_generations=8 differs .*num_generations=4"):
         plan(worker, args)
     args.num_generations, args.per_device_train_batch_size = 4, 6
@@ -159,16 +139,11 @@ def test_bad_arguments_are_named(model, kwargs, error, words):
         reward_funcs=[sum_reward],
         num_generations=4,
         max_completion_length=4,
-        complete=_never,
+        complete=never,
     )
     base.update(kwargs)
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
         StalenessRolloutWorker(**base)
-
-
-async def _never(prompt_ids, max_tokens):
-    await asyncio.sleep(3600)
-    return [], []
 
 
 def _saved(folder):
@@ -282,29 +257,8 @@ def test_generation_that_stops_raises_with_its_cause(tmp_path, model):
 
 
 def test_stop_returns_within_its_timeout_with_generation_in_flight(model):
-    from types import SimpleNamespace
-
-    worker = StalenessRolloutWorker(
-        dataset=sum_dataset(8),
-        processing_class=model[1],
-        reward_funcs=[sum_reward],
-        num_generations=4,
-        max_completion_length=4,
-        complete=_never,
-        max_age=1,
-    )
-    worker.configure(
-        SimpleNamespace(
-            max_staleness=1,
-            num_generations=4,
-            per_device_train_batch_size=8,
-            world_size=1,
-            gradient_accumulation_steps=1,
-            weight_sync_steps=1,
-            token_budget=0,
-            queue_maxsize=0,
-        )
-    )
+    worker = idle_worker(model, prompts=8)
+    worker.configure(trainer_args(max_staleness=1))
     worker.update_model_version(1)
     worker.start()
     deadline = time.monotonic() + 30
