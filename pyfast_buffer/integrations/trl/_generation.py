@@ -225,6 +225,9 @@ async def _into_buffer(worker: Any, group: int, samples: List[Any]) -> None:
                 return
             buffer = worker.buffer
             if len(buffer) + G <= worker.plan.capacity:
+                now = time.time()  # TRL's sample/time_in_queue_s counts from here, as from its own queue's put
+                for sample in samples:
+                    sample.enqueued_at = now
                 worker._samples.update(zip(trajectories, samples))
                 buffer.complete(trajectories, [group] * G)
                 worker._groups[group]["state"] = READY

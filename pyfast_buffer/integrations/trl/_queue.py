@@ -53,7 +53,6 @@ class StalenessQueue:
         if worker.model_version - sample.model_version > worker.max_age:
             worker.counts["delivered_over_age"] += 1
         worker.counts["samples_delivered"] += 1
-        sample.enqueued_at = sample.enqueued_at or time.time()
         return sample
 
     def get_nowait(self) -> Any:
