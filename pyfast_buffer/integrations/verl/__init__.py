@@ -39,6 +39,8 @@ if TYPE_CHECKING:  # at run time they are loaded by __getattr__, on first use (t
 
 _TQ = ("_sampler", "transfer_queue", "TransferQueue", "pip install 'pyfast_buffer[verl]'")
 _VERL = ("_manager", "verl", "verl", "pip install verl (docs/verl.md has the versions matched)")
+#: This package's import name, spelled out: verl may load this file by path under another module name.
+_PACKAGE = "pyfast_buffer.integrations.verl"
 #: Names loaded on first use: the module that defines each, the module it needs, its name, and how to install it.
 _LAZY = {"FastReplayBuffer": _TQ, "ReplayBuffer": _TQ, "ReplayBufferAsync": _TQ, "PacedAgentLoopManager": _VERL}
 
@@ -67,10 +69,10 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module_name, _, needs, how = _LAZY[name]
     try:
-        module = importlib.import_module(f"{__name__}.{module_name}")
+        module = importlib.import_module(f"{_PACKAGE}.{module_name}")
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
-            f"{__name__}.{name} needs {needs}, not installed here (no module named {exc.name!r}): {how}", name=exc.name
+            f"{_PACKAGE}.{name} needs {needs}, not installed here (no module named {exc.name!r}): {how}", name=exc.name
         ) from exc
     return getattr(module, name)
 
