@@ -1,0 +1,312 @@
+"""Miles's fully-async data buffer and paced producer on our buffer, without Miles (CI cannot install it).
+
+The Miles types come from ``_miles_contract`` (our stand-ins, checked against Miles's real classes by
+``tests/miles_upstream/run_miles_suite.py``). The producer is ours too: ``run_producer``, the loop
+``StalenessRolloutFn`` runs inside Miles, driven here by a group-level scheduler like Miles's. Both buffer
+implementations (native and reference) run every guarantee test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from argparse import Namespace
+from typing import Any, Dict, List
+
+import pytest
+from _miles_contract import DataBufferConstructorInput, DataBufferInput, DynamicFilterOutput, Sample
+from conftest import IMPLEMENTATIONS
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyfast_buffer.integrations.miles import StalenessDataBuffer
+from pyfast_buffer.integrations.miles._buffer import in_flight_budget
+from pyfast_buffer.integrations.miles._producer import run_producer
+
+N = 2  # samples per prompt
+BOTH = pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
+
+
+def miles_args(**overrides: Any) -> Namespace:
+    values: Dict[str, Any] = dict(
+        rollout_batch_size=3,
+        n_samples_per_prompt=N,
+        max_weight_staleness=1,
+        async_max_concurrent_samples=None,
+        async_data_buffer_capacity_factor=4.0,
+        async_unused_samples_handler="retry",
+        dynamic_sampling_filter_path=None,
+    )
+    values.update(overrides)
+    return Namespace(**values)
+
+
+def group(index: int, version: Any = None, status: Sample.Status = Sample.Status.COMPLETED) -> List[Sample]:
+    versions = [] if version is None else [str(version)]
+    return [Sample(group_index=index, index=index * 10 + k, status=status, weight_versions=versions) for k in range(N)]
+
+
+def make(impl: str = "native", strategy: str = "drop", clock: str = "version", **overrides: Any):
+    unused: List[Any] = []
+    buf = StalenessDataBuffer(
+        DataBufferConstructorInput(args=miles_args(**overrides), unused_handler_fn=unused.append),
+        strategy=strategy,
+        clock=clock,
+        buffer_class=IMPLEMENTATIONS[impl],
+    )
+    return buf, unused
+
+
+async def put(buf: StalenessDataBuffer, g: List[Sample]) -> None:
+    await buf.put(DataBufferInput(prompt_group=g, group=g))
+
+
+# ---- drop, on Miles's own clock (weight versions) ---------------------------------------------------------------
+@BOTH
+@given(data=st.data())
+def test_drop_never_hands_out_a_group_past_the_bound_and_accounts_for_every_group(impl, data):
+    max_age = data.draw(st.integers(0, 3), label="max_age")
+    plan = data.draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), min_size=1, max_size=30), label="plan")
+
+    async def run() -> None:
+        buf, unused = make(impl, max_weight_staleness=max_age, async_data_buffer_capacity_factor=100.0)
+        got: List[int] = []
+        for version, (lag, gets) in enumerate(plan):  # one group put `lag` versions old, up to `gets` gets, a push
+            await put(buf, group(version, max(0, version - lag)))
+            for _ in range(gets):
+                if not len(buf._store) and not buf._stash:
+                    break
+                try:
+                    entry = await asyncio.wait_for(buf.get(current_version=version), 0.05)
+                except asyncio.TimeoutError:
+                    break  # everything left was stale: the get dropped it and waits for a fresh group
+                got.append(version - entry.group[0].oldest_weight_version)
+        assert all(age <= max_age for age in got)
+        ledger = buf._store.buffer.ledger()
+        assert ledger["taken"] == len(got) and ledger["dropped_stale"] == len(unused)
+        assert len(plan) == len(got) + len(unused) + len(buf._store) + len(buf._stash)
+
+    asyncio.run(run())
+
+
+@BOTH
+def test_before_the_first_weight_update_nothing_is_filtered(impl):
+    async def run() -> None:
+        buf, unused = make(impl, max_weight_staleness=0)
+        await put(buf, group(1, version=5))
+        assert (await buf.get()).group[0].group_index == 1 and unused == []
+
+    asyncio.run(run())
+
+
+@BOTH
+def test_put_blocks_at_the_capacity_until_a_get(impl):
+    async def run() -> None:
+        buf, _ = make(impl, rollout_batch_size=1, async_data_buffer_capacity_factor=2.0)
+        await put(buf, group(1, 0))
+        await put(buf, group(2, 0))
+        blocked = asyncio.ensure_future(put(buf, group(3, 0)))
+        await asyncio.sleep(0.01)
+        assert not blocked.done() and buf.get_metrics()["rollout/fully_async/queue_size"] == 2
+        assert (await buf.get(current_version=0)).group[0].group_index == 1
+        await asyncio.wait_for(blocked, 1)
+        assert [(await buf.get(current_version=0)).group[0].group_index for _ in range(2)] == [2, 3]
+
+    asyncio.run(run())
+
+
+def reject_odd(args: Any, g: Any) -> DynamicFilterOutput:
+    keep = g[0].group_index % 2 == 0
+    return DynamicFilterOutput(keep=keep, reason=None if keep else "odd")
+
+
+@BOTH
+def test_aborted_groups_are_recycled_and_filtered_groups_dropped_each_counted(impl):
+    async def run() -> None:
+        buf, unused = make(impl, dynamic_sampling_filter_path=f"{__name__}.reject_odd")
+        aborted = group(2, 0, Sample.Status.ABORTED)
+        await put(buf, aborted)
+        await put(buf, group(3, 0))  # the filter rejects it
+        await put(buf, group(4, 0))
+        assert (await buf.get(current_version=0)).group[0].group_index == 4
+        assert unused == [aborted]  # the unused handler gets aborted groups; filtered ones have no signal to retry
+        metrics = buf.get_metrics()
+        assert metrics["rollout/fully_async/aborted_groups_filtered"] == 1
+        assert metrics["rollout/dynamic_filter/drop_odd"] == 1
+        ours = {k.rsplit("/", 1)[-1]: v for k, v in metrics.items() if "/miles/" in k}
+        assert ours["aborted_groups"] == 1 and ours["dynamic_filter_groups"] == 1 and ours["recycled_groups"] == 1
+
+    asyncio.run(run())
+
+
+# ---- the rollout clock: run_producer, as StalenessRolloutFn runs it ---------------------------------------------
+class Source:
+    """A data source: fresh prompt groups, recycled ones first; counts what it handed out."""
+
+    def __init__(self) -> None:
+        self.next, self.handed_out, self.recycled = 0, 0, []
+
+    def get_samples(self, n: int) -> List[List[Sample]]:
+        self.handed_out += n
+        out = []
+        for _ in range(n):
+            if self.recycled:
+                out.append(self.recycled.pop(0))
+            else:
+                self.next += 1
+                out.append(group(self.next))
+        return out
+
+
+async def next_group(buf: StalenessDataBuffer, version: int, producer: asyncio.Task[Any]) -> Any:
+    """One get, failing at once if the producer died (as Miles's drain watches its worker)."""
+    get = asyncio.ensure_future(buf.get(current_version=version))
+    done, _ = await asyncio.wait({get, producer}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    if producer in done:
+        get.cancel()
+        producer.result()
+        raise AssertionError("the producer returned")
+    if get not in done:
+        get.cancel()
+        raise AssertionError("no group for 10 s: the loop is stuck")
+    return get.result()
+
+
+async def rollout_loop(impl: str, strategy: str, max_age: int, seed: int, steps: int = 8) -> Dict[str, Any]:
+    rng = random.Random(seed)
+    source = Source()
+    holder: Dict[str, Any] = {}
+    # Miles's budget rule (in_flight_budget), here twice a step's groups in flight.
+    args = {"max_weight_staleness": max_age, "async_max_concurrent_samples": 2 * miles_args().rollout_batch_size * N}
+    buf, unused = make(impl, strategy, "rollout", **args)
+    buf._unused_handler_fn = lambda g: (unused.append(g), source.recycled.append(g))  # retry, as Miles wires it
+    version = {"now": 0}
+    stamps: Dict[int, int] = {}
+
+    async def generate(g: List[Sample]) -> DataBufferInput:
+        started = version["now"]
+        await asyncio.sleep(rng.choice([0.0, 0.001, 0.002, 0.004, 0.012]))
+        for s in g:
+            s.weight_versions = [str(started)]
+        return DataBufferInput(prompt_group=g, group=g)
+
+    def submit() -> asyncio.Task[Any]:
+        [g] = source.get_samples(1)
+        buf.dispatch(g)
+        stamps[g[0].group_index] = buf._step  # the rollout clock's stamp
+        return asyncio.ensure_future(generate(g))
+
+    resumed = asyncio.Event()
+    resumed.set()
+    budget = in_flight_budget(miles_args(**args))
+    holder["producer"] = asyncio.ensure_future(
+        run_producer(
+            buf,
+            resumed=resumed,
+            has_capacity=lambda pending: pending < budget,
+            wait_for_progress=lambda active: asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED),
+            submit=submit,
+        )
+    )
+    ages: List[int] = []  # weight staleness, as Miles measures it
+    rollout_ages: List[int] = []  # our clock's age: rollout id of the take minus that of the dispatch
+    try:
+        for step in range(steps):
+            buf.begin_step(step)
+            for _ in range(buf._per_step):
+                entry = await next_group(buf, version["now"], holder["producer"])
+                ages.append(version["now"] - entry.group[0].oldest_weight_version)
+                rollout_ages.append(step - stamps[entry.group[0].group_index])
+            await asyncio.sleep(rng.choice([0.0, 0.003]))  # the train step; generation goes on
+            version["now"] += 1
+    finally:
+        holder["producer"].cancel()
+    store = buf._store
+    outstanding = len(store) + store.in_flight + len(buf._stash)
+    # Weights move at most once per rollout, so Miles's staleness never exceeds our clock's age.
+    assert all(a <= r for a, r in zip(ages, rollout_ages))
+    return {
+        "ages": ages,
+        "rollout_ages": rollout_ages,
+        "unused": unused,
+        "ledger": store.buffer.ledger(),
+        "source": source,
+        "left": outstanding,
+    }
+
+
+@BOTH
+@settings(max_examples=12)  # each example runs a whole loop of real asyncio generations
+@given(max_age=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_pace_trains_nothing_past_the_bound_drops_nothing_and_loses_no_prompt(impl, max_age, seed):
+    out = asyncio.run(rollout_loop(impl, "pace", max_age, seed))
+    assert max(out["rollout_ages"]) <= max_age
+    assert out["unused"] == [] and out["ledger"]["dropped_stale"] == 0
+    # A refused prompt never left the source: everything handed out is trained, ready or in flight.
+    assert out["source"].handed_out == len(out["ages"]) + out["left"]
+
+
+@BOTH
+@settings(max_examples=12)  # each example runs a whole loop of real asyncio generations
+@given(seed=st.integers(0, 2**16))
+def test_drop_under_the_rollout_clock_trains_nothing_past_the_bound(impl, seed):
+    out = asyncio.run(rollout_loop(impl, "drop", 1, seed))
+    assert max(out["rollout_ages"]) <= 1
+    assert out["ledger"]["dropped_stale"] == len(out["unused"])
+    assert out["source"].handed_out == len(out["ages"]) + len(out["unused"]) + out["left"]
+
+
+@BOTH
+@settings(max_examples=12)  # each example runs a whole loop of real asyncio generations
+@given(seed=st.integers(0, 2**16))
+def test_wait_drops_nothing_and_counts_every_use_trained_old(impl, seed):
+    out = asyncio.run(rollout_loop(impl, "wait", 1, seed))
+    assert out["unused"] == []
+    assert out["ledger"]["trained_over_age"] == sum(1 for a in out["rollout_ages"] if a > 1)
+
+
+# ---- save and load ----------------------------------------------------------------------------------------------
+@BOTH
+def test_a_saved_buffer_resumes_with_its_ready_groups_and_gives_back_those_in_flight(impl, tmp_path):
+    async def run() -> None:
+        buf, _ = make(impl, "pace", "rollout")
+        buf.begin_step(0)
+        flying, ready = group(1), group(2)
+        buf.dispatch(flying)
+        buf.dispatch(ready)
+        await put(buf, ready)
+        buf.save(str(tmp_path / "state.pkl"))
+
+        again, _ = make(impl, "pace", "rollout")
+        lost = again.load(str(tmp_path / "state.pkl"))
+        assert [g[0].group_index for g in lost] == [1]
+        assert [e.group[0].group_index for e in again._store.ready_payloads()] == [2]
+        ledger = again._store.buffer.ledger()
+        assert ledger["dispatched"] == 2 and ledger["completed"] == 1 and ledger["failed"] == 1
+
+    asyncio.run(run())
+
+
+def test_loading_a_state_saved_under_another_strategy_is_refused(tmp_path):
+    buf, _ = make("native", "pace", "rollout")
+    buf.save(str(tmp_path / "s.pkl"))
+    other, _ = make("native", "wait", "rollout")
+    with pytest.raises(ValueError, match="saved under 'pace', not 'wait'"):
+        other.load(str(tmp_path / "s.pkl"))
+
+
+# ---- bad input --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides, strategy, clock, message",
+    [
+        ({"async_data_buffer_capacity_factor": 0.0}, "drop", "version", "--async-data-buffer-capacity-factor"),
+        ({"async_data_buffer_capacity_factor": 0.1}, "drop", "version", "raise --async-data-buffer-capacity-factor"),
+        ({"max_weight_staleness": -1}, "drop", "version", "--max-weight-staleness=-1 must be an int >= 0"),
+        ({"max_weight_staleness": None}, "pace", "rollout", "needs --max-weight-staleness"),
+        ({}, "pace", "version", "--rollout-function-path pyfast_buffer.integrations.miles.StalenessRolloutFn"),
+        ({}, "bogus", "version", "use one of drop, wait, pace"),
+    ],
+)
+def test_bad_arguments_name_the_flag_and_the_fix(overrides, strategy, clock, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("-1", r"-1")):
+        make("native", strategy, clock, **overrides)
