@@ -1,9 +1,12 @@
-"""The noise-free perf guard: instructions per entry of the native core under callgrind, against budgets.
+"""The noise-free perf guard: instructions per entry under callgrind, against budgets.
 
 Builds benchmarks/native (the C++ driver of the core, not part of the wheel), runs each fixed workload under
 ``valgrind --tool=callgrind --toggle-collect=pfb_measured`` so that only the measured calls count, and
-compares instructions per entry with benchmarks/instruction_budgets.json. Instruction counts repeat to a
-fraction of a percent from run to run, unlike wall-clock time on a shared machine.
+compares instructions per entry with benchmarks/instruction_budgets.json. The ``py_`` workloads
+(benchmarks/native/python_calls.py) count whole public calls from Python in this interpreter, the installed
+pyfast_buffer and torch included, with the instrumentation switched on only around the measured calls.
+Instruction counts repeat to a fraction of a percent from run to run, unlike wall-clock time on a shared
+machine.
 
     python benchmarks/perf_guard.py             # check: exit 1 naming each operation over its budget
     python benchmarks/perf_guard.py --show      # print the counts only
@@ -39,8 +42,22 @@ def build(build_dir: Path) -> Path:
     return build_dir / "perf_driver"
 
 
+PYTHON_CALLS = ROOT / "benchmarks" / "native" / "python_calls.py"
+
+
 def workloads(driver: Path) -> List[str]:
-    return subprocess.run([str(driver), "--list"], check=True, capture_output=True, text=True).stdout.split()
+    native = subprocess.run([str(driver), "--list"], check=True, capture_output=True, text=True).stdout.split()
+    python = subprocess.run([sys.executable, str(PYTHON_CALLS), "--list"], check=True, capture_output=True, text=True)
+    return native + python.stdout.split()
+
+
+def command(driver: Path, workload: str) -> List[str]:
+    """valgrind's switches and the program for one workload: the native driver counts inside pfb_measured, a
+    Python workload between its ctypes switches (the import before them is not even instrumented)."""
+    if workload.startswith("py_"):
+        switch = driver.parent / "libcallgrind_switch.so"
+        return ["--instr-atstart=no", sys.executable, str(PYTHON_CALLS), str(switch), workload]
+    return ["--toggle-collect=pfb_measured", str(driver), workload]
 
 
 def measure(driver: Path, workload: str) -> Dict[str, float]:
@@ -51,24 +68,19 @@ def measure(driver: Path, workload: str) -> Dict[str, float]:
         # Valgrind counts each byte of a `rep movsb`/`rep stosb` as one instruction, so glibc's memcpy and
         # memset are told to use their vector loops at every size: the counts then track the real work.
         tunables = "glibc.cpu.x86_rep_movsb_threshold=2147483647:glibc.cpu.x86_rep_stosb_threshold=2147483647"
-        env = {**os.environ, "PYFAST_BUFFER_NO_SIMD": "1", "GLIBC_TUNABLES": tunables}
+        # A fixed hash seed: Python's dict and set probes must not differ from run to run.
+        env = {**os.environ, "PYFAST_BUFFER_NO_SIMD": "1", "GLIBC_TUNABLES": tunables, "PYTHONHASHSEED": "0"}
         run = subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                "--toggle-collect=pfb_measured",
-                f"--callgrind-out-file={out_file}",
-                str(driver),
-                workload,
-            ],
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", *command(driver, workload)],
             capture_output=True,
             text=True,
             env=env,
         )
         if run.returncode:
-            raise RuntimeError(f"{workload}: the driver failed under valgrind:\n{run.stderr[-3000:]}")
+            raise RuntimeError(f"{workload}: the workload failed under valgrind:\n{run.stderr[-3000:]}")
         text = Path(out_file).read_text()
-    found = re.search(r"^(?:totals|summary):\s+(\d+)", text, re.MULTILINE)
+    # "totals" is what ran while instrumented; "summary" can read 0 after a client request zeroed the stats.
+    found = re.search(r"^totals:\s+(\d+)", text, re.MULTILINE) or re.search(r"^summary:\s+(\d+)", text, re.MULTILINE)
     if not found:
         raise RuntimeError(f"{workload}: no instruction total in the callgrind output")
     info = json.loads(run.stdout.strip().splitlines()[-1])
@@ -125,7 +137,8 @@ def main(argv: List[str] | None = None) -> int:
         )
     if args.update:
         data = {
-            "_comment": "Instructions per entry of the native core under callgrind (benchmarks/perf_guard.py); "
+            "_comment": "Instructions per entry under callgrind (benchmarks/perf_guard.py): the native core, and "
+            "whole Python calls (py_*); "
             "budget = max(measured * (1 + headroom), measured + 0.05).",
             "headroom": args.headroom,
             # Near-zero counts (construct, the sorted evict) get an absolute slack of 0.05 as well.

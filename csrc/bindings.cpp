@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,22 @@ pfb::OnFull parse_on_full(const std::string& s) {
 // Returns an owned copy of a caller's id array, taken while the GIL is held: the core reads only this copy,
 // so a caller (or another thread) rewriting the array during the call cannot make the call read it twice.
 std::vector<int64_t> owned(const I64Array& ids) { return std::vector<int64_t>(ids.data(), ids.data() + ids.size()); }
+
+// An interned attribute name, made once (under the GIL) and kept for the life of the process.
+PyObject* interned(const char* name) { return PyUnicode_InternFromString(name); }
+
+// `object.name` and `object.name()` through CPython's own fast paths: pybind11's generic call packs an argument
+// tuple each time, which costs more than put_tensor's copy of 512 ids.
+py::object attribute(const py::handle& object, PyObject* name) {
+  PyObject* value = PyObject_GetAttr(object.ptr(), name);
+  if (value == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(value);
+}
+py::object method(const py::handle& object, PyObject* name) {
+  PyObject* value = PyObject_CallMethodNoArgs(object.ptr(), name);
+  if (value == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(value);
+}
 
 // Runs Python's signal handlers for a core call blocked with the GIL released; a handler that raises
 // (KeyboardInterrupt) aborts the call, which has changed nothing yet.
@@ -364,6 +381,39 @@ PYBIND11_MODULE(_core, m) {
            },
            py::arg("traj_ids"), py::arg("group_ids"), py::arg("sample_steps"), py::arg("timeout") = py::none(),
            py::arg("finish_steps") = py::none(), py::arg("slots") = py::none())
+      // put's common call (ungrouped ids, one stamp): no per-call steps array, no optional arguments to convert.
+      .def("put_one_stamp",
+           [](PyRing& self, const I64Array& traj_ids, int64_t sample_step, std::optional<double> timeout) {
+             const std::vector<int64_t> t = owned(traj_ids);
+             py::gil_scoped_release release;
+             self.ring->put(t.data(), nullptr, &sample_step, 1, static_cast<int64_t>(t.size()), timeout);
+           })
+      // The same from a torch tensor, read through its data pointer: a tensor has no buffer protocol, and making a
+      // numpy view of it per call costs more than the put. The checks, the address and the copy run with the GIL
+      // held and no Python code between them, so no other thread can resize the tensor between reading its address
+      // and copying from it. Returns false, having done nothing, for anything but a 1-d contiguous CPU int64 tensor.
+      .def("put_tensor",
+           [](PyRing& self, const py::object& traj_ids, const py::object& int64_dtype, int64_t sample_step,
+              std::optional<double> timeout) {
+             static PyObject* const dtype = interned("dtype");
+             static PyObject* const is_cpu = interned("is_cpu");
+             static PyObject* const ndim = interned("ndim");
+             static PyObject* const is_contiguous = interned("is_contiguous");
+             static PyObject* const numel = interned("numel");
+             static PyObject* const data_ptr = interned("data_ptr");
+             if (!attribute(traj_ids, dtype).is(int64_dtype) || attribute(traj_ids, is_cpu).ptr() != Py_True ||
+                 attribute(traj_ids, ndim).cast<int64_t>() != 1 ||
+                 method(traj_ids, is_contiguous).ptr() != Py_True)
+               return false;
+             const int64_t n = method(traj_ids, numel).cast<int64_t>();
+             const auto address = method(traj_ids, data_ptr).cast<std::uintptr_t>();
+             if (n > 0 && address == 0) return false;  // storage freed under the tensor (resized to 0)
+             const int64_t* first = reinterpret_cast<const int64_t*>(address);
+             const std::vector<int64_t> t(first, first + n);
+             py::gil_scoped_release release;
+             self.ring->put(t.data(), nullptr, &sample_step, 1, n, timeout);
+             return true;
+           })
       .def("take",
            [](PyRing& self, I64Array& out, int64_t batch_size, int64_t current_step, std::optional<double> timeout) {
              // A batch never exceeds the capacity, so out needs room for min(batch_size, capacity) rows.

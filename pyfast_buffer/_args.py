@@ -40,20 +40,6 @@ def _is_scalar_array(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor) and value.ndim == 0
 
 
-def cpu_ids_view(value: Any) -> Optional[np.ndarray]:
-    """The int64 numpy view of a plain 1-D contiguous CPU int64 tensor without grad (what a training loop
-    holds its ids in), or None for anything else: put's fast path, one ``numpy()`` and three attribute reads
-    instead of ``as_ids``' general route. The view shares the tensor's memory; the core copies it."""
-    torch = _torch.loaded()
-    if torch is None or type(value) is not torch.Tensor:
-        return None
-    try:
-        array = value.numpy()
-    except (RuntimeError, TypeError):  # on a device, or requires grad: as_ids says what to do
-        return None
-    return array if array.dtype == _INT64_DTYPE and array.ndim == 1 and array.flags.c_contiguous else None
-
-
 def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
     """Returns ``value`` as a 1-D contiguous int64 numpy array, or raises TypeError/ValueError naming ``name``.
 

@@ -1,6 +1,6 @@
 # Hand-written stub of the native extension (csrc/bindings.cpp). Parameters bound without py::arg are
 # positional-only ('/'); tests/test_core_stub.py checks that against the binding.
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -94,6 +94,11 @@ class Ring:
         finish_steps: Optional[npt.NDArray[np.int64]] = None,
         slots: Optional[npt.NDArray[np.int32]] = None,
     ) -> None: ...
+    def put_one_stamp(self, traj_ids: npt.NDArray[np.int64], sample_step: int, timeout: Optional[float], /) -> None:
+        """put of ungrouped ids under one stamp."""
+    def put_tensor(self, traj_ids: Any, int64_dtype: Any, sample_step: int, timeout: Optional[float], /) -> bool:
+        """put_one_stamp from a 1-d contiguous CPU int64 tensor, read through its data pointer; False, having done
+        nothing, for any other tensor."""
     def take(
         self, out: npt.NDArray[np.int64], batch_size: int, current_step: int, timeout: Optional[float], /
     ) -> _Stats:

@@ -19,7 +19,6 @@ from ._args import (
     as_step,
     as_steps,
     as_timeout,
-    cpu_ids_view,
     same_length,
 )
 from ._buffer_base import BufferBase
@@ -239,17 +238,29 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         per trajectory, ``source`` one tag or one per trajectory (a group shares one). Under pace each group is
         admitted as a dispatched prompt (``timeout`` bounds that wait too). Put entries are outside the bias
         monitor and the prompt-attempt table: the buffer never saw their rollout."""
-        # The common call (int64 numpy ids, one int stamp, no groups) skips the general conversions.
+        # The common call (ungrouped ids, one int stamp) goes straight to the core: numpy ids as they are, a CPU
+        # int64 tensor through its data pointer (put_tensor declines anything else, which takes the general route).
         if (
-            type(traj_ids) is np.ndarray
-            and traj_ids.dtype == _INT64
-            and traj_ids.ndim == 1
-            and traj_ids.flags.c_contiguous
+            group_ids is None
+            and finish_step is None
+            and source is None
+            and type(sample_step) is int
+            and 0 <= sample_step <= _INT64_MAX
         ):
-            trajs = traj_ids
-        else:  # a CPU int64 tensor takes the next-fastest path; everything else the general conversion
-            view = cpu_ids_view(traj_ids)
-            trajs = view if view is not None else as_ids(traj_ids, "traj_ids")
+            if (
+                type(traj_ids) is np.ndarray
+                and traj_ids.dtype == _INT64
+                and traj_ids.ndim == 1
+                and traj_ids.flags.c_contiguous
+            ):
+                self._ring.put_one_stamp(traj_ids, sample_step, None if timeout is None else as_timeout(timeout))
+                return
+            torch = _torch.loaded()
+            if torch is not None and type(traj_ids) is torch.Tensor:
+                wait = None if timeout is None else as_timeout(timeout)
+                if self._ring.put_tensor(traj_ids, torch.int64, sample_step, wait):
+                    return
+        trajs = as_ids(traj_ids, "traj_ids")
         if type(sample_step) is int and 0 <= sample_step <= _INT64_MAX:
             steps = np.array((sample_step,), _INT64)
         else:

@@ -94,3 +94,39 @@ def test_torch_steps_lengths_and_sources_are_read_as_numpy_would_be(impl):
         batch = buf.take(8, 3)
         results.append((batch.traj_ids.tolist(), batch.finish_step.tolist(), batch.source.tolist(), buf.ledger()))
     assert results[0] == results[1] and results[0][0] == [10, 11, 12]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: torch.arange(10, 16), id="contiguous int64"),
+        pytest.param(lambda: torch.arange(7, 16)[3:], id="offset into its storage"),
+        pytest.param(lambda: torch.arange(10, 22)[::2], id="strided"),
+        pytest.param(lambda: torch.arange(10, 16, dtype=torch.int32), id="int32"),
+        pytest.param(lambda: torch.arange(10, 16).view(2, 3)[0], id="row of a 2-d tensor"),
+        pytest.param(lambda: torch.arange(10, 16).view(2, 3).t().contiguous().flatten(), id="transposed then copied"),
+        pytest.param(lambda: torch.empty(0, dtype=torch.int64), id="empty"),
+        pytest.param(lambda: torch.nn.Parameter(torch.arange(10, 16), requires_grad=False), id="subclass"),
+    ],
+)
+def test_put_reads_any_id_tensor_as_its_numpy_copy_would_be(impl, make):
+    """put's one-stamp call reads a plain CPU int64 tensor through its data pointer and declines everything else
+    to the general route: either way the buffer holds what numpy input of the same values gives, and rewriting
+    the tensor after the call changes nothing."""
+    held = []
+    for convert in (lambda t: t.numpy().copy(), lambda t: t):
+        ids = convert(make())
+        buf = impl(16, max_age=4)
+        buf.put(ids, 2)
+        if len(ids):
+            ids[0] = 99
+        held.append((buf.take(16, 2).traj_ids.tolist(), buf.ledger()))
+    assert held[0] == held[1]
+
+
+def test_put_refuses_a_two_dimensional_tensor_as_it_refuses_the_array(impl):
+    for ids in (np.zeros((2, 2), dtype=np.int64), torch.zeros(2, 2, dtype=torch.int64)):
+        buf = impl(8, max_age=2)
+        with pytest.raises(ValueError, match="traj_ids"):
+            buf.put(ids, 0)
+        assert len(buf) == 0
