@@ -135,24 +135,24 @@ def targets(rows: List[Dict]) -> List[Dict]:
     )
     m = dict(case="put", batch=512, capacity=100_000)
     torch_in = _find(rows, contender="pyfast_buffer torch in", **m)
-    cpprb2 = _find(rows, contender="cpprb 2 fields", **m)
-    reference = _find(rows, contender="reference", **m)
-    add(
-        "put(512) from torch ids vs cpprb 2 fields (idx, step) add",
-        cpprb2[0]["median_s"] / torch_in[0]["median_s"] if torch_in and cpprb2 else None,
-        ">= 3.5x",
-        lambda v: v >= 3.5,
-        "x",
-        "ids a training loop holds as a CPU torch tensor; cpprb given numpy",
-    )
-    add(
-        "put(512) from torch ids vs reference",
-        reference[0]["median_s"] / torch_in[0]["median_s"] if torch_in and reference else None,
-        ">= 30x",
-        lambda v: v >= 30,
-        "x",
-        "the reference twin (a deque of records) given numpy",
-    )
+    for peer, label, goal, note in (
+        (
+            "cpprb 2 fields",
+            "cpprb 2 fields (idx, step) add",
+            3.5,
+            "ids a training loop holds as a CPU torch tensor; cpprb given numpy",
+        ),
+        ("reference", "reference", 30, "the reference twin (a deque of records) given numpy"),
+    ):
+        theirs = _find(rows, contender=peer, **m)
+        add(
+            f"put(512) from torch ids vs {label}",
+            theirs[0]["median_s"] / torch_in[0]["median_s"] if torch_in and theirs else None,
+            f">= {goal:g}x",
+            lambda v, goal=goal: v >= goal,
+            "x",
+            note,
+        )
     add("put(512) vs reference", _speedup(rows, "reference", **m), ">= 30x", lambda v: v >= 30, "x")
     add("put(512) vs cpprb add (eight fields)", _speedup(rows, "cpprb", **m), ">= 3x", lambda v: v >= 3, "x")
     add(
