@@ -107,7 +107,8 @@ inline void StalenessRing::remove_prefix(int64_t n) {
   marks_.removed_front(n);
   head_ = phys(n);
   size_ -= n;
-  if (size_ == 0) head_ = 0, sorted_ = true, spans_ = false, plain_meta_ = !tagged_;
+  if (size_ == 0) head_ = 0, sorted_ = true, spans_ = false, plain_meta_ = !tagged_, lone_unused_ = true,
+                    mirrored_ = true;
 }
 
 inline void StalenessRing::fill_state(TakeStats& stats) {

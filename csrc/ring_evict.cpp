@@ -1,11 +1,15 @@
 // StalenessRing: evict_stale, a binary search over sorted stamps or one compaction pass.
 #include "ring_detail.hpp"
 
+#include "compact_blocks.hpp"
 #include "compact_rows.hpp"
 
 #include <type_traits>
 
 namespace pyfast_buffer {
+namespace {
+constexpr int64_t kStreamFromBytes = int64_t{128} << 20;  // a ring this large is past any cache we run on
+}  // namespace
 
 TakeStats StalenessRing::evict_stale(int64_t current_step) {
   MutexLock lock(mutex_);
@@ -40,8 +44,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     if (paced()) pace_forget_prefix(removed);
     remove_prefix(removed);
   } else {
-    // One branch-free pass: every row is copied to the write cursor, which advances only for fresh
-    // rows; where neither cursor is near the wrap point, eight rows at a time with AVX-512 if present.
+    // One branch-free compaction pass, in blocks through a scratch or with AVX-512 if present.
     const ColumnPointers c = columns_.get();  // local copies: column stores cannot alias them
     const int64_t cap = config_.capacity, total = size_;
     if (marks_.on()) {  // the journal's marks: the fresh rows, as runs of the ring before the compaction
@@ -61,15 +64,30 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     if (observe)  // likewise the data accounting, group by group
       for (int64_t i = 0; i < total; i += c.group_len[phys(i)])
         if (keys[phys(i)] < cutoff) observe_lost_group(phys(i), false);
-    const bool simd = simd_compaction_available();
-    // Both passes move the meta column or both skip it (every entry's meta the same): the vector pass's
-    // full-width store zeroes the lanes past its kept rows, which only a later pass that moves meta overwrites.
+    // A ring far larger than the caches is compacted in blocks and written past the caches, with or without
+    // AVX-512 (measured faster than the vector pass there: no line at the write cursor is read first).
+    const bool streamed = total * kBytesPerEntry >= kStreamFromBytes;
+    const bool simd = !streamed && simd_compaction_available();
     const bool move_meta = !plain_meta_;
-    ColumnPointers simd_cols = c;
-    if (!move_meta) simd_cols.meta = nullptr;
-    int64_t read = head_, write = head_, kept = 0;
-    for (int64_t done = 0; done < total;) {
-      if (simd) {
+    int64_t kept = 0;
+    if (!simd) {
+      // Block by block through a scratch in cache, leaving out what the flags prove unchanged: the meta
+      // column while every entry's meta is the same (put-only rings), uses and group_len while every entry is
+      // an untaken group of one, and the reads of group_id, finish_step and complete_ns while they mirror
+      // traj_id, sample_step and dispatch_ns.
+      if (compact_scratch_.empty()) compact_scratch_.resize(kCompactScratchWords);
+      CompactColumns what;
+      what.meta = move_meta, what.counts = !lone_unused_, what.mirrored = mirrored_, what.streamed = streamed;
+      kept = compact_rows_blocked(c, keys, cutoff, cap, head_, head_, total, what, compact_scratch_.data());
+    } else {
+      // Eight rows at a time with AVX-512 where neither cursor is near the wrap point, every row copied to the
+      // write cursor, which advances only for fresh rows. Both passes move the meta column or both skip it
+      // (every entry's meta the same): the vector pass's full-width store zeroes the lanes past its kept rows,
+      // which only a later pass that moves meta overwrites.
+      ColumnPointers simd_cols = c;
+      if (!move_meta) simd_cols.meta = nullptr;
+      int64_t read = head_, write = head_;
+      for (int64_t done = 0; done < total;) {
         const int64_t span = std::min({total - done, cap - read, cap - write}) / 8 * 8;
         if (span > 0) {
           const int64_t n_kept = compact_rows_simd(simd_cols, keys, read, write, span, cutoff);
@@ -78,10 +96,6 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
           write -= (write == cap) ? cap : 0;
           if (span >= 64) continue;  // near the wrap point: fall through to a few scalar rows
         }
-      }
-      // Two copies of the branch-free row loop: with the meta column, and without it while every entry's
-      // meta is the same (put-only rings), where moving it would change nothing.
-      auto rows = [&](auto with_meta) {
         for (const int64_t stop = std::min(total, done + 64); done < stop; ++done) {
           const int64_t keep = keys[read] >= cutoff;
           c.traj_id[write] = c.traj_id[read];
@@ -90,7 +104,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
           c.finish_step[write] = c.finish_step[read];
           c.dispatch_ns[write] = c.dispatch_ns[read];
           c.complete_ns[write] = c.complete_ns[read];
-          if constexpr (decltype(with_meta)::value) c.meta[write] = c.meta[read];
+          if (move_meta) c.meta[write] = c.meta[read];
           c.uses[write] = c.uses[read];
           c.group_len[write] = c.group_len[read];
           kept += keep;
@@ -99,11 +113,7 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
           read += 1;
           read -= (read == cap) ? cap : 0;
         }
-      };
-      if (move_meta)
-        rows(std::true_type{});
-      else
-        rows(std::false_type{});
+      }
     }
     // The survivors are sorted iff no kept stamp is below its predecessor; stop at the first descent.
     bool sorted = true;
@@ -116,7 +126,8 @@ TakeStats StalenessRing::evict_stale(int64_t current_step) {
     if (removed > 0) expiry_valid_ = false;  // rows moved, the column did not: the next per-entry walk rebuilds it
     size_ = kept;
     sorted_ = sorted;
-    if (size_ == 0) head_ = 0, spans_ = false, plain_meta_ = !tagged_;
+    if (size_ == 0) head_ = 0, spans_ = false, plain_meta_ = !tagged_, lone_unused_ = true,
+                    mirrored_ = true;
     if (paced()) pace_count_ready();
   }
   ledger_.dropped_stale += removed;

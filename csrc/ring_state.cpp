@@ -232,6 +232,11 @@ void StalenessRing::import_state(const RingState& s) {
   expiry_valid_ = false;  // new rows: the next per-entry walk rebuilds the stale-before column
   tagged_ = tagged;
   plain_meta_ = std::all_of(s.meta.begin(), s.meta.end(), [](int64_t m) { return m == kPutMeta; }) && !tagged;
+  lone_unused_ = std::all_of(s.uses.begin(), s.uses.end(), [](int32_t u) { return u == 0; }) &&
+                 std::all_of(s.group_len.begin(), s.group_len.end(), [](int32_t len) { return len == 1; });
+  mirrored_ = true;
+  for (int64_t i = 0; i < n && mirrored_; ++i)
+    mirrored_ = s.group_id[i] == s.traj_id[i] && finish[i] == s.sample_step[i] && s.complete_ns[i] == s.dispatch_ns[i];
   bool observed = m > 0 || !s.attempts.empty();
   for (int64_t i = 0; i < n && !observed; ++i) observed = meta_observed(s.meta[i]);
   if (!bias_ && observed) bias_ = std::make_unique<BiasMonitor>();

@@ -224,6 +224,7 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   // With max_uses == 1 every taken entry retires and leaves with the walked prefix, so its ring `uses`
   // need not be written, unless the released-id hooks read it (note_walked) before it leaves.
   const bool uses_unread = config_.max_uses == 1 && !leave_hooks();
+  if (config_.max_uses > 1 && !paced()) lone_unused_ = false;  // a taken entry may stay, with uses > 0
   // Ages come in runs (a group shares one stamp, producers stamp many entries alike): the histogram
   // and the sums are updated once per run of equal ages, not once per entry.
   int64_t run_age = 0, run_count = 0;

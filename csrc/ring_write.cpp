@@ -157,6 +157,8 @@ void StalenessRing::append_group(const int64_t* traj_ids, const int64_t* group_i
   }
   // At most two contiguous runs: up to the end of the columns, then from row 0.
   const int64_t first = std::min(len, cap - p);
+  if (len > 1) lone_unused_ = false;
+  mirrored_ = false;  // a completed group: its prompt's id, its own completion time
   write_group(c, p, first, traj_ids, group_ids, order, group_id, sample_step, finish, dispatch_ns, complete_ns,
               static_cast<int32_t>(len), meta);
   if (first < len) {
@@ -190,6 +192,7 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
   bool descends = false;
   for (int64_t i = 0; i < n_keys; ++i) descends |= keys[i] < prev, prev = keys[i];
   if (descends) sorted_ = false;
+  if (group_ids || n_finish > 0) mirrored_ = false;
   for (int64_t done = 0, p = start; done < n; p = 0) {  // at most two contiguous runs
     const int64_t run = std::min(n - done, cap - p);
     std::copy_n(traj_ids + done, run, c.traj_id + p);
@@ -221,6 +224,7 @@ void StalenessRing::append_runs(const int64_t* traj_ids, const int64_t* group_id
     done += run;
   }
   if (bounds) {
+    lone_unused_ = false;  // groups of one are possible here, but rare enough not to scan for
     int32_t* group_len = c.group_len;
     for (int64_t g = 0, p = start; g < n_groups; ++g) {
       const int32_t len = static_cast<int32_t>(bounds[g + 1] - bounds[g]);

@@ -11,4 +11,5 @@ set(PFB_CORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/ring_delta.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_admission.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ring_accounting.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/compact_rows.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/compact_rows.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/compact_blocks.cpp)

@@ -514,6 +514,14 @@ class StalenessRing {
   bool protected_seen_ PFB_GUARDED_BY(mutex_) = false;  // a protected entry may be in the ring
   bool tagged_ PFB_GUARDED_BY(mutex_) = false;          // a tagged entry or prompt may exist
   bool plain_meta_ PFB_GUARDED_BY(mutex_) = true;  // every ready entry's meta is kPutMeta: moving it is skippable
+  // Every ready entry is its own group (group_len 1) and was never taken (uses 0): the scalar compaction of
+  // evict_stale then skips those two columns, whose every live row already holds the value it would copy.
+  bool lone_unused_ PFB_GUARDED_BY(mutex_) = true;
+  // Every ready entry came from an ungrouped put without finish steps: its group_id is its traj_id, its
+  // finish_step its sample_step and its complete_ns its dispatch_ns, so the compaction reads three columns of
+  // the six and writes the other three from them.
+  bool mirrored_ PFB_GUARDED_BY(mutex_) = true;
+  std::vector<int64_t> compact_scratch_ PFB_GUARDED_BY(mutex_);  // evict_stale's blocks, allocated at its first pass
   std::array<SourceCounts, kSourceSlots> source_counts_ PFB_GUARDED_BY(mutex_){};
   // The per-entry stale-before column (docs/design.md, "The take walk"): expiry_[p] is row p's age stamp plus its
   // own source's max_age (saturating), INT64_MAX when protected, so an entry is stale at step s iff

@@ -393,3 +393,31 @@ def test_the_index_and_its_owners_are_out_of_rays_task_events_unless_actor_optio
     assert workers["quiet"]["index"] not in seen and workers["quiet"]["owner"] not in seen, (
         "the default index and its owner record nothing"
     )
+
+
+@on_cluster
+@pytest.mark.parametrize("strategy", ["pace", "drop"])
+def test_ids_a_take_retires_below_max_uses_are_in_delivery_and_let_go_of_at_once(monkeypatch, strategy):
+    # Under pace every use is a group's last (retired_early), whatever max_uses: the index must treat those ids
+    # as retired by the take (in delivery, payloads let go of), not wait for a uses count that never comes.
+    from pyfast_buffer.ray import _receipts
+
+    monkeypatch.setattr(_receipts, "RECEIPT_LINGER_S", 10 * WAIT_S)
+    extra = {"prompts_per_step": 4, "lookahead": 0} if strategy == "pace" else {}
+    client = RemoteBuffer.create(64, max_age=5, strategy=strategy, max_uses=3, **extra)
+    client.put(list(range(4)), 0, payloads=[np.full(4, i) for i in range(4)])
+    batch = client.take(4, 0)
+    assert sorted(batch.traj_ids.tolist()) == [0, 1, 2, 3]
+    assert [int(v[0]) for v in ray.get(batch.payloads)] == batch.traj_ids.tolist()
+    left = 0 if strategy == "pace" else 4  # under drop the entries stay for two more uses, payloads too
+    assert _in_delivery(client) == 4 - left and client.payloads_held() == left
+    led = client.ledger()
+    assert led["retired"] == 4 - left and led["retired_early"] == 4 - left and led["in_delivery"] == 0
+    assert led["payload_bytes_held"] == (0 if left == 0 else led["payload_bytes_held"])
+    assert len(client) == left
+    if strategy == "drop":  # the third use retires them at max_uses, as before
+        for _ in range(2):
+            assert sorted(client.take(4, 0).traj_ids.tolist()) == [0, 1, 2, 3]
+        led = client.ledger()
+        assert (led["retired"], led["retired_early"], client.payloads_held(), len(client)) == (4, 0, 0, 0)
+    assert led["payload_bytes_held"] == 0 and led["lost_in_delivery"] == 0

@@ -141,7 +141,7 @@ def evict_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
     entries that just aged out, as a training loop does, with no refill between calls.
     """
     rows = []
-    names = ["pyfast_buffer", "reference", "numpy mask", "numba loop", "memcpy"]
+    names = ["pyfast_buffer", "reference", "numpy mask", "numba loop", "memcpy", "memcpy ids+steps"]
     rng = np.random.default_rng(1)
     for capacity in plan.capacities:
         ids = np.arange(capacity, dtype=np.int64)
@@ -151,7 +151,8 @@ def evict_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         stream = (np.arange(capacity, dtype=np.int64) * stream_steps // capacity).astype(np.int64)
         for order in ("shuffled", "non-decreasing"):
             for cls in _contenders(names, capacity, plan, skipped):
-                if cls is peers.Memcpy and order != "shuffled":
+                copies = (peers.Memcpy, peers.MemcpyIdsSteps)
+                if cls in copies and order != "shuffled":
                     continue
                 # The stream case: stamps 0..S-1, max_age S-1; each call at step S-1+k drops stamp k-1.
                 c = cls(capacity, MAX_AGE if order == "shuffled" else stream_steps - 1)
@@ -163,9 +164,9 @@ def evict_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
                     def evict(c: Any = c) -> None:
                         c.evict(CURRENT_STEP)
 
-                    times = sample(evict, repeat, setup=None if cls is peers.Memcpy else refill)
+                    times = sample(evict, repeat, setup=None if cls in copies else refill)
                 else:
-                    c.fill(ids, stream)  # pyright: ignore[reportAttributeAccessIssue] - every class but Memcpy has fill
+                    c.fill(ids, stream)  # pyright: ignore[reportAttributeAccessIssue] - every class but the copies has fill
                     clock = iter(range(stream_steps, 2 * stream_steps))
 
                     def evict_next(c: Any = c, clock: Iterator[int] = clock) -> None:

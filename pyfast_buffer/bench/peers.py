@@ -408,6 +408,21 @@ class Memcpy:
         return 0
 
 
+class MemcpyIdsSteps:
+    """numpy.copyto of the ids and the steps alone (16 bytes an entry): issue 50's yardstick for evict_stale."""
+
+    name = "memcpy ids+steps"
+
+    def __init__(self, capacity: int, max_age: int = 0) -> None:
+        self.src = np.ones((2, capacity), np.int64)
+        self.dst = np.empty_like(self.src)
+
+    def evict(self, step: int) -> int:
+        np.copyto(self.dst[0], self.src[0])
+        np.copyto(self.dst[1], self.src[1])
+        return 0
+
+
 PEERS: Dict[str, Tuple[type, Optional[str]]] = {
     "pyfast_buffer": (Ours, None),
     "pyfast_buffer torch in": (OursTorch, None),
@@ -419,6 +434,7 @@ PEERS: Dict[str, Tuple[type, Optional[str]]] = {
     "cpprb to full": (CpprbFull, "cpprb"),
     "torchrl": (TorchRL, "torchrl"),
     "memcpy": (Memcpy, None),
+    "memcpy ids+steps": (MemcpyIdsSteps, None),
     "copy (floor)": (Copy, None),
 }
 

@@ -58,6 +58,9 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         self._user_config = BufferConfig(**buffer_kwargs)
         self._buf = StalenessBuffer(**{**buffer_kwargs, "track_released": True}, pin_memory=False)
         self._max_uses = self._buf.config.max_uses
+        # Under pace every use is a group's last whatever max_uses (docs/design.md, "Reuse under the bound"):
+        # each id a take hands out leaves the core at that take, so it is in delivery and its payload let go of.
+        self._every_take_retires = self._buf.config.strategy == "pace"
         self._capacity_bytes = capacity_bytes
         self._task_events = task_events  # the payload owners record their calls in Ray's task events as the index does
         self._report = _effects.JournaledReport(
@@ -327,7 +330,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
                 raise
             columns = batch.columns.numpy()
             ids = columns[0]
-            retire = columns[4] >= self._max_uses
+            retire = (columns[4] >= self._max_uses) | self._every_take_retires
             slots = None
             if self._where:
                 slots = np.fromiter(map(self._where.get, ids.tolist(), itertools.repeat(-1)), np.int64, len(ids))
