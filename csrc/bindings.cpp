@@ -415,7 +415,8 @@ PYBIND11_MODULE(_core, m) {
              return true;
            })
       .def("take",
-           [](PyRing& self, I64Array& out, int64_t batch_size, int64_t current_step, std::optional<double> timeout) {
+           [](PyRing& self, I64Array& out, int64_t batch_size, int64_t current_step, std::optional<double> timeout,
+              bool bounded) {
              // A batch never exceeds the capacity, so out needs room for min(batch_size, capacity) rows.
              const int64_t rows = std::min(batch_size, self.ring->config().capacity);
              if (out.ndim() != 1 || out.size() < pfb::kBatchColumns * rows)
@@ -424,10 +425,12 @@ PYBIND11_MODULE(_core, m) {
              pfb::TakeStats stats;
              {
                py::gil_scoped_release release;
-               stats = self.ring->take(batch_size, current_step, timeout, cols);
+               stats = self.ring->take(batch_size, current_step, timeout, cols, bounded);
              }
              return stats_tuple(stats);
-           })
+           },
+           py::arg("out"), py::arg("batch_size"), py::arg("current_step"), py::arg("timeout"),
+           py::arg("bounded") = true, py::pos_only())
       .def("evict_stale",
            [](PyRing& self, int64_t current_step) {
              pfb::TakeStats stats;

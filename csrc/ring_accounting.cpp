@@ -23,17 +23,16 @@ inline int64_t latency_us(const ColumnPointers& c, int64_t p) {
 }
 }  // namespace
 
-void StalenessRing::observe_walked(int64_t walked, int64_t current_step, bool first_use_always, TakeStats& stats) {
+void StalenessRing::observe_walked(int64_t walked, int64_t current_step, bool first_use_always, bool unbounded,
+                                   TakeStats& stats) {
   // One pass over the walked prefix (uses already counted by this take): per-source counts, the monitor's
   // trained and lost sketches, and each observed group's prompt record. Put entries (never a monitored
   // rollout) are counted entry by entry over contiguous rows, without group bookkeeping; an observed group
   // is handled whole.
   const ColumnPointers& c = columns_.get();
-  const bool per_entry = per_entry_cutoffs();
+  const bool per_entry = !unbounded && per_entry_cutoffs();  // the same rule the take's plan walked by
   const int64_t* const stamps = per_entry ? expiry_.data() : age_steps();
-  const int64_t cut = per_entry ? expiry_cut_
-                      : config_.strategy == Strategy::kDrop ? current_step - max_age_
-                                                            : std::numeric_limits<int64_t>::min();
+  const int64_t cut = per_entry ? expiry_cut_ : take_cutoff(current_step, unbounded);
   // Per slot, by this call: taken, dropped, trained, and the dropped put entries (source_counts_ not yet told).
   std::array<std::array<int64_t, 4>, kSourceSlots> by_slot{};
   const int64_t cap = config_.capacity;

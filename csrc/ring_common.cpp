@@ -114,13 +114,12 @@ void StalenessRing::note_left(int64_t id, ReleaseReason reason) {
   if (config_.unique_ids && reason <= ReleaseReason::kEvicted) live_ids_.erase(id);  // trajectories only
 }
 
-void StalenessRing::note_walked(int64_t walked, int64_t current_step) {
+void StalenessRing::note_walked(int64_t walked, int64_t current_step, bool unbounded) {
   // The walked prefix after a take's writes: stale entries were dropped, the rest taken; those at max_uses retire.
-  const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
-                                                              : std::numeric_limits<int64_t>::min();
+  const int64_t cutoff = take_cutoff(current_step, unbounded);
   const ColumnPointers& c = columns_.get();
   const int64_t* ages = age_steps();
-  const bool per_entry = per_entry_cutoffs();
+  const bool per_entry = !unbounded && per_entry_cutoffs();
   for (int64_t i = 0; i < walked; ++i) {
     const int64_t p = phys(i);
     if (per_entry ? stale_at(p) : ages[p] < cutoff)

@@ -105,12 +105,17 @@ void StalenessRing::fill_cutoffs(int64_t current_step, bool any_strategy) const 
                                                                      : std::numeric_limits<int64_t>::min();
 }
 
+int64_t StalenessRing::take_cutoff(int64_t current_step, bool unbounded) const {
+  return config_.strategy == Strategy::kDrop && !unbounded ? current_step - max_age_
+                                                           : std::numeric_limits<int64_t>::min();
+}
+
 void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan& plan) const {
   plan.walked = plan.taken = plan.dropped = 0;
   plan.pace_blocker = -1;
   plan.full = false;
   plan.spans.clear();
-  if (config_.strategy == Strategy::kWait && wait_blocked(current_step)) {
+  if (config_.strategy == Strategy::kWait && !plan.unbounded && wait_blocked(current_step)) {
     plan.blocked_by = BlockedBy::kInFlightAtMaxAge;
     return;
   }
@@ -118,11 +123,10 @@ void StalenessRing::plan_take(int64_t batch_size, int64_t current_step, TakePlan
   // protection), so a stale group is skipped whole and every fresh entry reached starts a group. With
   // per-source bounds or protected entries the walk is the same over the stale-before column: an entry is
   // stale iff expiry_[p] < current_step, one scalar for every source.
-  const bool per_entry = per_entry_cutoffs();
+  // An unbounded call walks as wait does: no stamp (>= 0) is below the cutoff.
+  const bool per_entry = !plan.unbounded && per_entry_cutoffs();
   if (per_entry) fill_cutoffs(current_step, false);
-  const int64_t cutoff = per_entry ? expiry_cut_
-                         : config_.strategy == Strategy::kDrop ? current_step - max_age_
-                                                               : std::numeric_limits<int64_t>::min();
+  const int64_t cutoff = per_entry ? expiry_cut_ : take_cutoff(current_step, plan.unbounded);
   const int32_t* group_len = columns_.get().group_len;
   const int64_t* group_id = columns_.get().group_id;
   const int64_t* steps = per_entry ? expiry_.data() : age_steps();
@@ -324,8 +328,8 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
     stats.span_max = span_max;
   }
   // Before survivors move, while ring order is intact: the data accounting, then the released-id hooks.
-  if (bias_ || tagged_) observe_walked(plan.walked, current_step, uses_unread, stats);
-  if (leave_hooks()) note_walked(plan.walked, current_step);
+  if (bias_ || tagged_) observe_walked(plan.walked, current_step, uses_unread, plan.unbounded, stats);
+  if (leave_hooks()) note_walked(plan.walked, current_step, plan.unbounded);
   if (paced()) pace_forget_retired(plan.walked);
   stats.age_sum = age_sum;
   stats.age_max = age_max;
@@ -334,9 +338,8 @@ void StalenessRing::commit_take(const TakePlan& plan, int64_t current_step, int6
   marks_.touched_front(plan.walked);  // uses changed; survivors move within the walked prefix
   if (survivors > 0) {
     // Reused entries keep their place: move them, in order, to the end of the walked prefix.
-    const int64_t cutoff = config_.strategy == Strategy::kDrop ? current_step - max_age_
-                                                                : std::numeric_limits<int64_t>::min();
-    const bool per_entry = per_entry_cutoffs();
+    const int64_t cutoff = take_cutoff(current_step, plan.unbounded);
+    const bool per_entry = !plan.unbounded && per_entry_cutoffs();
     int64_t write = plan.walked - 1;
     for (int64_t i = plan.walked - 1; i >= 0; --i) {
       const int64_t p = phys(i);
@@ -372,15 +375,22 @@ std::string StalenessRing::take_short_cause(const TakePlan& plan, int64_t batch_
 }
 
 TakeStats StalenessRing::take(int64_t batch_size, int64_t current_step, std::optional<double> timeout,
-                              int64_t* out) {
+                              int64_t* out, bool bounded) {
   check_timeout(timeout);
   MutexLock lock(mutex_);
   check_open();
   expire_due();
   if (batch_size <= 0) throw InvalidArgument(concat("batch_size=", batch_size, " must be > 0"));
+  if (!bounded && paced())
+    throw InvalidArgument(
+        "bounded=False is refused under pace: its admission already promised every group the bound; take with "
+        "the bound, or use strategy 'drop' or 'wait' for takes without it");
   check_clock(current_step);
   TakeStats stats;
   TakePlan plan;
+  // A property of this call alone, kept in its plan: another thread's take (this one waits without the lock)
+  // still sees the buffer's max_age, which this call never changes.
+  plan.unbounded = !bounded;
   plan_take(batch_size, current_step, plan);
   if (is_probe(timeout) && !plan.full) throw WouldBlock(take_short_cause(plan, batch_size, current_step));
   if (timeout && !plan.full) {

@@ -247,8 +247,11 @@ class StalenessRing {
   /// batch_size int64), column f of a k-entry batch at out[f*k, f*k+k) so it is contiguous; without
   /// a timeout it never blocks, with one it waits for a full batch or throws Timeout naming the cause, waking
   /// at least every kInterruptCheckMs (when an interrupt check is set) and at the earliest lease deadline.
-  TakeStats take(int64_t batch_size, int64_t current_step, std::optional<double> timeout, int64_t* out)
-      PFB_EXCLUDES(mutex_);
+  /// With `bounded` false this one call ignores max_age (and per-source bounds): nothing is dropped stale and
+  /// wait's in-flight gate does not hold it; entries handed out past max_age count in trained_over_age; refused
+  /// (InvalidArgument) under pace, whose admission is the bound's promise. max_age itself is never changed.
+  TakeStats take(int64_t batch_size, int64_t current_step, std::optional<double> timeout, int64_t* out,
+                 bool bounded = true) PFB_EXCLUDES(mutex_);
 
   /// Drops every ready entry with age > max_age: a binary search when stamps are non-decreasing in
   /// ring order, else one branch-free compaction pass; returns what it did.
@@ -356,6 +359,7 @@ class StalenessRing {
     int64_t walked = 0, taken = 0, dropped = 0;
     int64_t pace_blocker = -1;  // pace: the in-flight stamp that blocked the take, when blocked_by says so
     bool full = false;
+    bool unbounded = false;  // this call takes without the age bound (take's `bounded` false): nothing is stale
     BlockedBy blocked_by = BlockedBy::kNone;
     std::vector<Span> spans;  // runs of fresh entries the batch takes, oldest first
   };
@@ -385,7 +389,10 @@ class StalenessRing {
   bool leave_hooks() const PFB_REQUIRES(mutex_) { return release_log_ != nullptr || config_.unique_ids; }
   void note_left(int64_t id, ReleaseReason reason) PFB_REQUIRES(mutex_);  // one id leaves
   void note_prefix_left(int64_t count, ReleaseReason reason) PFB_REQUIRES(mutex_);  // the oldest `count` leave
-  void note_walked(int64_t walked, int64_t current_step) PFB_REQUIRES(mutex_);  // a take's walked prefix leaves
+  void note_walked(int64_t walked, int64_t current_step, bool unbounded) PFB_REQUIRES(mutex_);  // a take's walked prefix
+  // The one stamp below which a take at current_step drops an entry when no per-entry bound applies:
+  // current_step - max_age under drop; none (INT64_MIN) under wait and pace, and for an unbounded take.
+  int64_t take_cutoff(int64_t current_step, bool unbounded) const PFB_REQUIRES(mutex_);
   // ring_state.cpp: the ledger, clock, pace step, attempt counters and source counts into an export.
   void export_scalars(RingState& s) const PFB_REQUIRES(mutex_);
 
@@ -470,7 +477,7 @@ class StalenessRing {
   void ensure_expiry() const PFB_REQUIRES(mutex_);          // rebuilds expiry_ (O(ready)) unless it is current
   void stamp_expiry(int64_t first, int64_t count) PFB_REQUIRES(mutex_);  // appended entries, if expiry_ is kept
   // Counts a take's walked prefix (uses already counted) per source, in the monitor and the attempt table.
-  void observe_walked(int64_t walked, int64_t current_step, bool first_use_always, TakeStats& stats)
+  void observe_walked(int64_t walked, int64_t current_step, bool first_use_always, bool unbounded, TakeStats& stats)
       PFB_REQUIRES(mutex_);
   void observe_lost(int64_t count, bool evicted) PFB_REQUIRES(mutex_);  // the oldest `count` entries leave
   void observe_lost_group(int64_t p, bool evicted) PFB_REQUIRES(mutex_);  // the group at row p leaves

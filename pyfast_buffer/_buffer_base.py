@@ -20,6 +20,21 @@ from .verl_mapping import config_from_verl
 
 _Buffer = TypeVar("_Buffer", bound="BufferBase")
 
+#: Why take(bounded=False) is refused under pace (the core says the same).
+UNBOUNDED_UNDER_PACE = (
+    "bounded=False is refused under pace: its admission already promised every group the bound; take with the "
+    "bound, or use strategy 'drop' or 'wait' for takes without it"
+)
+
+
+def check_bounded(bounded: Any, strategy: str) -> None:
+    """Raises unless ``bounded`` is True or False, or if it is False under pace (a take without the age bound is a
+    property of that one call; the buffer's max_age never changes for it)."""
+    if bounded is not True and bounded is not False:
+        raise TypeError(f"bounded={bounded!r} must be True (take under max_age) or False (this take without it)")
+    if not bounded and strategy == "pace":
+        raise ValueError(UNBOUNDED_UNDER_PACE)
+
 
 class BufferBase(CheckpointMethods, AsyncMethods):
     """The base of StalenessBuffer and ReferenceBuffer (not a buffer by itself: it has no storage)."""

@@ -100,9 +100,16 @@ class Ring:
         """put_one_stamp from a 1-d contiguous CPU int64 tensor, read through its data pointer; False, having done
         nothing, for any other tensor."""
     def take(
-        self, out: npt.NDArray[np.int64], batch_size: int, current_step: int, timeout: Optional[float], /
+        self,
+        out: npt.NDArray[np.int64],
+        batch_size: int,
+        current_step: int,
+        timeout: Optional[float],
+        bounded: bool = True,
+        /,
     ) -> _Stats:
-        """Writes BATCH_COLUMNS * k values to out (field by field) and returns the stats tuple."""
+        """Writes BATCH_COLUMNS * k values to out (field by field) and returns the stats tuple; ``bounded`` False
+        takes without max_age for this call only (refused under pace)."""
     def evict_stale(self, current_step: int, /) -> _Stats: ...
     def evict_oldest(self, groups: int, /) -> int: ...
     def ledger(self) -> dict[str, int]: ...

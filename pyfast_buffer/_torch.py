@@ -13,21 +13,44 @@ import re
 import sys
 from typing import Any
 
+#: torch once this process has finished importing it; None before. Kept here so that the hot paths pay one global
+#: read, and so that a module another thread is still importing is never mistaken for torch (see ``loaded``).
+_TORCH: Any = None
+
+
+def _finished(module: Any) -> bool:
+    """Whether ``module`` has finished executing its import. While a thread is inside ``import torch`` (about 2 s),
+    ``sys.modules["torch"]`` already holds the partly built module, without ``Tensor``, ``int64`` and the rest;
+    importlib marks such a module's spec ``_initializing`` until its code has run (the flag its own module lock
+    is decided by), so that flag is read here too."""
+    spec = getattr(module, "__spec__", None)
+    return not getattr(spec, "_initializing", False)
+
 
 def require() -> Any:
     """torch, imported now if it is not yet; without torch installed, the ``ModuleNotFoundError: No module named
-    'torch'`` that ``import pyfast_buffer`` raised before torch became lazy."""
-    already = sys.modules.get("torch")  # a dict lookup: batches ask on every row they hand out
-    if already is not None:
-        return already
-    import torch
+    'torch'`` that ``import pyfast_buffer`` raised before torch became lazy. While another thread is importing
+    torch this waits for that import to finish (importlib's module lock), never returning a half-built module."""
+    global _TORCH
+    if _TORCH is not None:
+        return _TORCH
+    import torch  # blocks on the import lock while another thread is still running torch's __init__
 
+    _TORCH = torch
     return torch
 
 
 def loaded() -> Any:
-    """torch if this process has imported it, else None (then no argument can be a tensor)."""
-    return sys.modules.get("torch")
+    """torch if this process has finished importing it, else None (then no argument can be a tensor: a tensor is
+    made by torch's code, which cannot hand one out before its own import has finished)."""
+    global _TORCH
+    if _TORCH is not None:
+        return _TORCH
+    module = sys.modules.get("torch")
+    if module is None or not _finished(module):
+        return None
+    _TORCH = module
+    return module
 
 
 def is_tensor(value: object) -> bool:

@@ -21,7 +21,7 @@ from ._args import (
     as_timeout,
     same_length,
 )
-from ._buffer_base import BufferBase
+from ._buffer_base import BufferBase, check_bounded
 from .accounting import AccountingMethods
 from .batch import Batch, log_record, make_metrics
 from .config import SourceMaxAge, check_max_age_keeps_lookahead, pace_limits, resolve_pin_memory
@@ -273,12 +273,19 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         slots = None if source is None else as_slots(source, len(trajs), "trajectories")
         self._ring.put(trajs, groups, steps, None if timeout is None else as_timeout(timeout), finish, slots)
 
-    def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
+    def take(
+        self, batch_size: int, current_step: int, timeout: Optional[float] = None, *, bounded: bool = True
+    ) -> Batch:
         """Takes up to ``batch_size`` trajectories, oldest first, in whole groups.
 
         Without a timeout it never blocks and may return fewer (``batch.blocked_by`` says
         why); with one it waits for a full batch or raises TimeoutError naming the cause.
+        ``bounded=False`` takes without max_age for this call only: nothing is dropped stale, wait's in-flight
+        gate does not hold it, and what it hands out past max_age counts in ``trained_over_age``; other threads'
+        takes keep the bound (refused under pace, whose admission is the bound).
         """
+        if bounded is not True:
+            check_bounded(bounded, self.config.strategy)
         if type(batch_size) is int and 0 < batch_size <= _INT64_MAX:  # plain ints skip the general checks
             n = batch_size
         else:
@@ -294,7 +301,7 @@ class StalenessBuffer(BufferBase, AccountingMethods):
         if self.pin_memory:
             torch = _torch.require()
             out = torch.empty(_N_COLUMNS * rows, dtype=torch.int64, pin_memory=True)
-            stats = self._ring.take(out.numpy(), n, step, wait)
+            stats = self._ring.take(out.numpy(), n, step, wait, bounded)
             taken = stats[0]
             if 2 * taken < rows:  # much smaller than requested: copy, so the batch owns only the rows it returned
                 owned = torch.empty(_N_COLUMNS * taken, dtype=torch.int64, pin_memory=True)
@@ -302,7 +309,7 @@ class StalenessBuffer(BufferBase, AccountingMethods):
             columns = out[: _N_COLUMNS * taken].view(_N_COLUMNS, taken)
         else:  # numpy allocates and reshapes for less than torch; one from_numpy shares the memory
             flat = np.empty(_N_COLUMNS * rows, _INT64)
-            stats = self._ring.take(flat, n, step, wait)
+            stats = self._ring.take(flat, n, step, wait, bounded)
             taken = stats[0]
             if taken == rows:
                 kept = flat

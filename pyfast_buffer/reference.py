@@ -34,7 +34,7 @@ from ._args import (
     is_probe,
     same_length,
 )
-from ._buffer_base import BufferBase
+from ._buffer_base import BufferBase, check_bounded
 from .accounting import AccountingMethods
 from .attempts import PromptAttempts, default_attempts_bound
 from .batch import AGE_BUCKETS, Batch, age_bucket, make_metrics
@@ -88,6 +88,7 @@ class _Plan:
         self.full = False
         self.blocked_by = "none"
         self.pace_blocker: Optional[int] = None  # pace: the in-flight stamp that blocked the take
+        self.unbounded = False  # take(bounded=False): this call ignores every age bound
 
 
 class ReferenceBuffer(BufferBase, AccountingMethods):
@@ -872,15 +873,18 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             return self._admissible_now(step)
 
     # -- taking: plan, commit, take, the wait gate (csrc/ring_take.cpp) ----------------------------------------------
-    def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Batch:
+    def take(
+        self, batch_size: int, current_step: int, timeout: Optional[float] = None, *, bounded: bool = True
+    ) -> Batch:
         batch_size = as_count(batch_size, "batch_size", 1)
         current_step = as_step(current_step, "current_step")
         timeout = as_timeout(timeout)
+        check_bounded(bounded, self.config.strategy)
         with self._cond:
             self._check_open()
             self._expire_due()
             self._check_clock(current_step)
-            plan = self._plan(batch_size, current_step)
+            plan = self._plan(batch_size, current_step, not bounded)
             if is_probe(timeout) and not plan.full:
                 raise WouldBlock(self._short_cause(plan, batch_size, current_step))
             if timeout is not None and not plan.full:
@@ -890,13 +894,13 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                     self._check_open()
                     self._expire_due()
                     if time.monotonic() >= deadline:
-                        plan = self._plan(batch_size, current_step)
+                        plan = self._plan(batch_size, current_step, not bounded)
                         if plan.full:
                             break
                         cause = self._short_cause(plan, batch_size, current_step)
                         raise TimeoutError(f"take timed out after {timeout} s under {self.config.strategy}: {cause}")
                     self._check_clock(current_step)  # a producer may have stamped a later step
-                    plan = self._plan(batch_size, current_step)
+                    plan = self._plan(batch_size, current_step, not bounded)
             self._advance_clock_by_trainer(current_step)
             batch = self._commit(plan, current_step)
             if self._paced():
@@ -915,13 +919,15 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
             f"{len(self._in_flight)} prompts in flight); produce faster, lower batch_size or raise the timeout"
         )
 
-    def _plan(self, batch_size: int, current_step: int) -> _Plan:
+    def _plan(self, batch_size: int, current_step: int, unbounded: bool = False) -> _Plan:
+        """The take at ``current_step``; ``unbounded``: this call ignores every age bound (take's bounded=False)."""
         plan = _Plan()
-        if self.config.strategy == "wait" and self._wait_blocked(current_step):
+        plan.unbounded = unbounded
+        if self.config.strategy == "wait" and not unbounded and self._wait_blocked(current_step):
             plan.blocked_by = "in_flight_at_max_age"
             return plan
         for group in self._groups:
-            if self._is_stale(group, current_step):
+            if not unbounded and self._is_stale(group, current_step):
                 plan.dropped += len(group)
                 plan.walked += 1
                 continue
@@ -961,7 +967,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
         for _ in range(plan.walked):
             group = self._groups.popleft()
             self._size -= len(group)
-            if self._is_stale(group, current_step):
+            if not plan.unbounded and self._is_stale(group, current_step):
                 if observing:
                     by_slot.setdefault(_slot(group[0]["meta"]), [0, 0])[1] += len(group)
                     self._observe_lost(group, evicted=False)
@@ -1293,7 +1299,7 @@ class ReferenceBuffer(BufferBase, AccountingMethods):
                 self._next_take,
                 attempts=self._attempts.export(),
                 attempt_counters=self._attempts.counters,
-                source_counts=self._source_counts,
+                source_counts=self._source_counts.copy(),  # a snapshot: later puts must not change it
             )
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

@@ -80,3 +80,25 @@ def test_slot_pool_gives_back_trajectory_rows_exactly_once_and_never_prompt_ids(
     assert pool.recycle(buf.released()) == 0  # reported once only
     with pytest.raises(TimeoutError, match="no 9 free payload rows"):
         pool.acquire(9, timeout=0.01)
+
+
+def test_the_examples_readme_names_every_example_and_every_strategy():
+    """examples/README.md is where a newcomer looks first: every script in the folder has its row, and no line
+    says a strategy the examples use is missing (it once said pace was 'not here yet', issue 55)."""
+    readme = (EXAMPLES / "README.md").read_text()
+    for script in sorted(p.name for p in EXAMPLES.glob("*.py")):
+        assert f"`{script}`" in readme, f"examples/README.md has no row for {script}"
+    assert "not here yet" not in readme
+    for strategy in ("drop", "wait", "pace"):
+        assert f"--strategy {strategy}" in readme or f"`{strategy}`" in readme, strategy
+
+
+def test_the_integrations_package_docstring_names_every_integration():
+    import pyfast_buffer.integrations as integrations
+
+    doc = integrations.__doc__ or ""
+    for sub in sorted(p.name for p in (ROOT / "pyfast_buffer" / "integrations").iterdir() if p.is_dir()):
+        if sub.startswith("_"):
+            continue
+        assert f"``integrations.{sub}``" in doc, f"pyfast_buffer/integrations/__init__.py does not name {sub}"
+        assert hasattr(integrations, f"_has_{sub}"), f"no availability flag for {sub}"

@@ -151,3 +151,39 @@ def test_concurrent_setters_and_takers_keep_the_ledger_balanced(impl):
     assert not errors
     assert buf.max_age == buf.config.max_age
     assert_balanced(buf)
+
+
+def test_a_take_without_the_bound_drops_nothing_and_counts_what_it_trained_past_it(impl):
+    buf = impl(16, max_age=1, strategy="drop", track_released=True, source_max_age={2: 0})
+    buf.put([1, 2], 0)
+    buf.put([3], 4, source=2)  # past its source's own bound (0) at step 5 too
+    buf.put([5], 5)
+    batch = buf.take(8, 5, bounded=False)
+    assert sorted(batch.traj_ids.tolist()) == [1, 2, 3, 5]
+    assert batch.metrics["buffer/dropped_stale"] == 0
+    led = buf.ledger()
+    assert led["trained_over_age"] == 2 and led["dropped_stale"] == 0 and led["max_age_changes"] == 0
+    assert buf.max_age == 1 and buf.config.max_age == 1
+    assert buf.released().of("retired").tolist() == [1, 2, 3, 5]
+    buf.put([4], 3)  # the next take is bounded again: age 2 > 1 is dropped
+    assert len(buf.take(8, 5)) == 0 and buf.ledger()["dropped_stale"] == 1
+
+
+def test_a_take_without_the_bound_is_not_held_by_waits_in_flight_gate(impl):
+    buf = impl(16, max_age=1, strategy="wait")
+    buf.dispatch([7], 0)
+    buf.put([1], 0)
+    assert buf.take(1, 1).blocked_by == "in_flight_at_max_age"
+    assert buf.take(1, 1, bounded=False).traj_ids.tolist() == [1]
+
+
+def test_a_take_without_the_bound_is_refused_under_pace_and_bad_values_are_refused(impl):
+    paced = impl(16, max_age=1, strategy="pace", prompts_per_step=1)
+    with pytest.raises(ValueError, match="bounded=False is refused under pace"):
+        paced.take(1, 0, bounded=False)
+    buf = impl(16, max_age=1)
+    buf.put([1], 0)
+    for bad in (0, 1, None, "no"):
+        with pytest.raises(TypeError, match=r"must be True .* or False"):
+            buf.take(1, 0, bounded=bad)
+    assert len(buf) == 1 and buf.ledger()["taken"] == 0

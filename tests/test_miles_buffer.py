@@ -100,6 +100,64 @@ def test_before_the_first_weight_update_nothing_is_filtered(impl):
 
 
 @BOTH
+def test_a_take_without_the_bound_never_changes_the_buffers_max_age(impl):
+    """Before the first weight update Miles's get takes without the bound. That is the one take's property: the
+    ledger records no max_age change, and a take on another thread meanwhile keeps the bound (the store once set
+    max_age to 'unbounded' and back around every such get, issue 55)."""
+
+    async def run() -> None:
+        buf, _ = make(impl, max_weight_staleness=0, async_data_buffer_capacity_factor=100.0)
+        ring = buf._store.buffer
+        for i in range(6):
+            await put(buf, group(i, version=i))
+            assert (await buf.get()).group[0].group_index == i
+        assert ring.ledger()["max_age_changes"] == 0 and ring.max_age == 0
+
+    asyncio.run(run())
+
+
+@BOTH
+def test_a_bounded_take_on_another_thread_keeps_the_bound_while_unbounded_takes_run(impl):
+    """The store is shared by Miles's get and whatever else takes: a bounded take racing unbounded ones still
+    hands out nothing past max_age (payloads here are their own stamps)."""
+    import threading
+
+    from pyfast_buffer.integrations._slime_family import GroupStore
+
+    store = GroupStore(strategy="drop", max_age=0, capacity=1 << 14, buffer_class=IMPLEMENTATIONS[impl])
+    step, stop, errors = [1], threading.Event(), []
+
+    def unbounded() -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    store.take_now(1, step[0], bounded=False)
+                except ValueError as exc:  # read step[0] just before the main thread moved on: a step back
+                    if "lower than step" not in str(exc):
+                        raise
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=unbounded)
+    worker.start()
+    taken_stamps = []
+    try:
+        for s in range(1, 600):
+            store.put(s - 1, s - 1)  # past max_age=0 at step s
+            store.put(s, s)
+            step[0] = s
+            taken, _ = store.take_now(4, s)
+            taken_stamps.extend((s, stamp) for stamp in taken)
+    finally:
+        stop.set()
+        worker.join()
+    assert errors == []
+    assert store.buffer.ledger()["max_age_changes"] == 0 and store.buffer.max_age == 0
+    assert taken_stamps, "the bounded takes got nothing: the race was not run"
+    assert [(s, stamp) for s, stamp in taken_stamps if stamp < s] == []  # nothing past max_age=0
+
+
+@BOTH
 def test_put_blocks_at_the_capacity_until_a_get(impl):
     async def run() -> None:
         buf, _ = make(impl, rollout_batch_size=1, async_data_buffer_capacity_factor=2.0)

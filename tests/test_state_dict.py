@@ -5,6 +5,8 @@ import io
 import pytest
 import torch
 from _helpers import assert_balanced, rows
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pyfast_buffer as pfb
 
@@ -64,3 +66,57 @@ def test_load_rejects_a_broken_group(impl):
     sd["entries"]["group_len"][0] = 5
     with pytest.raises(ValueError, match="not contiguous and uniform"):
         impl(8, max_uses=2).load_state_dict(sd)
+
+
+def _frozen(value):
+    """A deep copy of a state_dict (tensors cloned), to compare with what the same dict holds later."""
+    if isinstance(value, dict):
+        return {k: _frozen(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    return value
+
+
+def _assert_same(a, b, where="state"):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from("pdcftS"), st.integers(0, 5)), min_size=1, max_size=40))
+@pytest.mark.parametrize("impl_name", ["StalenessBuffer", "ReferenceBuffer"])
+def test_a_state_dict_is_a_snapshot_that_later_calls_never_change(impl_name, ops):
+    """Every state_dict taken along a random run still holds what it held when it was taken: it shares no memory
+    with the live buffer (the twin's source counts once did, issue 55), so a save() of it is consistent."""
+    buf = getattr(pfb, impl_name)(64, max_age=2, max_uses=2, on_full="evict_oldest")
+    snapshots, step = [], 0
+    for tid, (op, k) in enumerate(ops, start=1):
+        if op == "p":
+            buf.put([tid, tid + 1000], step, source=k)
+        elif op == "d":
+            buf.dispatch([tid], step, source=k)
+        elif op == "c" and buf.in_flight:
+            prompt = int(buf.state_dict()["in_flight"]["prompt_id"][0])
+            buf.complete([tid], [prompt])
+        elif op == "f" and buf.in_flight:
+            buf.fail([int(buf.state_dict()["in_flight"]["prompt_id"][0])])
+        elif op == "t":
+            step += k % 2
+            buf.take(1 + k, step)
+        elif op == "S":
+            sd = buf.state_dict()
+            snapshots.append((sd, _frozen(sd)))
+    snapshots.append((buf.state_dict(), None))
+    buf.put([10**6], step, source=1)  # one more of everything that is counted
+    buf.dispatch([10**6 + 1], step, source=1)
+    buf.take(4, step + 1)
+    for sd, frozen in snapshots[:-1]:
+        _assert_same(sd, frozen)
+    last, _ = snapshots[-1]
+    assert int(last["source_counts"].sum()) < int(buf.state_dict()["source_counts"].sum())  # the counts moved on

@@ -194,15 +194,26 @@ class NativeMatchesReference(RuleBasedStateMachine):
         if self.both(lambda b: b.put(trajs, stamps, group_ids=groups, finish_step=finish)):
             self.entered.update(trajs)
 
-    @rule(batch_size=st.integers(1, 6), advance=st.integers(-1, 2), timeout=st.sampled_from([None, None, 0]))
-    def take(self, batch_size, advance, timeout):
+    @rule(
+        batch_size=st.integers(1, 6),
+        advance=st.integers(-1, 2),
+        timeout=st.sampled_from([None, None, 0]),
+        bounded=st.sampled_from([True, True, False]),
+    )
+    def take(self, batch_size, advance, timeout, bounded):
         step = max(0, self.clock + advance)
-        result = self.both(lambda b: b.take(batch_size, step, timeout=timeout))
+        max_age, changes = self.native.max_age, self.native.ledger()["max_age_changes"]
+        result = self.both(lambda b: b.take(batch_size, step, timeout=timeout, bounded=bounded))
+        # A take without the bound is that call's alone: the buffers' max_age never moves for it (issue 55).
+        assert self.native.max_age == self.ref.max_age == max_age
+        assert self.native.ledger()["max_age_changes"] == changes
         if result:
             native, ref = result
             assert rows(native) == rows(ref)
             assert native.finish_step.tolist() == ref.finish_step.tolist()
             assert native.metrics == ref.metrics
+            if not bounded:
+                assert native.metrics["buffer/dropped_stale"] == 0
 
     @rule(advance=st.integers(0, 3))
     def evict_stale(self, advance):

@@ -5,6 +5,12 @@
 - ``integrations.nemo_rl``: NeMo RL's ``PromptGroupSampler`` (docs/nemo_rl.md); NeMo RL itself (not on PyPI).
 - ``integrations.torchrl``: TorchRL's replay-buffer ``Sampler`` (docs/torchrl.md);
   ``pip install "pyfast_buffer[torchrl]"``.
+- ``integrations.trl``: a ``rollout_worker`` for TRL's ``AsyncGRPOTrainer`` (docs/trl.md);
+  ``pip install "pyfast_buffer[trl]"``.
+- ``integrations.slime``: slime's data source, fully-async rollout function and buffer filter, loaded by path
+  (docs/slime.md); slime itself (a checkout: not on PyPI).
+- ``integrations.miles``: Miles's fully-async data buffer and a paced rollout function, loaded by path
+  (docs/miles.md); Miles itself (a checkout: its PyPI release predates the fully-async buffer).
 
 None of them is imported here, and the library imports none of them: each imports its framework only inside its
 own subpackage. The flags below say which frameworks this environment has, without importing any.
@@ -30,3 +36,9 @@ _has_verl = _has("verl")
 _has_nemo_rl = _has("nemo_rl")
 #: Whether TorchRL is installed.
 _has_torchrl = _has("torchrl")
+#: Whether TRL is installed (the TRL worker subclasses nothing of it, but runs inside its trainer).
+_has_trl = _has("trl")
+#: Whether slime is importable (from a checkout on the path).
+_has_slime = _has("slime")
+#: Whether Miles is importable (from a checkout on the path).
+_has_miles = _has("miles")

@@ -118,9 +118,15 @@ class GroupStore:
         return gid
 
     def complete(self, gid: int, payload: Any) -> None:
-        self.buffer.complete([gid], [gid])
-        del self._in_flight[gid]
+        # The payload is in place before the ring can hand its group out: a take on another thread may take it
+        # the moment complete returns in the core.
         self._ready[gid] = payload
+        try:
+            self.buffer.complete([gid], [gid])
+        except BaseException:
+            del self._ready[gid]
+            raise
+        del self._in_flight[gid]
 
     def fail(self, gid: int) -> None:
         self.buffer.fail([gid])
@@ -128,8 +134,12 @@ class GroupStore:
 
     def put(self, payload: Any, stamp: int) -> int:
         gid = self._new_gid()
-        self.buffer.put([gid], stamp, group_ids=[gid])
-        self._ready[gid] = payload
+        self._ready[gid] = payload  # before the ring holds it (see complete)
+        try:
+            self.buffer.put([gid], stamp, group_ids=[gid])
+        except BaseException:
+            del self._ready[gid]
+            raise
         self.largest_stamp = max(self.largest_stamp, stamp)
         return gid
 
@@ -141,14 +151,9 @@ class GroupStore:
     def take_now(self, groups: int, step: int, bounded: bool = True) -> Tuple[List[Any], List[Any]]:
         """Takes up to ``groups`` groups trainable at ``step`` without waiting (fewer, even none, when not ready);
         returns (taken, dropped stale). ``bounded=False`` takes without the age bound (Miles before its first
-        weight update, when a group's staleness is unknown)."""
-        if bounded:
-            return self._collect(self.buffer.take(groups, step))
-        self.buffer.max_age = UNBOUNDED
-        try:
-            return self._collect(self.buffer.take(groups, step))
-        finally:
-            self.buffer.max_age = self.max_age
+        weight update, when a group's staleness is unknown): a property of this one take, so the buffer's max_age
+        (and every other take's bound) never changes for it."""
+        return self._collect(self.buffer.take(groups, step, bounded=bounded))
 
     def _collect(self, batch: Any) -> Tuple[List[Any], List[Any]]:
         taken = [self._ready.pop(int(g)) for g in batch.group_ids.tolist()]
