@@ -18,21 +18,16 @@ change here. Why each check exists and what the atomicity guarantees are: docs/c
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
 import math
 import os
-import secrets
-import socket
-import stat
 import struct
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, Union
 
 import numpy as np
 
-from . import _torch
+from . import _torch, durable
 
 if TYPE_CHECKING:  # torch loads when a checkpoint holds or yields a tensor, not with the package
     import torch
@@ -43,7 +38,7 @@ IN_FLIGHT_CHOICES = ("keep", "fail")
 #: What load does with restored in-flight prompts unless told: their workers are usually gone (docs/checkpoints.md).
 DEFAULT_IN_FLIGHT = "fail"
 #: Suffix of the temporary files save writes next to the target (``.<name>.<host>.<pid>.<token>.pfb-tmp``).
-TEMP_SUFFIX = ".pfb-tmp"
+TEMP_SUFFIX = durable.TEMP_SUFFIX
 
 _PREFIX = struct.Struct("<8sIQQ")
 _DIGEST_BYTES = 32
@@ -164,59 +159,8 @@ def _with_gaps(layout: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarr
     return out
 
 
-def _temp_prefix(name: str) -> str:
-    if len(name.encode()) <= 120:
-        return f".{name}."
-    # A long target name is shortened (and told apart by a hash) so the temporary name stays under NAME_MAX (255).
-    return f".{name.encode()[:80].decode(errors='ignore')}~{hashlib.sha256(name.encode()).hexdigest()[:12]}."
-
-
-def _temp_path(directory: str, name: str) -> str:
-    # host and pid in the name let a later save tell a killed writer's leftover from a live writer's file.
-    return os.path.join(
-        directory, f"{_temp_prefix(name)}{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
-    )
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def orphaned_temp_files(path: PathLike) -> list[str]:
-    """Returns the temporary files of ``path`` left by saves killed on this host (their process is gone)."""
-    target = os.path.abspath(os.fspath(path))
-    directory, name = os.path.split(target)
-    prefix, host, found = _temp_prefix(name), socket.gethostname(), []
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            if not (entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX)):
-                continue
-            parts = entry.name[len(prefix) : -len(TEMP_SUFFIX)].rsplit(".", 2)
-            if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
-                continue
-            pid = int(parts[1])
-            if pid != os.getpid() and not _process_alive(pid):
-                found.append(entry.path)
-    return sorted(found)
-
-
-def _fsync_directory(directory: str) -> None:
-    if os.name == "nt":  # Windows cannot open a directory to fsync it; NTFS journals the rename itself
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some filesystems (certain FUSE and network mounts) cannot fsync a directory
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
+# The writer moved to ``durable`` (every save of the package shares it); 0.1.0 documented this name here.
+orphaned_temp_files = durable.orphaned_temp_files
 
 
 def _write_all(f: BinaryIO, head: bytes, header: bytes, layout: list[tuple[int, np.ndarray]]) -> None:
@@ -230,36 +174,15 @@ def _write_all(f: BinaryIO, head: bytes, header: bytes, layout: list[tuple[int, 
 def save_state(state: dict[str, Any], path: PathLike, fsync: bool = True) -> None:
     """Writes ``state`` (a state_dict, or any tree of the supported types) to ``path`` atomically.
 
-    A temporary file in the same directory is written, flushed and fsynced, renamed over ``path``
-    and the directory fsynced: a reader sees the old file or the new one, never a mix. If anything
-    fails before the rename, the temporary file is removed and ``path`` is untouched. After a
+    Through ``durable.write_file``: a temporary file in the same directory is written, flushed and fsynced,
+    renamed over ``path`` and the directory fsynced: a reader sees the old file or the new one, never a mix. If
+    anything fails before the rename, the temporary file is removed and ``path`` is untouched. After a
     successful save, temporary files of ``path`` left by killed saves on this host are removed.
     ``fsync=False`` skips the two fsyncs: the file then survives the death of the writing process (the
     rename is still atomic) but not the machine's, for a caller that rewrites it many times a second.
     """
-    target = os.path.abspath(os.fspath(path))
     head, header, layout, _ = _serialize(state)  # a state that cannot be stored fails here, before any file
-    directory, name = os.path.split(target)
-    temp = _temp_path(directory, name)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with contextlib.suppress(FileNotFoundError):  # keep an existing checkpoint's permissions
-                os.chmod(f.fileno(), stat.S_IMODE(os.stat(target).st_mode))
-            _write_all(f, head, header, layout)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    if fsync:
-        _fsync_directory(directory)  # makes the rename itself durable
-    for orphan in orphaned_temp_files(target):
-        with contextlib.suppress(OSError):
-            os.unlink(orphan)
+    durable.write_file(path, lambda f: _write_all(f, head, header, layout), fsync=fsync)
 
 
 # -- reading ----------------------------------------------------------------------------------------------------
@@ -398,23 +321,21 @@ def save(buffer: Checkpointable, path: PathLike) -> None:
     save_state(buffer.state_dict(), path)
 
 
-def load(buffer: Checkpointable, path: PathLike, in_flight: str = DEFAULT_IN_FLIGHT) -> torch.Tensor:
-    """Replaces ``buffer``'s state with the checkpoint at ``path``; returns the restored prompts it failed.
-
-    in_flight: ``"fail"`` (default) fails every restored in-flight prompt right after the load, through
-        ``buffer.fail`` (counted in the ledger's ``failed``), since the workers that held them are usually
-        gone; dispatch the returned ids again. ``"keep"`` keeps them in flight: under ``wait`` they block
-        take until completed, failed, or (with leases) expired.
-
-    A file that fails any check raises CheckpointError; one the buffer refuses (capacity too small,
-    max_uses too low) raises load_state_dict's ValueError. Either way the buffer is unchanged.
-    """
+def _check_in_flight(in_flight: str) -> None:
     if not isinstance(in_flight, str) or in_flight not in IN_FLIGHT_CHOICES:
         raise ValueError(
             f"in_flight={in_flight!r} is unknown; use 'fail' (restored in-flight prompts are failed "
             "and counted) or 'keep' (they stay in flight for workers that still run)"
         )
-    state = load_state(path)
+
+
+def restore(
+    buffer: Checkpointable, state: Any, in_flight: str = DEFAULT_IN_FLIGHT, path: PathLike = ""
+) -> torch.Tensor:
+    """``load`` for a state_dict already read (one stored inside a larger ``save_state`` tree, as the integrations
+    keep theirs): loads it into ``buffer`` and applies ``in_flight``; returns the restored prompts it failed.
+    ``path`` only names the file in the error for a tree that holds no state_dict."""
+    _check_in_flight(in_flight)
     if not isinstance(state, dict):
         raise CheckpointError(
             os.fspath(path), "holds no state_dict; it was written by save_state() from something else"
@@ -426,6 +347,21 @@ def load(buffer: Checkpointable, path: PathLike, in_flight: str = DEFAULT_IN_FLI
         return prompts[:0]
     buffer.fail(prompts)
     return prompts
+
+
+def load(buffer: Checkpointable, path: PathLike, in_flight: str = DEFAULT_IN_FLIGHT) -> torch.Tensor:
+    """Replaces ``buffer``'s state with the checkpoint at ``path``; returns the restored prompts it failed.
+
+    in_flight: ``"fail"`` (default) fails every restored in-flight prompt right after the load, through
+        ``buffer.fail`` (counted in the ledger's ``failed``), since the workers that held them are usually
+        gone; dispatch the returned ids again. ``"keep"`` keeps them in flight: under ``wait`` they block
+        take until completed, failed, or (with leases) expired.
+
+    A file that fails any check raises CheckpointError; one the buffer refuses (capacity too small,
+    max_uses too low) raises load_state_dict's ValueError. Either way the buffer is unchanged.
+    """
+    _check_in_flight(in_flight)  # before the file is opened
+    return restore(buffer, load_state(path), in_flight, path)
 
 
 class CheckpointMethods:

@@ -21,7 +21,7 @@ import torch
 from _helpers import assert_balanced, rows
 
 import pyfast_buffer as pfb
-from pyfast_buffer import checkpoint
+from pyfast_buffer import checkpoint, durable
 
 IMPLS = [pfb.StalenessBuffer, pfb.ReferenceBuffer]
 
@@ -482,6 +482,85 @@ def test_sigkill_during_repeated_saves_leaves_the_old_or_the_new_state(tmp_path)
     assert len(leftovers) == len(_temp_files(tmp_path))  # every leftover belongs to a dead writer
     pfb.StalenessBuffer(4).save(path)  # the next save removes them
     assert _temp_files(tmp_path) == []
+
+
+# -- the folder writer (durable.write_folder), killed at each step of its swap ------------------------------------
+
+_DIE_IN_SWAP = textwrap.dedent("""
+    # Saves "new" into a folder holding "old" (and a stale aside holding "older"), and dies like a SIGKILL
+    # (os._exit: no cleanup, no finally) just before the n-th step of the swap.
+    import os, sys
+    from pyfast_buffer import durable
+    folder, die_at = sys.argv[1], int(sys.argv[2])
+    steps = []
+    def dying(real):
+        def step(*args):
+            steps.append(args)
+            if len(steps) == die_at:
+                os._exit(9)
+            return real(*args)
+        return step
+    os.rename, durable._remove = dying(os.rename), dying(durable._remove)
+    def fill(temporary):
+        for name in ("one", "two"):
+            with open(os.path.join(temporary, name), "w") as f:
+                f.write("new")
+    durable.write_folder(folder, fill)
+    os._exit(0)
+""")
+
+
+def _folder_content(folder):
+    return {name: (folder / name).read_text() for name in sorted(os.listdir(folder))}
+
+
+def _write_folder(folder, text):
+    def fill(temporary):
+        for name in ("one", "two"):
+            with open(os.path.join(temporary, name), "w") as f:
+                f.write(text)
+
+    durable.write_folder(folder, fill)
+
+
+@pytest.mark.parametrize(
+    "die_at, expected",
+    [
+        (1, "old"),  # before the stale aside is removed
+        (2, "old"),  # before the folder is renamed aside
+        (3, "old"),  # between the two renames: no folder, the previous save is read from the aside
+        (4, "new"),  # before the aside is removed
+        (5, "new"),  # not killed
+    ],
+)
+def test_a_folder_save_killed_at_any_step_of_its_swap_reads_whole(die_at, expected, tmp_path):
+    folder = tmp_path / "state"
+    _write_folder(folder, "old")
+    (tmp_path / ".state.pfb-old").mkdir()  # a stale aside, as a save killed after its swap leaves one
+    (tmp_path / ".state.pfb-old" / "one").write_text("older")
+    child = subprocess.run([sys.executable, "-c", _DIE_IN_SWAP, str(folder), str(die_at)], cwd=tmp_path)
+    assert child.returncode == (0 if die_at == 5 else 9)
+    readable = durable.readable_folder(folder)
+    assert (readable == str(folder)) == (die_at != 3)
+    assert _folder_content(type(folder)(readable)) == {"one": expected, "two": expected}
+    _write_folder(folder, "newest")  # the next save recovers: in place, the aside and the dead writer's folder gone
+    assert _folder_content(folder) == {"one": "newest", "two": "newest"}
+    assert sorted(os.listdir(tmp_path)) == ["state"]
+
+
+def test_a_folder_save_that_fails_changes_nothing(tmp_path):
+    folder = tmp_path / "state"
+    _write_folder(folder, "old")
+
+    def failing(temporary):
+        (tmp_path / "seen").write_text(temporary)
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        durable.write_folder(folder, failing)
+    assert _folder_content(folder) == {"one": "old", "two": "old"}
+    assert sorted(os.listdir(tmp_path)) == ["seen", "state"]  # the temporary folder is gone
+    assert durable.readable_folder(tmp_path / "missing") == str(tmp_path / "missing")
 
 
 def test_file_layout_is_as_documented(tmp_path):

@@ -16,6 +16,9 @@ import os
 import pickle
 from typing import Any, Callable, Deque, Dict, List, Optional
 
+import numpy as np
+
+from pyfast_buffer import checkpoint, durable
 from pyfast_buffer.buffer import StalenessBuffer
 from pyfast_buffer.integrations._common import buffer_metrics
 from pyfast_buffer.integrations._slime_family import (
@@ -33,6 +36,9 @@ STRATEGY_ENV = "PYFAST_BUFFER_STRATEGY"
 METRICS = "rollout/fully_async/"
 WHERE = "pyfast_buffer.integrations.miles.StalenessDataBuffer"
 ROLLOUT_FN = "pyfast_buffer.integrations.miles.StalenessRolloutFn"
+#: The ``format`` of the tree ``save`` writes.
+STATE_FORMAT = "pyfast_buffer.miles.data_buffer/2"
+PICKLE_START = b"\x80"  # the PROTO opcode every pickle of protocol 2 or later starts with
 
 
 def in_flight_budget(args: Any) -> int:
@@ -231,14 +237,38 @@ class StalenessDataBuffer:
         return lost
 
     def save(self, path: str) -> None:
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(self.state_dict(), f)
-        os.replace(tmp, path)  # a crash mid-write leaves the previous file
+        """Writes ``state_dict()`` to ``path`` in our checked checkpoint format (``checkpoint.save_state``: atomic and
+        durable, docs/checkpoints.md). Only the groups' payloads (Miles's ``Sample`` objects) are pickled, as
+        Miles's own checkpoints do; the ring, ledger and counters are plain numbers and text."""
+        state = self.state_dict()
+        store = dict(state["store"])
+        pickled = sorted(k for k, v in store.items() if isinstance(v, bytes))
+        for key in pickled:  # the payloads the store pickled: stored as raw bytes, under the file's checksum
+            store[key] = np.frombuffer(store[key], dtype=np.uint8)
+        durable.make_directories(os.path.dirname(os.path.abspath(path)))
+        checkpoint.save_state({**state, "format": STATE_FORMAT, "store": store, "pickled": pickled}, path)
 
     def load(self, path: str) -> List[Any]:
+        """Restores what ``save`` wrote (or the whole-state pickle of earlier builds); returns the prompt groups that
+        were in flight, as ``load_state_dict``. The file's checks (length, sha256) pass before anything in it is
+        unpickled."""
         with open(path, "rb") as f:
-            return self.load_state_dict(pickle.load(f))
+            if f.read(1) == PICKLE_START:  # earlier builds pickled the whole state_dict
+                f.seek(0)
+                return self.load_state_dict(pickle.load(f))
+        tree = checkpoint.load_state(path)
+        if not isinstance(tree, dict) or tree.get("format") != STATE_FORMAT:
+            raise checkpoint.CheckpointError(
+                path,
+                f"is not a Miles buffer state ({STATE_FORMAT}); pass the file StalenessDataBuffer.save wrote "
+                "(state_path(root, rollout_id))",
+            )
+        store = dict(tree["store"])
+        for key in tree["pickled"]:
+            store[key] = np.asarray(store[key]).tobytes()
+        state = {k: v for k, v in tree.items() if k not in ("format", "pickled")}
+        state["store"] = store
+        return self.load_state_dict(state)
 
     # ---- internals ------------------------------------------------------------------------------------------
     async def _take(self, current_version: Optional[int]) -> None:

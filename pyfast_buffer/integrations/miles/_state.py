@@ -9,5 +9,9 @@ STATE_DIR = "pyfast_buffer"
 
 
 def state_path(root: str, rollout_id: int) -> str:
-    """The file holding the buffer's state saved after rollout ``rollout_id`` under checkpoint folder ``root``."""
-    return os.path.join(root, STATE_DIR, f"miles_buffer_{rollout_id}.pkl")
+    """The file holding the buffer's state saved after rollout ``rollout_id`` under checkpoint folder ``root``:
+    ``miles_buffer_<rollout_id>.pfb`` (our checkpoint format), or, when only that exists, the ``.pkl`` an earlier
+    build wrote, so a checkpoint made before the change still resumes (``StalenessDataBuffer.load`` reads both)."""
+    path = os.path.join(root, STATE_DIR, f"miles_buffer_{rollout_id}.pfb")
+    legacy = f"{path[: -len('.pfb')]}.pkl"
+    return legacy if not os.path.exists(path) and os.path.exists(legacy) else path

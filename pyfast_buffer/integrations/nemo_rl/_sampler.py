@@ -24,7 +24,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from pyfast_buffer import aio
+from pyfast_buffer import aio, checkpoint
 from pyfast_buffer.batch import metrics_prefix
 from pyfast_buffer.buffer import StalenessBuffer
 from pyfast_buffer.integrations._common import ages_metrics, buffer_metrics
@@ -44,6 +44,10 @@ BOOK_COUNTS = (
     "started_before_admission",
     "lost_in_resume",
 )
+#: The ``format`` of the tree ``save_state`` writes (core and group map, one file).
+STATE_FORMAT = "pyfast_buffer.nemo_rl.sampler/2"
+#: Where earlier builds kept the group map, beside the core file (still read on load; removed by the next save).
+LEGACY_GROUPS_SUFFIX = ".groups.json"
 ADMIT_RECHECK_S = 0.05  # admit also watches the trainer's version, which no core change announces
 
 
@@ -320,23 +324,50 @@ class StalenessSampler:
 
     # ---- our state across a resume ----------------------------------------------------------------------------
     def save_state(self, path: str) -> None:
-        """Writes the core (atomically) and the group map beside it (``path + ".groups.json"``)."""
+        """Writes the core and the group map to ``path`` as one checkpoint file (``checkpoint.save_state``): a
+        process killed during the save leaves the previous state or the new one, whole (docs/checkpoints.md)."""
         book = self.book
-        self.core.save(path)
-        groups = {gid: [g.pid, g.status, g.stamp] for gid, g in book.groups.items()}
-        state = {"groups": groups, "next_pid": book.next_pid, "counts": dict(book.counts), "ghosts": book.ghosts}
-        tmp = f"{path}.groups.json.tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, f"{path}.groups.json")
+        groups = {gid: [int(g.pid), str(g.status), int(g.stamp)] for gid, g in book.groups.items()}
+        sampler = {
+            "groups": groups,
+            "next_pid": int(book.next_pid),
+            "counts": {k: int(v) for k, v in book.counts.items()},
+            "ghosts": int(book.ghosts),
+        }
+        checkpoint.save_state({"format": STATE_FORMAT, "core": self.core.state_dict(), "sampler": sampler}, path)
+        # Earlier builds kept the map beside the core; this file holds both now, and a stale map must not linger.
+        legacy = f"{path}{LEGACY_GROUPS_SUFFIX}"
+        if os.path.exists(legacy):
+            os.unlink(legacy)
+
+    def _read_state(self, path: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """(the core's state_dict, the sampler's map) from ``path``: one file, or the two an earlier build wrote."""
+        tree = checkpoint.load_state(path)
+        if isinstance(tree, dict) and tree.get("format") == STATE_FORMAT:
+            return tree["core"], tree["sampler"]
+        legacy = f"{path}{LEGACY_GROUPS_SUFFIX}"
+        if isinstance(tree, dict) and str(tree.get("format", "")).startswith("pyfast_buffer.state/"):
+            # Earlier builds wrote the core here and the map beside it, in two writes; still read.
+            if not os.path.exists(legacy):
+                raise checkpoint.CheckpointError(
+                    path,
+                    f"holds only the buffer core; the group map an earlier build kept beside it ({legacy}) is "
+                    "missing. Restore both files from the same save, or remove the state_path file to start fresh",
+                )
+            with open(legacy, encoding="utf-8") as f:
+                return tree, json.load(f)
+        raise checkpoint.CheckpointError(
+            path,
+            f"is a pyfast_buffer checkpoint but not a NeMo RL sampler state ({STATE_FORMAT}); point state_path at the "
+            "file StalenessSampler.save_state wrote",
+        )
 
     def _load_state(self, path: str) -> None:
         """Restores the core and the map; attempts in flight at the save are failed (NeMo keeps only finished
         groups across a restart) and counted ``lost_in_resume``; restored groups NeMo no longer has are ghosts."""
         book = self.book
-        failed = self.core.load(path, in_flight="fail")
-        with open(f"{path}.groups.json") as f:
-            state = json.load(f)
+        core_state, state = self._read_state(path)
+        failed = checkpoint.restore(self.core, core_state, in_flight="fail", path=path)
         book.next_pid, book.ghosts = int(state["next_pid"]), int(state["ghosts"])
         book.counts.update(state["counts"])
         book.counts["lost_in_resume"] += len(failed)

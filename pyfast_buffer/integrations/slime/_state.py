@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-import tempfile
+
+from pyfast_buffer import durable
 
 
 def state_path(root: str, rollout_id: int) -> str:
@@ -13,18 +14,8 @@ def state_path(root: str, rollout_id: int) -> str:
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Writes ``data`` to a temporary file in the same folder and renames it over ``path``: a crash mid-save
-    leaves the previous file, never a truncated one."""
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".pyfast_buffer_", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Writes ``data`` to ``path`` through the package's one writer (``durable.write_file``: temporary file, fsync,
+    rename, fsync of the folder): a process killed mid-save leaves the previous file or the new one, whole, and a
+    finished save survives a power cut (docs/checkpoints.md). Creates the folder if needed."""
+    durable.make_directories(os.path.dirname(os.path.abspath(path)))
+    durable.write_file(path, data)

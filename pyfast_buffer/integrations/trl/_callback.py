@@ -16,6 +16,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from pyfast_buffer.durable import readable_folder
+
 #: The folder inside each ``checkpoint-N`` that holds our state.
 STATE_FOLDER = "pyfast_buffer"
 
@@ -39,7 +41,8 @@ class StalenessWorkerCallback(TrainerCallback):
         if state.global_step == 0 or worker.restored_from is not None:
             return
         folder = checkpoint_folder(args, state)
-        if not os.path.isdir(folder):
+        # readable_folder: a save killed between the two renames of its swap left the previous state aside, whole.
+        if not os.path.isdir(readable_folder(folder)):
             raise FileNotFoundError(
                 f"resuming at step {state.global_step}, but {folder} does not exist: the checkpoint was not written "
                 "with this worker's callbacks. Call worker.load_state(<checkpoint>/pyfast_buffer) before train(), or "

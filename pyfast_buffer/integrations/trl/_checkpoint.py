@@ -9,17 +9,19 @@ What a resume does with each group, by where it was when the checkpoint was writ
 - trained, dropped or failed before: never generated again in that epoch. The position is the next prompt of the
   epoch, not the first untrained one, so a dropped group cannot hold it back (TRL #7274).
 
-The folder is written beside its final name and renamed into place, so a process killed during the save (Ctrl-C,
-SIGKILL) leaves the previous checkpoint's folder or the new one, whole.
+The folder goes through the package's folder writer (``durable.write_folder``: written and fsynced beside its final
+name, then swapped into place), so a process killed during the save (Ctrl-C, SIGKILL) leaves the previous
+checkpoint's folder or the new one, whole, and ``load`` reads it through ``durable.readable_folder``
+(docs/checkpoints.md).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any, Dict, List
 
+from pyfast_buffer import checkpoint, durable
 from pyfast_buffer.integrations.trl._options import WHERE
 from pyfast_buffer.integrations.trl._states import READY
 
@@ -60,41 +62,38 @@ def _sample(record: Dict[str, Any]) -> Any:
 
 
 def save(worker: Any, folder: str) -> None:
-    parent = os.path.dirname(os.path.abspath(folder))
-    os.makedirs(parent, exist_ok=True)
-    temporary = os.path.join(parent, f".{os.path.basename(folder)}.{os.getpid()}.tmp")
-    shutil.rmtree(temporary, ignore_errors=True)
-    os.makedirs(temporary)
-    staged = worker.rollout_buffer._staged
-    with worker._lock:
-        worker.buffer.save(os.path.join(temporary, BUFFER_FILE))
-        ready = {g: e for g, e in worker._groups.items() if e["state"] == READY}
-        lost = [e["index"] for e in worker._groups.values() if e["state"] != READY]
-        state = {
-            "format": FORMAT,
-            "step": worker.step(),
-            "cursor": worker._cursor,
-            "epoch": worker._epoch,
-            "next_group": worker._next_group,
-            "redo": lost + list(worker._redo),
-            "ready": {str(g): {"index": e["index"], "step": e["step"]} for g, e in ready.items()},
-            "samples": [_sample_record(t, s) for t, s in worker._samples.items()],
-            "staged": [_sample_record(-1, s) for s in staged],
-            "staged_step": None,
-            "counts": dict(worker.counts),
-        }
-        if staged:
-            state["staged_step"] = staged[0].model_version + worker._version_offset
-    with open(os.path.join(temporary, STATE_FILE), "w", encoding="utf-8") as f:
-        json.dump(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    if os.path.isdir(folder):
-        shutil.rmtree(folder)
-    os.replace(temporary, folder)
+    durable.make_directories(os.path.dirname(os.path.abspath(folder)))
+
+    def fill(temporary: str) -> None:
+        # Plain writes (fsync=False): durable.write_folder fsyncs every file of the folder before it is swapped in.
+        staged = worker.rollout_buffer._staged
+        with worker._lock:
+            checkpoint.save_state(worker.buffer.state_dict(), os.path.join(temporary, BUFFER_FILE), fsync=False)
+            ready = {g: e for g, e in worker._groups.items() if e["state"] == READY}
+            lost = [e["index"] for e in worker._groups.values() if e["state"] != READY]
+            state = {
+                "format": FORMAT,
+                "step": worker.step(),
+                "cursor": worker._cursor,
+                "epoch": worker._epoch,
+                "next_group": worker._next_group,
+                "redo": lost + list(worker._redo),
+                "ready": {str(g): {"index": e["index"], "step": e["step"]} for g, e in ready.items()},
+                "samples": [_sample_record(t, s) for t, s in worker._samples.items()],
+                "staged": [_sample_record(-1, s) for s in staged],
+                "staged_step": None,
+                "counts": dict(worker.counts),
+            }
+            if staged:
+                state["staged_step"] = staged[0].model_version + worker._version_offset
+        with open(os.path.join(temporary, STATE_FILE), "w", encoding="utf-8") as f:
+            json.dump(state, f)
+
+    durable.write_folder(folder, fill)
 
 
 def load(worker: Any, folder: str) -> None:
+    folder = durable.readable_folder(folder)  # the previous save, if one was killed while swapping its folder in
     path = os.path.join(folder, STATE_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{WHERE}.load_state: {path} does not exist; pass the checkpoint's pyfast_buffer/")

@@ -247,13 +247,15 @@ class StalenessRolloutWorker:
 
     # ---- checkpoints (the callback calls them; _checkpoint says what is kept) ----------------------------------
     def save_state(self, folder: str) -> None:
-        """Writes our state (buffer, ready samples, epoch position) into ``folder``, atomically."""
+        """Writes our state (buffer, ready samples, epoch position) into ``folder`` as one unit: the previous folder
+        or the new one, whole, survives a kill at any moment (``durable.write_folder``, docs/checkpoints.md)."""
         from pyfast_buffer.integrations.trl import _checkpoint
 
         _checkpoint.save(self, folder)
 
     def load_state(self, folder: str) -> None:
-        """Restores what ``save_state`` wrote; call before ``train()`` (the callback does on resume)."""
+        """Restores what ``save_state`` wrote; call before ``train()`` (the callback does on resume). A save killed
+        in the middle of its folder swap left the previous folder aside; it is found and read."""
         from pyfast_buffer.integrations.trl import _checkpoint
 
         _checkpoint.load(self, folder)
