@@ -391,7 +391,8 @@ PYBIND11_MODULE(_core, m) {
       // The same from a torch tensor, read through its data pointer: a tensor has no buffer protocol, and making a
       // numpy view of it per call costs more than the put. The checks, the address and the copy run with the GIL
       // held and no Python code between them, so no other thread can resize the tensor between reading its address
-      // and copying from it. Returns false, having done nothing, for anything but a 1-d contiguous CPU int64 tensor.
+      // and copying from it. Returns false, having done nothing, for anything but a 1-d contiguous CPU int64 tensor
+      // whose memory holds its values (not a negative view).
       .def("put_tensor",
            [](PyRing& self, const py::object& traj_ids, const py::object& int64_dtype, int64_t sample_step,
               std::optional<double> timeout) {
@@ -401,9 +402,12 @@ PYBIND11_MODULE(_core, m) {
              static PyObject* const is_contiguous = interned("is_contiguous");
              static PyObject* const numel = interned("numel");
              static PyObject* const data_ptr = interned("data_ptr");
+             static PyObject* const is_neg = interned("is_neg");
+             // A negative view (torch._neg_view) keeps the un-negated values in memory with a bit saying "negate
+             // on read": its memory is not its values, so it takes the general route (which refuses it by name).
              if (!attribute(traj_ids, dtype).is(int64_dtype) || attribute(traj_ids, is_cpu).ptr() != Py_True ||
                  attribute(traj_ids, ndim).cast<int64_t>() != 1 ||
-                 method(traj_ids, is_contiguous).ptr() != Py_True)
+                 method(traj_ids, is_contiguous).ptr() != Py_True || method(traj_ids, is_neg).ptr() != Py_False)
                return false;
              const int64_t n = method(traj_ids, numel).cast<int64_t>();
              const auto address = method(traj_ids, data_ptr).cast<std::uintptr_t>();

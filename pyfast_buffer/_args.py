@@ -32,6 +32,36 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def _refuse_meta(value: Any, name: str) -> None:
+    """Raises naming ``name`` for a meta tensor (a shape, no data), which torch refuses with a message naming none."""
+    if value.device.type == "meta":
+        raise ValueError(
+            f"{name} is a meta tensor (a shape without data); pass a tensor that holds the values (e.g. on the CPU) "
+            "or a list"
+        )
+
+
+def _refuse_dataless_or_lazy(value: Any, name: str) -> None:
+    """Raises naming ``name`` for a tensor whose memory cannot be read as its values: a meta tensor, or a view with
+    a pending negation (its memory holds x for the value -x; torch's ``.numpy()`` refuses it naming no argument).
+    A conjugate view is complex, refused by its dtype before this. Only the slow tensor paths call this (after
+    ``.numpy()`` declined the tensor), so plain CPU tensors pay nothing for it."""
+    _refuse_meta(value, name)
+    if value.is_neg():
+        raise ValueError(f"{name} is a negative view (tensor.is_neg()); pass {name}.resolve_neg() instead")
+
+
+def _item(value: Any, name: str) -> Any:
+    """The Python value of a 0-d numpy array or tensor (``.item()`` reads a negative view's value right)."""
+    if not isinstance(value, np.ndarray):
+        _refuse_meta(value, name)
+    return value.item()
+
+
 def _is_scalar_array(value: Any) -> bool:
     """A 0-d numpy array or tensor (a tensor only if torch is loaded: whoever made one imported it)."""
     if isinstance(value, np.ndarray):
@@ -58,6 +88,7 @@ def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
     if torch is not None and isinstance(value, torch.Tensor):
         if value.dtype not in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
             raise TypeError(f"{name} has dtype {value.dtype}; pass integer ids (e.g. tensor.long())")
+        _refuse_dataless_or_lazy(value, name)
         # A CUDA (or other device) tensor is copied to the host here: one synchronising copy per call. Keep ids
         # on the CPU in a hot loop (the buffer holds ids, never data).
         array = cast(Any, value).detach().cpu().numpy()
@@ -74,6 +105,17 @@ def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
             return np.empty(0, dtype=np.int64)
         if array.dtype == object and all(_is_int(v) for v in value):
             raise ValueError(f"{name} has ids that do not fit int64; pass ids in [-2**63, 2**63)")
+        # numpy turns [True, 2] into int64 [1, 2]: a bool among ints (a mask passed by mistake, a flag in the wrong
+        # place) would be taken as id 1. A container with a dtype of its own says so in that dtype (checked below);
+        # a list or tuple of Python objects is looked at here, on this general path only (one pass over the types).
+        if array.dtype.kind in "iu" and not hasattr(value, "dtype") and type(value) is not range:
+            types = set(map(type, value))
+            if bool in types or np.bool_ in types:
+                at, flag = next((i, v) for i, v in enumerate(value) if _is_bool(v))
+                raise TypeError(
+                    f"{name} holds a bool at index {at} ({flag!r}) among ints; pass ints, not bools "
+                    "(int(flag) if 0/1 was meant; a mask selects values, it is not one)"
+                )
     if array.dtype.kind not in "iu":
         raise TypeError(f"{name} has dtype {array.dtype}; ids must be ints, not floats or bools")
     if array.ndim != 1:
@@ -90,8 +132,12 @@ def as_step(value: Any, name: str) -> int:
     if type(value) is int and 0 <= value <= _INT64_MAX:  # the hot path: skip the ABC checks
         return value
     if _is_scalar_array(value):
-        value = cast(Any, value).item()
+        value = _item(value, name)
     if not _is_int(value):
+        if _is_bool(value):
+            raise TypeError(
+                f"{name}={value!r} is a bool; pass the trainer's global step as an int >= 0 (e.g. {name}={int(value)})"
+            )
         if isinstance(value, float) and math.isnan(value):
             raise ValueError(f"{name}=nan is not a step; pass the trainer's global step as an int >= 0")
         raise TypeError(f"{name}={value!r} is not an int; pass the trainer's global step as an int >= 0")
@@ -107,7 +153,7 @@ def as_steps(value: Any, name: str, n: int, copy: bool = False) -> np.ndarray:
     """Returns one stamp (shape (1,)) or ``n`` stamps as int64 >= 0, or raises naming ``name``."""
     if type(value) is int and 0 <= value <= _INT64_MAX:
         return np.array((value,), dtype=np.int64)
-    if _is_int(value) or isinstance(value, float) or _is_scalar_array(value):
+    if _is_int(value) or isinstance(value, (float, bool, np.bool_)) or _is_scalar_array(value):
         return np.array([as_step(value, name)], dtype=np.int64)
     steps = as_ids(value, name, copy)
     if len(steps) != n:
@@ -190,7 +236,7 @@ def as_slots(source: Any, n: int, per: str) -> Optional[np.ndarray]:
     if source is None:
         return None
     if _is_int(source) or _is_scalar_array(source):
-        value = as_count(int(source), "source", -(2**63))
+        value = as_count(int(_item(source, "source") if _is_scalar_array(source) else source), "source", -(2**63))
         if not 0 <= value <= MAX_SOURCE:
             raise ValueError(
                 f"source={value} is out of range; pass a source in [0, {MAX_SOURCE}] (or None for untagged)"

@@ -37,6 +37,7 @@ def test_bad_construction(impl, kwargs, error, match):
         impl(**kwargs)
 
 
+_META = r"traj_ids is a meta tensor \(a shape without data\); pass a tensor that holds the values"
 BAD_CALLS = [
     ("put float ids", lambda b: b.put([1.5, 2.0], 0), TypeError, "traj_ids has dtype float64"),
     ("put bool ids", lambda b: b.put([True], 0), TypeError, "traj_ids has dtype bool"),
@@ -70,6 +71,74 @@ BAD_CALLS = [
     ("infinite timeout", lambda b: b.take(1, 3, timeout=math.inf), ValueError, "finite number of seconds"),
     ("string timeout", lambda b: b.take(1, 3, timeout="1"), TypeError, "timeout='1' is not a number"),
     ("load garbage", lambda b: b.load_state_dict({"x": 1}), TypeError, "state_dict must be a dict made by state_dict"),
+    # numpy reads [True, 2] as int64 [1, 2]: a bool among ints must not become id 1 (issue 55, item 8).
+    ("put bool among ids", lambda b: b.put([True, 2], 0), TypeError, r"traj_ids holds a bool at index 0 \(True\)"),
+    ("put np.bool_ among ids", lambda b: b.put((3, np.True_), 0), TypeError, "traj_ids holds a bool at index 1"),
+    ("put bool among stamps", lambda b: b.put([3, 4], [1, True]), TypeError, "sample_step holds a bool at index 1"),
+    ("put bool among groups", lambda b: b.put([3, 4], 2, group_ids=[False, 7]), TypeError, "group_ids holds a bool"),
+    ("dispatch bool among ids", lambda b: b.dispatch([False, 41], 2), TypeError, "prompt_ids holds a bool"),
+    ("put bool step", lambda b: b.put([42], True), TypeError, "sample_step=True is a bool; pass .* an int"),
+    ("put numpy bool step", lambda b: b.put([42], np.False_), TypeError, "sample_step=np.False_ is a bool"),
+    ("put 0-d bool tensor step", lambda b: b.put([42], torch.tensor(True)), TypeError, "sample_step=True is a bool"),
+    ("take bool step", lambda b: b.take(1, True), TypeError, "current_step=True is a bool"),
+    ("put meta ids", lambda b: b.put(torch.empty(2, dtype=torch.long, device="meta"), 0), ValueError, _META),
+    (
+        "put meta ids grouped",
+        lambda b: b.put(torch.empty(2, dtype=torch.long, device="meta"), 0, group_ids=[1, 1]),
+        ValueError,
+        _META,
+    ),
+    (
+        "put meta stamps",
+        lambda b: b.put([3, 4], torch.empty(2, dtype=torch.long, device="meta")),
+        ValueError,
+        "sample_step is a meta tensor",
+    ),
+    ("put meta 0-d stamp", lambda b: b.put([3], torch.tensor(1, device="meta")), ValueError, "sample_step is a meta"),
+    (
+        "dispatch meta ids",
+        lambda b: b.dispatch(torch.empty(1, dtype=torch.long, device="meta"), 2),
+        ValueError,
+        "prompt_ids is a meta tensor",
+    ),
+    (
+        "put meta source",
+        lambda b: b.put([3], 2, source=torch.tensor(1, device="meta")),
+        ValueError,
+        "source is a meta tensor",
+    ),
+    # A negative view's memory holds x for the value -x: refused on the general path (group_ids given) and in
+    # every other call; a conjugate view is complex, refused by its dtype.
+    (
+        "put negative view grouped",
+        lambda b: b.put(torch._neg_view(torch.tensor([5, 6])), 2, group_ids=[1, 1]),
+        ValueError,
+        r"traj_ids is a negative view .*traj_ids.resolve_neg\(\)",
+    ),
+    (
+        "put negative-view stamps",
+        lambda b: b.put([5, 6], torch._neg_view(torch.tensor([1, 2]))),
+        ValueError,
+        r"sample_step is a negative view",
+    ),
+    (
+        "dispatch negative view",
+        lambda b: b.dispatch(torch._neg_view(torch.tensor([41])), 2),
+        ValueError,
+        r"prompt_ids is a negative view .*resolve_neg",
+    ),
+    (
+        "complete negative view",
+        lambda b: b.complete(torch._neg_view(torch.tensor([3])), [40]),
+        ValueError,
+        r"traj_ids is a negative view",
+    ),
+    (
+        "put complex conj view",
+        lambda b: b.put(torch.tensor([1 + 1j]).conj(), 0),
+        TypeError,
+        "traj_ids has dtype torch.complex64",
+    ),
 ]
 
 
@@ -118,3 +187,28 @@ def test_any_call_after_close_raises_buffer_closed(impl, call):
         call(buf)
     assert isinstance(pfb.BufferClosedError("x"), ValueError)
     assert buf.ledger()["buffer_left"] == 2 and buf.closed  # introspection still works after close
+
+
+def test_put_fast_path_refuses_a_negative_view():
+    """The native put's fast path copies a CPU int64 tensor's memory; a negative view's memory is not its values,
+    so the fast path declines it and the general path refuses it by name (it once stored [5, 6] for [-5, -6])."""
+    buf = _loaded(pfb.StalenessBuffer)
+    before = buf.ledger()
+    with pytest.raises(ValueError, match=r"traj_ids is a negative view .*resolve_neg"):
+        buf.put(torch._neg_view(torch.tensor([5, 6])), 2)
+    assert buf.ledger() == before
+
+
+def test_put_of_a_negative_view_in_the_reference_is_refused_not_stored():
+    buf = _loaded(pfb.ReferenceBuffer)
+    before = buf.ledger()
+    with pytest.raises(ValueError, match=r"traj_ids is a negative view .*traj_ids.resolve_neg\(\) instead"):
+        buf.put(torch._neg_view(torch.tensor([5, 6])), 2)
+    assert buf.ledger() == before and buf.take(8, 2).traj_ids.tolist() == [1, 2]
+
+
+def test_resolved_views_and_int_lists_still_go_in(impl):
+    buf = impl(8)
+    buf.put(torch._neg_view(torch.tensor([5, 6])).resolve_neg(), 0, group_ids=[1, 1])
+    buf.put([7, 8], [0, 1])
+    assert buf.take(8, 1).traj_ids.tolist() == [-5, -6, 7, 8]

@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from typing import IO, Dict, Iterable, List, Optional, Tuple
 
 from ..batch import AGE_BUCKETS, PROTECTED_ADMISSION_FIELDS
-from ..bias import BIAS_FIELDS
-from ._config_files import is_binary
-from .output import print_output
+from .output import DATA_FIELDS, bias_lines, data_and_bias, print_output, prompt_lines
 
 COUNT_FIELDS: Tuple[str, ...] = ("dropped_stale", "taken", "retired", "evicted")  # since the previous record: summed
 RUNNING_FIELDS = ("buffer_left", "sampled_total")  # running values: the last one counts
@@ -37,6 +35,16 @@ _FIELD = re.compile(
     + r')"?\s*[=:]\s*(-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![\w.])'
 )
 _AGE = re.compile(r'"?age_hist/([0-9+\-]+)"?\s*[=:]\s*(\d+)')
+# The same keys with any whole token as value ("retired= evicted=0": retired is empty); one that _FIELD does not read
+# (retired=abc, taken=, buffer_left=64x) is a damaged field. A quoted number ("taken": "8") is neither.
+_ANY_VALUE = re.compile(
+    r'(?<![\w/.\-])"?(?:[\w.\-/]*[/.])?('
+    + "|".join(FIELDS)
+    + r')"?\s*[=:](?:\s*("[^"]*"|[^\s,;}\]=:]+)(?=[\s,;}\]]|$)|)'
+)
+_NUMBER = re.compile(r'"?-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"?')
+#: A ``strategy=drop|wait|pace`` token on a record's line (a writer that logs it): it decides the reported strategy.
+_STRATEGY = re.compile(r'(?<![\w/.\-])"?strategy"?\s*[=:]\s*"?(drop|wait|pace)\b')
 #: The counters strategy="pace" adds to the line (docs/design.md, "pace"), read when present and never needed
 #: for the balance: trained_over_age and retired_early count per record (summed, subsets of taken and of retired),
 #: the admission counters run.
@@ -47,10 +55,6 @@ _PACE_FIELD = re.compile(
     + "|".join(PACE_COUNT_FIELDS + PACE_RUNNING_FIELDS)
     + r')"?\s*[=:]\s*(\d+)(?![\w.])'
 )
-#: The prompt-attempt fields of the buffer's record (running values: the last one counts), see docs/data-bias.md.
-DATA_FIELDS = ("retried", "starved", "regenerations")
-_DATA = re.compile(r"(?<![\w/.\-])(" + "|".join(DATA_FIELDS) + r")=(\d+)(?![\w.])")
-_BIAS = re.compile(r"(?<![\w/.\-])bias (.*)$")
 #: A gap of about -100% (accounted twice what was sampled) is the sign of records counted twice.
 _DOUBLED = (-110.0, -90.0)
 
@@ -82,6 +86,11 @@ class Segment:
     pace: Dict[str, int] = field(default_factory=dict)  # trained_over_age summed, the admission counters' last
     pace_went_back: str = ""  # source:line where a running admission counter went back within the segment
     log: List[Tuple[str, Dict[str, int]]] = field(default_factory=list, repr=False)  # (source:line, fields)
+    # (source:line, what) of the damaged line it starts at: a record with a field that is not a number (its own
+    # first record), or NUL bytes before its first record. The counts across it cannot be checked.
+    after_damage: Tuple[str, str] = ("", "")
+    logged_strategy: str = ""  # the last strategy=... token on its records ("" when the writer logs none)
+    take_dropped: str = ""  # source:line of the first record that took and dropped stale in one call
     # Filled by reconcile():
     first_unbalanced: str = ""  # source:line of the first full record that does not balance from the baseline
     baseline: str = ""  # "run start" (every count from zero) or "first record SOURCE:LINE" (the log starts mid-run)
@@ -93,6 +102,9 @@ class Segment:
     balanced: Optional[bool] = None
     drop_rate: Optional[float] = None
     unreconciled: str = ""  # why gap is None
+    unchecked: bool = False  # it starts at a damaged line and holds nothing after its baseline: nothing to compare
+    strategy: str = ""  # "drop", "wait", "pace", "drop or wait", or "" (no buffer record: not known)
+    strategy_why: str = ""  # what in the log decided it
 
 
 @dataclass
@@ -108,32 +120,31 @@ class AuditResult:
     exit_code: int  # 0 balanced, 1 not (or cannot be shown), 2 unreadable input / no records
     data: Dict[str, int] = field(default_factory=dict)  # the last value of each DATA_FIELDS field seen
     bias: Dict[str, float] = field(default_factory=dict)  # the last bias record's BIAS_FIELDS
+    damaged: List[str] = field(default_factory=list)  # source:line of every damaged line a segment starts at
 
 
-def data_and_bias(lines: Iterable[str]) -> Tuple[Dict[str, int], Dict[str, float]]:
-    """Returns the last prompt-attempt values and the last bias record of a log (both empty when absent)."""
-    data: Dict[str, int] = {}
-    last_bias: Dict[str, float] = {}
-    for line in lines:
-        for key, value in _DATA.findall(line):
-            data[key] = int(value)
-        found = _BIAS.search(line)
-        if found:
-            pairs = dict(item.split("=", 1) for item in found.group(1).split() if "=" in item)
-            try:
-                record = {k: float(pairs[k]) for k in BIAS_FIELDS if k in pairs}
-            except ValueError:
-                continue  # not the buffer's record
-            if record:
-                last_bias = record
-    return data, last_bias
+#: C0 control bytes a text log does not hold (tab, LF, VT, FF, CR and ESC for colours are text; NUL is judged apart).
+_CONTROL = bytes(b for b in range(1, 32) if b not in b"\t\n\v\f\r\x1b")
+#: Above this share of control bytes (NUL aside) an input is binary, not a text log with a damaged line.
+_MAX_CONTROL_SHARE = 0.01
+
+
+def looks_binary(raw: bytes) -> bool:
+    """Whether ``raw`` is binary data, not a text log with NUL runs (``copytruncate`` leaves one where the log starts,
+    a crash zero-filled blocks; audit skips them). Binary data holds control bytes text does not, or interleaves NULs
+    with other bytes: more NUL runs than lines, as UTF-16 or any binary format does."""
+    if b"\0" not in raw:
+        return False
+    text = raw.replace(b"\0", b"")
+    if len(text) - len(text.translate(None, _CONTROL)) > _MAX_CONTROL_SHARE * max(1, len(text)):
+        return True
+    lines = raw.count(b"\n") + 1  # any() stops at the first run past it: a 100 MB UTF-16 file has 50 million runs
+    return any(runs > lines for runs, _ in enumerate(re.finditer(rb"\0+", raw), 1))
 
 
 def open_log(source: str, stdin: Optional[IO[bytes]] = None) -> List[str]:
-    """Returns the lines of a log file, a gzip file (by its magic bytes) or ``-`` (stdin).
-
-    Raises UnreadableLog naming the source and the reason.
-    """
+    """Returns the lines of a log file, a gzip file (by its magic bytes) or ``-`` (stdin), NUL bytes kept (audit
+    notes and skips them). Raises UnreadableLog naming the source and why: missing, broken gzip, binary data."""
     try:
         if source == "-":
             raw = (stdin or sys.stdin.buffer).read()
@@ -147,27 +158,46 @@ def open_log(source: str, stdin: Optional[IO[bytes]] = None) -> List[str]:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as exc:
             raise UnreadableLog(f"{source}: broken gzip ({exc}); decompress it or pass the plain log") from None
-    if is_binary(raw):
-        raise UnreadableLog(f"{source}: binary data (NUL bytes), not a text log; pass the training log")
+    if looks_binary(raw):
+        raise UnreadableLog(
+            f"{source}: binary data, not a text log (NUL bytes between its characters, or control bytes); "
+            "pass the training log"
+        )
     return raw.decode("utf-8", errors="replace").splitlines()
 
 
-def parse_record(line: str, problems: Optional[List[str]] = None) -> Tuple[Dict[str, int], Dict[str, int]]:
+def parse_record(
+    line: str, problems: Optional[List[str]] = None, damaged: Optional[List[str]] = None
+) -> Tuple[Dict[str, int], Dict[str, int]]:
     """Returns ({field: value}, {age bucket: count}) of one log line; both empty when it is no record.
 
     Integer-valued floats (``taken=8.0``, ``sampled_total=1.0e1``) are read as ints. A value that is
-    not a whole number is left out, and a negative count kept; each is described in ``problems``.
+    not a whole number (``retired=64.5``, ``retired=abc``, ``retired=``) is left out and added to
+    ``damaged`` as ``key=value``; a negative count is kept. Each is described in ``problems``.
     """
     fields: Dict[str, int] = {}
-    for key, text in _FIELD.findall(line):
+    read_at = set()  # where the keys _FIELD read start: _ANY_VALUE finds them too
+    for m in _FIELD.finditer(line):
+        key, text = m.group(1), m.group(2)
+        read_at.add(m.start(1))
         value = _whole(text)
         if value is None:
             if problems is not None:
-                problems.append(f"{key}={text} is not a whole number; left out")
+                problems.append(f"{key}={text} is not a whole number; left out, the record is damaged")
+            if damaged is not None:
+                damaged.append(f"{key}={text}")
             continue
         if value < 0 and problems is not None:
             problems.append(f"{key}={value} is negative; counts and totals are >= 0 (kept as written)")
         fields[key] = value
+    for m in _ANY_VALUE.finditer(line):
+        key, text = m.group(1), m.group(2) or ""
+        if m.start(1) in read_at or _NUMBER.fullmatch(text):
+            continue  # read above, or a quoted number (never read)
+        if problems is not None:
+            problems.append(f"{key}={text} is not a number; left out, the record is damaged")
+        if damaged is not None:
+            damaged.append(f"{key}={text}")
     ages = {b: int(v) for b, v in _AGE.findall(line)} if fields else {}
     return fields, ages
 
@@ -187,6 +217,8 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Opti
     Sources are paths, gzip paths or ``-`` for stdin (``stdin`` replaces sys.stdin in tests).
     ``group`` is a regular expression: records whose lines match it differently (its first group,
     or the whole match) are reconciled apart, e.g. ``^\\[rank\\d+\\]`` for several writers in one log.
+    A damaged line (a field that is not a number, NUL bytes) is noted and starts a new segment,
+    reconciled from its first intact record: only the counts across the damage are not checked.
     Never raises on bad input: an unreadable source gives exit_code 2 with a note. Raises
     ValueError only for a ``group`` that is not a regular expression.
     """
@@ -196,7 +228,7 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Opti
         raise ValueError(f"--group {group!r} is not a regular expression ({exc})") from None
     sources = list(sources)
     notes: List[str] = []
-    lines: List[Tuple[str, str]] = []  # (source:line, text)
+    lines: List[Tuple[str, str, int]] = []  # (source:line, text without NUL bytes, NUL bytes taken out)
     unreadable = False
     for src in sources:
         try:
@@ -206,11 +238,15 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Opti
             unreadable = True
             continue
         before = len(lines)
-        lines += [(f"{src}:{i}", t) for i, t in enumerate(text, 1)]
-        if not any(parse_record(t)[0] for _, t in lines[before:]):
+        for i, t in enumerate(text, 1):
+            nul = t.count("\0")
+            lines.append((f"{src}:{i}", t.replace("\0", "") if nul else t, nul))
+        if not any(parse_record(t)[0] for _, t, _ in lines[before:]):
             notes.append(f"{src}: no records (no dropped_stale=, taken=, buffer_left= or sampled_total= fields)")
     problems: List[str] = []
     segments, seen = _segments(lines, group_re, problems)
+    # A NUL run before the first record starts no segment: the baseline logic already reads a log that starts mid-run.
+    damaged = list(dict.fromkeys(seg.after_damage[0] for seg in segments if seg.after_damage[0]))
     notes += problems[:_MAX_PROBLEM_NOTES]
     if len(problems) > _MAX_PROBLEM_NOTES:
         notes.append(f"... and {len(problems) - _MAX_PROBLEM_NOTES} more values like these")
@@ -226,31 +262,44 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Opti
                 "or write dropped_stale=%d taken=%d buffer_left=%d sampled_total=%d"
             )
     else:
-        code = 0 if all(s.balanced for s in segments) else 1
-    data, bias_record = data_and_bias(t for _, t in lines)
-    return AuditResult(sources, segments, absent, assumptions, notes, code == 0, code, data, bias_record)
+        code = 0 if all(s.balanced or s.unchecked for s in segments) else 1
+    data, bias_record = data_and_bias(t for _, t, _ in lines)
+    return AuditResult(sources, segments, absent, assumptions, notes, code == 0, code, data, bias_record, damaged)
 
 
 _MAX_PROBLEM_NOTES = 5
 
 
 def _segments(
-    lines: List[Tuple[str, str]], group_re: Optional[re.Pattern[str]], problems: List[str]
+    lines: List[Tuple[str, str, int]], group_re: Optional[re.Pattern[str]], problems: List[str]
 ) -> Tuple[List[Segment], set]:
     segments: List[Segment] = []
     seen: set = set()
     current: Dict[str, Segment] = {}  # group key -> its open segment
-    for where, text in lines:
+    pending: Dict[str, Tuple[str, str]] = {}  # group key -> a NUL-byte line seen since its last record
+    for where, text, nul in lines:
+        if nul:
+            # What the NUL bytes replaced is unknown (copytruncate's hole, a zero-filled block after a crash): any
+            # writer's records may be gone, so the next record of every open segment starts a new one.
+            what = f"{nul} NUL byte(s)" + (" (the whole line)" if not text.strip() else " in the line")
+            problems.append(f"{where}: {what} skipped, as copytruncate rotation or a crash leaves them")
+            for key in current:
+                pending.setdefault(key, (where, what))
         found: List[str] = []
-        fields, ages = parse_record(text, found)
-        problems += [f"{where}: {p}" for p in found]
-        if not fields:
+        bad: List[str] = []
+        fields, ages = parse_record(text, found, bad)
+        # A bad value on a line with no good one is a record only if it names two fields: a lone "evicted: none" in
+        # some other message is not the buffer's line.
+        bad_keys = list(dict.fromkeys(b.split("=", 1)[0] for b in bad))
+        if not fields and len(bad_keys) < 2:
             continue
+        problems += [f"{where}: {p}" for p in found]
         key = ""
         if group_re is not None:
             m = group_re.search(text)
             key = "" if m is None else (m.group(1) if m.re.groups else m.group(0)) or ""
         seen.update(fields)
+        seen.update(bad_keys)  # the writer logs the field, even where this copy of it is damaged
         seg = current.get(key)
         back = (
             seg is not None
@@ -258,8 +307,11 @@ def _segments(
             and seg.running["sampled_total"] is not None
             and fields["sampled_total"] < seg.running["sampled_total"]
         )
-        if seg is None or back:
-            seg = current[key] = Segment(len(segments) + 1, where, key)
+        damage = pending.pop(key, ("", ""))
+        if bad:  # this record's own counts are unknown: the chain breaks at it, not at the intact line after it
+            damage = (where, ", ".join(bad) + (" is not a whole number" if len(bad) == 1 else " are not whole numbers"))
+        if seg is None or back or damage[0]:
+            seg = current[key] = Segment(len(segments) + 1, where, key, after_damage=damage if not back else ("", ""))
             segments.append(seg)
         seg.records += 1
         seg.last = where
@@ -278,6 +330,13 @@ def _segments(
                 if int(v) < seg.pace.get(k, 0) and not seg.pace_went_back:
                     seg.pace_went_back = where
                 seg.pace[k] = int(v)
+        logged = _STRATEGY.search(text)
+        if logged:
+            seg.logged_strategy = logged.group(1)
+        # Only a take under drop drops and trains in one call: evict_stale (any strategy) logs taken=0, and takes
+        # under wait and pace never drop.
+        if fields.get("taken", 0) > 0 and fields.get("dropped_stale", 0) > 0 and not seg.take_dropped:
+            seg.take_dropped = where
     return segments, seen
 
 
@@ -298,16 +357,38 @@ def _assumptions(absent: List[str]) -> List[str]:
     return out
 
 
+def _strategy(seg: Segment) -> Tuple[str, str]:
+    """The strategy the segment was logged under, and why: the buffer's line names none, so it is read from what
+    one strategy alone writes. Pace's admission counters move (a put's groups are admitted too); a take that dropped
+    is drop's; a use trained over max_age without admission is wait's (drop never trains one)."""
+    if seg.logged_strategy:
+        return seg.logged_strategy, "logged on its records (strategy=...)"
+    if not any(k in seg.pace for k in PACE_RUNNING_FIELDS):
+        return "", ""  # not the buffer's own line: nothing to go by
+    if any(seg.pace.get(k, 0) > 0 for k in PACE_RUNNING_FIELDS):
+        return "pace", "its admission counters move"
+    if seg.take_dropped:
+        return "drop", f"a take dropped stale trajectories ({seg.take_dropped}); the admission counters stay 0"
+    if seg.pace.get("trained_over_age", 0) > 0:
+        return "wait", "uses were trained over max_age and the admission counters stay 0"
+    return "drop or wait", (
+        "not pace: the admission counters stay 0; the line does not name the strategy, and no take dropped or "
+        "trained over max_age, which would tell drop from wait"
+    )
+
+
 def _reconcile(seg: Segment, absent: List[str]) -> None:
-    """Fills the segment's baseline, gap and verdict.
+    """Fills the segment's baseline, gap, verdict and strategy.
 
     The baseline is the run's start (every count from zero) unless the first record with a
     sampled_total already carries history: a full record (the buffer's own line) that does not
-    balance from zero, or a partial one from which the rest balances while it does not from zero.
-    Then the log starts mid-run (a rotated log, an excerpt) and the identity is checked on the
-    changes after that record: delta(sampled_total) == retired + dropped_stale + evicted (summed
-    over the later records) + delta(buffer_left).
+    balance from zero, or a partial one from which the rest balances while it does not from zero,
+    or any record of a segment that starts at a damaged line. Then the log starts mid-run (a rotated
+    log, an excerpt, a damaged line) and the identity is checked on the changes after that record:
+    delta(sampled_total) == retired + dropped_stale + evicted (summed over the later records) +
+    delta(buffer_left).
     """
+    seg.strategy, seg.strategy_why = _strategy(seg)
     s = seg.sums
     trained = s["taken"] if "taken" not in absent else s["retired"]
     seg.drop_rate = s["dropped_stale"] / (s["dropped_stale"] + trained) if s["dropped_stale"] + trained else 0.0
@@ -319,33 +400,40 @@ def _reconcile(seg: Segment, absent: List[str]) -> None:
             else "taken and retired are absent from every input"
         )
         return
-    if seg.running["sampled_total"] is None:
-        seg.balanced = False
-        seg.unreconciled = "this segment has no sampled_total"
-        return
+    damaged = bool(seg.after_damage[0])
     retired_key = "taken" if "retired" in absent else "retired"
 
     def gap(sampled: int, counts: Dict[str, int], left: int) -> int:
         return ledger_gap(sampled, counts[retired_key], counts["dropped_stale"], counts["evicted"], left)
 
-    # The anchor: the first record with a sampled_total, and the counts up to and including it.
+    # The anchor: the first record with a sampled_total, and the counts up to and including it. After a damaged
+    # line its buffer_left must be read after it too (the one before is out of date).
     pre = dict.fromkeys(COUNT_FIELDS, 0)
-    left_at_anchor = 0
-    anchor = 0
-    for anchor, (_where, fields) in enumerate(seg.log):  # noqa: B007 - anchor is read after the loop
+    left_at_anchor: Optional[int] = None
+    anchor = -1
+    for i, (_where, fields) in enumerate(seg.log):
         for k in COUNT_FIELDS:
             pre[k] += fields.get(k, 0)
         left_at_anchor = fields.get("buffer_left", left_at_anchor)
-        if "sampled_total" in fields:
+        if "sampled_total" in fields and (not damaged or left_at_anchor is not None or "buffer_left" in absent):
+            anchor = i
             break
+    if anchor < 0 or (damaged and anchor == len(seg.log) - 1):
+        seg.balanced = False
+        seg.unchecked = damaged  # nothing after the damage to compare: not a gap
+        seg.unreconciled = (
+            "nothing after the damaged line to compare with" if damaged else "this segment has no sampled_total"
+        )
+        return
     anchor_where, anchor_fields = seg.log[anchor]
-    sampled_last, left_last = seg.running["sampled_total"], seg.running["buffer_left"] or 0
+    left0 = left_at_anchor or 0
+    sampled_last, left_last = seg.running["sampled_total"] or 0, seg.running["buffer_left"] or 0
     after = {k: s[k] - pre[k] for k in COUNT_FIELDS}
     zero_gap = gap(sampled_last, s, left_last)
-    anchor_gap = gap(sampled_last - anchor_fields["sampled_total"], after, left_last - left_at_anchor)
-    anchor_carries_history = gap(anchor_fields["sampled_total"], pre, left_at_anchor) != 0
+    anchor_gap = gap(sampled_last - anchor_fields["sampled_total"], after, left_last - left0)
+    anchor_carries_history = gap(anchor_fields["sampled_total"], pre, left0) != 0
     full = all(k in anchor_fields for k in FIELDS if k not in absent)
-    mid_run = anchor_carries_history and (full or (zero_gap != 0 and anchor_gap == 0))
+    mid_run = damaged or (anchor_carries_history and (full or (zero_gap != 0 and anchor_gap == 0)))
     if mid_run and anchor == len(seg.log) - 1:
         seg.balanced = False
         seg.baseline = f"first record {anchor_where}"
@@ -355,7 +443,7 @@ def _reconcile(seg: Segment, absent: List[str]) -> None:
         )
         return
     if mid_run:
-        seg.baseline, seg.gap_from_zero = f"first record {anchor_where}", zero_gap
+        seg.baseline, seg.gap_from_zero = f"first record {anchor_where}", None if damaged else zero_gap
         seg.sampled_total, seg.gap = sampled_last - anchor_fields["sampled_total"], anchor_gap
     else:
         seg.baseline = "run start"
@@ -370,10 +458,9 @@ def _reconcile(seg: Segment, absent: List[str]) -> None:
         seg.balanced = False
     # A record with every field (the buffer's own line) must balance on its own line, from the baseline.
     counts = dict.fromkeys(COUNT_FIELDS, 0)
-    start = anchor + 1 if mid_run else 0
     base_sampled = anchor_fields["sampled_total"] if mid_run else 0
-    base_left = left_at_anchor if mid_run else 0
-    for where, fields in seg.log[start:]:
+    base_left = left0 if mid_run else 0
+    for where, fields in seg.log[anchor + 1 if mid_run else 0 :]:
         for k in COUNT_FIELDS:
             counts[k] += fields.get(k, 0)
         if (
@@ -386,9 +473,11 @@ def _reconcile(seg: Segment, absent: List[str]) -> None:
 
 def format_result(result: AuditResult) -> str:
     """Returns the human-readable audit: inputs, assumptions, one block per segment, the verdict."""
+    runs = sum(1 for seg in result.segments if not seg.after_damage[0])
     out = [
         f"audit: {len(result.sources)} input(s), {len(result.segments)} segment(s)"
-        + (" (a running counter went back: restarts or several runs)" if len(result.segments) > 1 else "")
+        + (" (a running counter went back: restarts or several runs)" if runs > 1 else "")
+        + (f" ({len(result.damaged)} begin at a damaged line)" if result.damaged else "")
     ]
     present = [f for f in FIELDS if f not in result.absent]
     out.append(
@@ -406,7 +495,12 @@ def format_result(result: AuditResult) -> str:
             f"  sums: {sums}; last: buffer_left={_opt(seg.running['buffer_left'])}"
             f" sampled_total={_opt(seg.running['sampled_total'])}"
         )
-        if seg.baseline.startswith("first record"):
+        where, what = seg.after_damage
+        if where:
+            out.append(f"  starts at damaged line {where}: {what}; the counts across it are not checked")
+        if seg.baseline.startswith("first record") and where:
+            out.append(f"  baseline: {seg.baseline}, the first with intact running values after the damaged line")
+        elif seg.baseline.startswith("first record"):
             out.append(
                 f"  baseline: {seg.baseline}: it already carries history (the log starts mid-run: rotated or "
                 "an excerpt), so only the changes after it are reconciled"
@@ -440,10 +534,13 @@ def format_result(result: AuditResult) -> str:
             early, retired = seg.pace["retired_early"], s["retired"]
             verdict = "<= retired: ok" if early <= retired else "MORE than retired: the counts do not reconcile"
             out.append(f"  retired below max_uses (pace, one use a group): {early} of {retired} ({verdict})")
-        if any(k in seg.pace for k in PACE_RUNNING_FIELDS):
+        if seg.strategy:
+            out.append(f"  strategy: {seg.strategy} ({seg.strategy_why})")
+        # The admission counters are pace's: under drop and wait they stay 0 and say nothing.
+        if seg.strategy == "pace" or any(seg.pace.get(k, 0) for k in PACE_RUNNING_FIELDS) or seg.pace_went_back:
             counts = " ".join(f"{k}={seg.pace.get(k, '-')}" for k in PACE_RUNNING_FIELDS)
             went_back = f"; a counter went back at {seg.pace_went_back}" if seg.pace_went_back else ""
-            out.append(f"  admission (strategy=pace), last: {counts}{went_back}")
+            out.append(f"  admission, last: {counts}{went_back}")
         if seg.age_hist:
             total = sum(seg.age_hist.values()) or 1
             order = sorted(seg.age_hist, key=lambda b: AGE_BUCKETS.index(b) if b in AGE_BUCKETS else len(AGE_BUCKETS))
@@ -451,37 +548,17 @@ def format_result(result: AuditResult) -> str:
                 "  age histogram: "
                 + ", ".join(f"{b}: {seg.age_hist[b]} ({seg.age_hist[b] / total:.0%})" for b in order)
             )
-    if result.data:
-        out.append("")
-        out.append(
-            "prompts (last record): "
-            + ", ".join(f"{k}={result.data[k]}" for k in DATA_FIELDS if k in result.data)
-            + " (retried: prompts dispatched again after an untrained attempt; starved: >= 2 attempts, none "
-            "trained; regenerations: trajectories generated for attempts that were lost and redone)"
-        )
-    if result.bias:
-        b = result.bias
-        out.append("")
-        out.append("bias (last record; trained vs generated, docs/data-bias.md):")
-        for quantity, unit in (("latency", "us"), ("length", "tokens")):
-            ks_all, ks_win = b.get(f"{quantity}_ks", math.nan), b.get(f"window/{quantity}_ks", math.nan)
-            means = ", ".join(
-                f"{fate} {b[f'{quantity}/{fate}/mean']:.6g}"
-                for fate in ("generated", "trained", "lost")
-                if f"{quantity}/{fate}/mean" in b
-            )
-            out.append(f"  {quantity}: KS {ks_all:.4g} (window {ks_win:.4g}); mean {unit}: {means}")
-        worst = max((v for k, v in b.items() if k.endswith("_ks") and not math.isnan(v)), default=float("nan"))
-        if not math.isnan(worst) and worst >= 0.1:
-            out.append(
-                f"  hint: a KS of {worst:.2f} means the trained data differs from what was generated; see "
-                "data_metrics() per source, starved() and max_attempts / source_max_age"
-            )
+    out += prompt_lines(result.data, DATA_FIELDS) + bias_lines(result.bias)
     if result.notes:
         out += [""] + [f"note: {n}" for n in result.notes]
     out.append("")
     if result.exit_code == 2:
         out.append("verdict: unreadable input or no records to reconcile, see the notes (exit 2)")
+    elif result.balanced and result.damaged:
+        out.append(
+            f"verdict: balanced in every segment; the counts across {len(result.damaged)} damaged line(s) are not "
+            "checked (see the notes) (exit 0)"
+        )
     elif result.balanced:
         out.append("verdict: balanced in every segment (exit 0)")
     else:

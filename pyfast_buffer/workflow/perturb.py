@@ -17,6 +17,7 @@ import math
 import os
 import random
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Set
 
@@ -37,12 +38,41 @@ LEDGER_ROWS = ("sampled_total", "taken", "retired", "dropped_stale", "evicted", 
 MAX_AGE_LIMIT = 2**63 - 1
 #: Most trajectories the built-in simulation makes (produced_per_step x steps), to stay a quick check.
 MAX_SIMULATED_TRAJECTORIES = 10_000_000
-#: Exit codes: drops moved cleanly / did not move / inconclusive (nothing old enough) / moved but not cleanly.
-EXIT_MOVED, EXIT_NOT_MOVED, EXIT_USAGE, EXIT_NOT_CLEAN, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
+#: Exit codes: drops moved cleanly / did not move / usage error / moved but not cleanly / inconclusive (nothing old
+#: enough) / the workload raised (nothing was measured: told apart from 1, which is a finding about the drop path).
+EXIT_MOVED, EXIT_NOT_MOVED, EXIT_USAGE, EXIT_NOT_CLEAN, EXIT_INCONCLUSIVE, EXIT_WORKLOAD_FAILED = 0, 1, 2, 3, 4, 5
 
 
 class _PerturbError(ValueError):
     """perturb's own refusal (bad ages, or a workload that built no buffer), told apart from the workload's errors."""
+
+
+class WorkloadError(RuntimeError):
+    """The workload raised: nothing was measured. ``__cause__`` is its exception, ``max_age`` the run it broke."""
+
+    def __init__(self, max_age: int, exc: BaseException) -> None:
+        self.max_age = max_age
+        first = (str(exc).strip().splitlines() or [""])[0]
+        where = _user_frame(exc)
+        super().__init__(
+            f"the workload raised {type(exc).__name__}"
+            + (f": {first}" if first else "")
+            + f" (in its max_age={max_age} run{', at ' + where if where else ''}); nothing was measured: fix the "
+            "workload, or rerun with --traceback to see the whole trace"
+        )
+
+
+def _user_frame(exc: BaseException) -> str:
+    """file:line of the innermost frame outside this package (the workload's own line), or ""."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = traceback.extract_tb(exc.__traceback__)
+    outside = [f for f in frames if not os.path.abspath(f.filename).startswith(package + os.sep)]
+    if not outside:
+        return ""
+    name = os.path.relpath(outside[-1].filename) if os.path.isabs(outside[-1].filename) else outside[-1].filename
+    if name.startswith(os.pardir):  # outside the working directory: the absolute path says more
+        name = outside[-1].filename
+    return f"{name}:{outside[-1].lineno}"
 
 
 Factory = Callable[..., Any]
@@ -73,7 +103,8 @@ def perturb(
 
     ``factory(**kwargs)`` builds ``buffer_class(**kwargs)`` with ``max_age`` replaced; the
     workload may build several buffers and the ledgers are summed. Raises ValueError when
-    the workload never calls the factory (nothing was measured) or the ages are not small < large.
+    the workload never calls the factory (nothing was measured) or the ages are not small < large,
+    and WorkloadError (its exception chained) when the workload raises.
     """
     if not 0 <= small_max_age < large_max_age <= MAX_AGE_LIMIT:
         raise _PerturbError(
@@ -90,7 +121,10 @@ def perturb(
             built.append(buf)  # noqa: B023 - same
             return buf
 
-        run(factory)
+        try:
+            run(factory)
+        except Exception as exc:  # the workload's own failure; KeyboardInterrupt and SystemExit go through
+            raise WorkloadError(max_age, exc) from exc
         if not built:
             raise _PerturbError(
                 "the workload never called the buffer factory; build its buffer with factory(capacity=..., ...)"
@@ -135,23 +169,38 @@ def _verdict(small: Dict[str, int], large: Dict[str, int], lo: int, hi: int, str
             if strategies == ["wait"]
             else "; the drop code is never called: check that the trainer takes from this buffer with strategy 'drop'"
         )
-        return f"drops do not move: dropped_stale={ds} with max_age={lo} and with max_age={hi}{hint}", False, 1
-    about_zero = dl <= ABOUT_ZERO * max(1, large.get("sampled_total", 0))
-    sharp = ds >= SHARP * max(1, dl)
+        return (
+            f"drops do not move: dropped_stale={ds} with max_age={lo} and with max_age={hi}{hint}",
+            False,
+            EXIT_NOT_MOVED,
+        )
+    # Exactly the two conditions the messages state, and nothing else: any drop with the small max_age that the
+    # large one does not repeat shows the drop code runs (there is no minimum count).
+    limit = ABOUT_ZERO * large.get("sampled_total", 0)
+    about_zero = dl <= limit
+    sharp = ds >= SHARP * dl
+    want = (
+        f"the drops with max_age={lo} >= {SHARP}x those with max_age={hi} ({ds} vs {SHARP} x {dl} = {SHARP * dl}), "
+        f"and those with max_age={hi} <= {ABOUT_ZERO:.0%} of its sampled_total ({dl} vs {limit:g})"
+    )
     if about_zero and sharp:
         share = ds / max(1, small.get("sampled_total", 0))
         return (
-            (f"drop path runs: dropped_stale={ds} ({share:.1%} of sampled) with max_age={lo}, {dl} with max_age={hi}"),
+            f"drop path runs: dropped_stale={ds} ({share:.1%} of sampled) with max_age={lo}, {dl} with "
+            f"max_age={hi}; both hold: {want}",
             True,
-            0,
+            EXIT_MOVED,
         )
+    failed = " and ".join(
+        what
+        for what, ok in ((f"not {SHARP}x", sharp), (f"not <= {ABOUT_ZERO:.0%} with the large one", about_zero))
+        if not ok
+    )
     return (
-        (
-            f"drops moved but not cleanly: dropped_stale={ds} with max_age={lo}, {dl} with max_age={hi} "
-            f"(want >= {SHARP}x and about zero with the large one)"
-        ),
+        f"drops moved but not cleanly ({failed}): dropped_stale={ds} with max_age={lo}, {dl} with max_age={hi}; "
+        f"want {want}",
         False,
-        3,
+        EXIT_NOT_CLEAN,
     )
 
 
@@ -308,12 +357,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"perturb: {exc}", file=sys.stderr)
         return 2
-    # Exceptions raised by a user's workload propagate with their traceback.
     try:
         result = perturb(workload, args.small, args.large)
     except _PerturbError as exc:
         print(f"perturb: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except WorkloadError as exc:
+        # One line by default: the workload's failure is not perturb's, and 1 would read as "drops do not move".
+        if args.traceback and exc.__cause__ is not None:
+            traceback.print_exception(type(exc.__cause__), exc.__cause__, exc.__cause__.__traceback__)
+        print(f"perturb: {exc}", file=sys.stderr)
+        return EXIT_WORKLOAD_FAILED
     print_output(format_result(result, title))
     return result.exit_code
 
@@ -357,10 +411,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "perturb",
         help="run a workload with a tiny and a huge max_age and check that drops move",
-        epilog="exit status: 0 drops rose with the small max_age and fell to about zero with the large "
-        "one; 1 they did not move (the drop path never runs); 2 usage error; 3 they moved but "
-        "not cleanly; 4 inconclusive: trajectories were taken but none was older than the small "
-        "max_age, so nothing could be dropped",
+        epilog=f"exit status: 0 drops moved cleanly: those with the small max_age are >= {SHARP}x those with "
+        f"the large one, which are <= {ABOUT_ZERO:.0%} of its sampled_total; 1 they did not move (the drop path "
+        "never runs); 2 usage error; 3 they moved but not cleanly; 4 inconclusive: trajectories were taken but "
+        "none was older than the small max_age, so nothing could be dropped; 5 the workload raised (nothing was "
+        "measured)",
     )
     src = p.add_argument_group("workload (a user function, or the built-in simulation)")
     src.add_argument(
@@ -381,4 +436,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--small", type=int, default=SMALL_MAX_AGE, help=f"the very small max_age (default {SMALL_MAX_AGE})")
     p.add_argument("--large", type=int, default=LARGE_MAX_AGE, help=f"the very large max_age (default {LARGE_MAX_AGE})")
+    p.add_argument(
+        "--traceback", action="store_true", help="when the workload raises, print its whole traceback (exit 5 still)"
+    )
     p.set_defaults(run=run)
