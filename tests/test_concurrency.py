@@ -4,14 +4,21 @@ import threading
 import time
 
 from _helpers import assert_balanced
+from _torch_race import assert_race_survived, race_first_torch_import
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 PRODUCERS = 3
-SECONDS = 1.0
+SECONDS = 1.0  # at least this long, and on until every producer made MIN_CALLS calls (a loaded machine is slow)
+MIN_CALLS = 40
+LIMIT_S = 60.0
 
 
 def _run(buf, produce, consume_step):
     stop = threading.Event()
     taken, errors = [], []
+
+    calls = [0] * PRODUCERS
 
     def producer(k):
         try:
@@ -19,6 +26,7 @@ def _run(buf, produce, consume_step):
             while not stop.is_set():
                 produce(buf, k, i)
                 i += 1
+                calls[k] = i
         except Exception as exc:
             errors.append(exc)
 
@@ -39,6 +47,9 @@ def _run(buf, produce, consume_step):
     for t in threads:
         t.start()
     time.sleep(SECONDS)
+    deadline = time.monotonic() + LIMIT_S
+    while min(calls) < MIN_CALLS and not errors and time.monotonic() < deadline:
+        time.sleep(0.01)
     stop.set()
     for t in threads:
         t.join(30)
@@ -93,3 +104,15 @@ def test_ledger_balances_under_drops_evictions_and_failures(impl):
     led = assert_balanced(buf)
     assert led["dropped_stale"] > 0 and led["failed"] > 0 and led["evicted"] >= 0
     assert led["retired"] == len(taken)
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.generate])  # no shrinking: seconds each
+@given(
+    impl=st.sampled_from(["StalenessBuffer", "ReferenceBuffer"]),
+    how=st.sampled_from(["batch", "thread"]),
+    seed=st.integers(0, 2**16),
+)
+def test_producers_race_a_real_first_torch_import(tmp_path_factory, impl, how, seed):
+    """Four producer threads, one drawn mix of calls each, while the process's first `import torch` runs (issue 55;
+    tests/_torch_race.py): no producer dies, each keeps working once torch has loaded."""
+    assert_race_survived(race_first_torch_import(tmp_path_factory.mktemp("race"), impl, how, seed))

@@ -10,6 +10,9 @@ import pickle
 import numpy as np
 import pytest
 from _helpers import assert_balanced
+from _torch_race import assert_race_survived, race_first_torch_import
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 import pyfast_buffer as pfb
 from pyfast_buffer import _core
@@ -131,3 +134,13 @@ def test_a_full_batch_is_not_copied():
     buf.put(list(range(64)), 0)
     batch = buf.take(64, 0)
     assert batch.columns.untyped_storage().nbytes() == 8 * len(pfb.FIELDS) * 64
+
+
+@settings(max_examples=2, deadline=None, derandomize=True, phases=[Phase.generate])  # no shrinking: seconds each
+@given(impl=st.sampled_from(["StalenessBuffer", "ReferenceBuffer"]), seed=st.integers(0, 2**16))
+def test_bad_arguments_during_the_first_torch_import_are_refused_as_bad_input(tmp_path_factory, impl, seed):
+    """Bad arguments (floats, strings, nested lists, bools, a negative step...) drawn by producers while another
+    thread runs the process's first `import torch`: each is refused with TypeError or ValueError, never torch's
+    half-built module's AttributeError (issue 55; tests/_torch_race.py)."""
+    out = race_first_torch_import(tmp_path_factory.mktemp("race"), impl, "thread", seed, hostile=True)
+    assert_race_survived(out, hostile=True)

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+from _torch_race import assert_race_survived, race_first_torch_import
 
 # Refuses torch as an interpreter without it does: ModuleNotFoundError("No module named 'torch'", name='torch').
 _NO_TORCH = """
@@ -131,70 +132,7 @@ def test_without_torch_pin_memory_true_is_refused_with_the_fix(tmp_path):
     assert "pin_memory=True needs CUDA" in out["error"]
 
 
-# Producers put and dispatch from plain lists and numpy while the first `import torch` of the process runs in
-# another thread (the trainer reading its first batch's tensor, or a thread importing torch itself). While that
-# import runs, sys.modules["torch"] holds a half-built module: a buffer that took it for torch raised
-# AttributeError ("partially initialized module 'torch' has no attribute 'Tensor'") in every producer (issue 55).
-# Each producer draws its calls from a seeded mix, so the calls that ask "is this a tensor?" all race the import.
-_FIRST_IMPORT_RACE = """
-import json, random, sys, threading, time
-import numpy as np
-import pyfast_buffer
-cls, how, seed = getattr(pyfast_buffer, sys.argv[1]), sys.argv[2], int(sys.argv[3])
-buf = cls(capacity=1 << 16, max_age=10**6, strategy="drop", on_full="evict_oldest")
-errors, counts, stop, imported = [], [0, 0, 0, 0], threading.Event(), threading.Event()
-after = [0, 0, 0, 0]  # calls each producer made once torch had finished importing
-def producer(k):
-    rng = random.Random(seed * 10 + k)
-    try:
-        for i in range(10**9):
-            if stop.is_set():
-                return
-            tid = k * 10**8 + i
-            op = rng.randrange(5)
-            if op == 0:
-                buf.dispatch([tid], 0); buf.complete([tid], [tid])
-            elif op == 1:
-                buf.put([tid], 0)
-            elif op == 2:
-                buf.put(np.array([tid], dtype=np.int64), [0], group_ids=[tid])
-            elif op == 3:
-                buf.dispatch([tid], 0); buf.fail([tid])
-            else:
-                buf.put([tid], 0, finish_step=[0])
-            counts[k] += 1
-            if imported.is_set():
-                after[k] += 1
-    except BaseException as exc:
-        errors.append(f"{type(exc).__name__}: {exc}")
-threads = [threading.Thread(target=producer, args=(k,)) for k in range(4)]
-for t in threads:
-    t.start()
-time.sleep(0.05)
-assert "torch" not in sys.modules
-if how == "batch":  # the trainer's first tensor imports torch
-    ids = buf.take(8, current_step=0).traj_ids.tolist()
-else:  # another thread imports torch itself while the producers run
-    importer = threading.Thread(target=lambda: __import__("torch"))
-    importer.start(); importer.join()
-    ids = buf.take(8, current_step=0).traj_ids.tolist()
-imported.set()
-import torch
-buf.put(torch.tensor([-5 + 0 * len(ids)]).abs() + 10**12, 0)  # a tensor from a producer works after the import
-deadline = time.monotonic() + 5
-while min(after) < 50 and time.monotonic() < deadline and not errors:
-    time.sleep(0.01)
-stop.set()
-for t in threads:
-    t.join()
-print(json.dumps({"errors": errors[:4], "alive_after": after, "ids": len(ids), "calls": sum(counts)}))
-"""
-
-
 @pytest.mark.parametrize(("how", "seed"), [("batch", 0), ("thread", 1)])
 @pytest.mark.parametrize("impl", ["StalenessBuffer", "ReferenceBuffer"])
 def test_producers_survive_the_first_torch_import_in_another_thread(tmp_path, impl, how, seed):
-    out = _run(_FIRST_IMPORT_RACE, tmp_path, args=(impl, how, str(seed)))
-    assert out["errors"] == [], out
-    assert min(out["alive_after"]) >= 50, out  # every producer kept working once torch had loaded
-    assert out["ids"] == 8, out
+    assert_race_survived(race_first_torch_import(tmp_path, impl, how, seed))
