@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Optional, cast
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from typing import Any, NoReturn, Optional, cast
 
 import numpy as np
 
@@ -47,12 +49,37 @@ def _refuse_meta(value: Any, name: str) -> None:
 
 def _refuse_dataless_or_lazy(value: Any, name: str) -> None:
     """Raises naming ``name`` for a tensor whose memory cannot be read as its values: a meta tensor, or a view with
-    a pending negation (its memory holds x for the value -x; torch's ``.numpy()`` refuses it naming no argument).
-    A conjugate view is complex, refused by its dtype before this. Only the slow tensor paths call this (after
-    ``.numpy()`` declined the tensor), so plain CPU tensors pay nothing for it."""
+    a pending negation (its memory holds x for the value -x; torch's ``.numpy()`` refuses it naming no argument),
+    or a sparse tensor (no dense memory: ``.numpy()`` refuses it naming no argument). A conjugate view is complex,
+    refused by its dtype before this. Only the slow tensor paths call this (after ``.numpy()`` declined the tensor,
+    or numpy could not read a list holding it), so plain CPU tensors pay nothing for it."""
     _refuse_meta(value, name)
     if value.is_neg():
         raise ValueError(f"{name} is a negative view (tensor.is_neg()); pass {name}.resolve_neg() instead")
+    if str(value.layout) != "torch.strided":  # sparse COO/CSR/CSC/BSR: no dense memory to read
+        raise TypeError(f"{name} is a {value.layout} tensor; pass {name}.to_dense() instead")
+
+
+def _refuse_unreadable_element(value: Any, name: str, exc: Exception) -> NoReturn:
+    """Raises naming ``name`` (an argument) for a list that numpy could not read (``exc``): names the first tensor
+    inside it that cannot be read as its values (meta, negative view, sparse) and the fix; else a TypeError with
+    numpy's (torch's) reason (a tensor that requires grad or lives on a device says what to call in it)."""
+    torch = _torch.loaded()
+    if torch is not None and not isinstance(value, (str, bytes)):
+        for at, item in enumerate(value):
+            if isinstance(item, torch.Tensor):
+                _refuse_dataless_or_lazy(item, f"{name}[{at}]")
+    raise TypeError(
+        f"{name} holds an element numpy cannot read as an id ({exc}); pass a list of ints, a numpy array or a tensor"
+    )
+
+
+def _is_bool_array(value: Any) -> bool:
+    """A numpy array or tensor of dtype bool (a 0-d one in a list of ids would be read as 0 or 1)."""
+    if isinstance(value, np.ndarray):
+        return value.dtype == np.bool_
+    torch = _torch.loaded()
+    return torch is not None and isinstance(value, torch.Tensor) and value.dtype == torch.bool
 
 
 def _item(value: Any, name: str) -> Any:
@@ -101,17 +128,32 @@ def as_ids(value: Any, name: str, copy: bool = False) -> np.ndarray:
             array = np.asarray(value)
         except (OverflowError, ValueError) as exc:
             raise ValueError(f"{name} does not fit int64 ({exc}); pass ids in [-2**63, 2**63)") from None
+        except (RuntimeError, TypeError) as exc:  # a tensor inside that numpy cannot read (negative view, sparse...)
+            _refuse_unreadable_element(value, name, exc)
         if array.size == 0:
             return np.empty(0, dtype=np.int64)
-        if array.dtype == object and all(_is_int(v) for v in value):
-            raise ValueError(f"{name} has ids that do not fit int64; pass ids in [-2**63, 2**63)")
+        if array.dtype == object:
+            if isinstance(value, (AbstractSet, Mapping)):  # numpy makes one 0-d object of it
+                kind = "dict" if isinstance(value, Mapping) else "set"
+                fix = "list(d) for its keys, list(d.values()) for its values" if kind == "dict" else "e.g. sorted(ids)"
+                raise TypeError(
+                    f"{name} is a {kind} ({type(value).__name__}), not a sequence of ids (it has no order); "
+                    f"pass a list, numpy array or tensor ({fix})"
+                )
+            if all(_is_int(v) for v in value):
+                raise ValueError(f"{name} has ids that do not fit int64; pass ids in [-2**63, 2**63)")
         # numpy turns [True, 2] into int64 [1, 2]: a bool among ints (a mask passed by mistake, a flag in the wrong
         # place) would be taken as id 1. A container with a dtype of its own says so in that dtype (checked below);
         # a list or tuple of Python objects is looked at here, on this general path only (one pass over the types).
         if array.dtype.kind in "iu" and not hasattr(value, "dtype") and type(value) is not range:
             types = set(map(type, value))
-            if bool in types or np.bool_ in types:
-                at, flag = next((i, v) for i, v in enumerate(value) if _is_bool(v))
+            # A 0-d bool array or tensor among ints is read as 0/1 too: looked for only when the list holds one.
+            arrays = (np.ndarray,) if torch is None else (np.ndarray, torch.Tensor)
+            found = None
+            if bool in types or np.bool_ in types or any(issubclass(t, arrays) for t in types):
+                found = next(((i, v) for i, v in enumerate(value) if _is_bool(v) or _is_bool_array(v)), None)
+            if found is not None:
+                at, flag = found
                 raise TypeError(
                     f"{name} holds a bool at index {at} ({flag!r}) among ints; pass ints, not bools "
                     "(int(flag) if 0/1 was meant; a mask selects values, it is not one)"

@@ -229,11 +229,16 @@ class AsyncMethods:
             () if paced else None,
         )
 
-    async def atake(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Any:
+    async def atake(
+        self, batch_size: int, current_step: int, timeout: Optional[float] = None, *, bounded: bool = True
+    ) -> Any:
         """``take`` of a full batch, awaited: returns when ``batch_size`` entries may be taken under the strategy
-        (``timeout=None``: however long that takes), or raises TimeoutError after ``timeout`` naming the cause."""
+        (``timeout=None``: however long that takes), or raises TimeoutError after ``timeout`` naming the cause.
+        ``bounded=False`` is take's: this call takes without max_age (refused under pace, as take refuses it)."""
         buffer: Any = self
-        return await awaited(_wakeups(self), lambda t: buffer.take(batch_size, current_step, t), timeout)
+        return await awaited(
+            _wakeups(self), lambda t: buffer.take(batch_size, current_step, t, bounded=bounded), timeout
+        )
 
 
 async def changed(buffer: Any, timeout: Optional[float]) -> None:

@@ -212,3 +212,39 @@ def test_the_probe_timeout_is_the_cores_and_a_callers_minus_one_is_still_refused
     buf = make(impl, max_age=3)
     with pytest.raises(ValueError, match="timeout=-1"):
         buf.take(1, 0, timeout=-1)
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_atake_passes_bounded_through_as_take_does(impl, bounded):
+    # A row of step 0 and one of step 5, taken at step 5 with max_age=1: the bounded atake drops the stale row and
+    # returns the fresh one; the unbounded one returns the stale row (oldest first) and counts it over age.
+    buf = make(impl, capacity=8, max_age=1)
+    buf.put([1], 0)
+    buf.put([2], 5)
+
+    async def main():
+        return await buf.atake(1, 5, timeout=LIVENESS_S, bounded=bounded)
+
+    batch = asyncio.run(main())
+    led = buf.ledger()
+    if bounded:
+        assert batch.traj_ids.tolist() == [2] and led["dropped_stale"] == 1 and len(buf) == 0
+    else:
+        assert batch.traj_ids.tolist() == [1] and led["dropped_stale"] == 0 and len(buf) == 1
+        assert led["trained_over_age"] == 1
+    assert buf.take(1, 5).traj_ids.tolist() == ([] if bounded else [2])  # the next take keeps the bound
+
+
+def test_an_unbounded_atake_is_refused_under_pace_and_changes_nothing(impl):
+    buf = make(impl, capacity=8, max_age=1, strategy="pace", prompts_per_step=1)
+    buf.put([1], 0)
+    before = state(buf)
+
+    async def main():
+        await buf.atake(1, 5, timeout=LIVENESS_S, bounded=False)
+
+    with pytest.raises(ValueError, match="bounded=False is refused under pace"):
+        asyncio.run(main())
+    with pytest.raises(TypeError, match="bounded='no' must be True"):
+        asyncio.run(buf.atake(1, 0, bounded="no"))  # type: ignore[arg-type]
+    assert state(buf) == before

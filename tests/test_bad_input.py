@@ -133,6 +133,74 @@ BAD_CALLS = [
         ValueError,
         r"traj_ids is a negative view",
     ),
+    # A 0-d bool array or tensor in a list of ids is read as 0/1 by numpy, as a bool is: refused the same way.
+    (
+        "put 0-d bool array among ids",
+        lambda b: b.put([np.array(True), 2], 0),
+        TypeError,
+        r"traj_ids holds a bool at index 0 \(array\(True\)\) among ints; pass ints, not bools",
+    ),
+    (
+        "put 0-d bool tensor among ids",
+        lambda b: b.put([torch.tensor(True), 2], 0),
+        TypeError,
+        r"traj_ids holds a bool at index 0 \(tensor\(True\)\) among ints",
+    ),
+    (
+        "dispatch 0-d bool array among ids",
+        lambda b: b.dispatch([41, np.array(False)], 2),
+        TypeError,
+        r"prompt_ids holds a bool at index 1 \(array\(False\)\)",
+    ),
+    (
+        "put 0-d bool tensor among int64s",
+        lambda b: b.put([np.int64(3), torch.tensor(False)], 2, group_ids=[1, 1]),
+        TypeError,
+        r"traj_ids holds a bool at index 1 \(tensor\(False\)\)",
+    ),
+    # Tensors numpy cannot read, inside a list or as the argument: named, with the fix (not torch's bare error).
+    (
+        "put negative view in a list",
+        lambda b: b.put([torch._neg_view(torch.tensor(4)), 2], 0),
+        ValueError,
+        r"traj_ids\[0\] is a negative view .*pass traj_ids\[0\]\.resolve_neg\(\) instead",
+    ),
+    (
+        "put meta tensor in a list",
+        lambda b: b.put([3, torch.tensor(4, device="meta")], 0),
+        ValueError,
+        r"traj_ids\[1\] is a meta tensor",
+    ),
+    (
+        "put sparse tensor",
+        lambda b: b.put(torch.tensor([5, 6]).to_sparse(), 0),
+        TypeError,
+        r"traj_ids is a torch.sparse_coo tensor; pass traj_ids\.to_dense\(\) instead",
+    ),
+    (
+        "dispatch sparse tensor",
+        lambda b: b.dispatch(torch.tensor([41, 42]).to_sparse(), 2),
+        TypeError,
+        r"prompt_ids is a torch.sparse_coo tensor; pass prompt_ids\.to_dense\(\)",
+    ),
+    (
+        "put sparse tensor in a list",
+        lambda b: b.put([torch.tensor(5).to_sparse(), 6], 0),
+        TypeError,
+        r"traj_ids\[0\] is a torch.sparse_coo tensor; pass traj_ids\[0\]\.to_dense\(\)",
+    ),
+    (
+        "put grad tensor in a list",
+        lambda b: b.put([torch.tensor(5.0, requires_grad=True), 6], 0),
+        TypeError,
+        r"traj_ids holds an element numpy cannot read as an id \(.*requires grad",
+    ),
+    # A set or dict has no order: numpy makes one object of it, which read as "ids that do not fit int64".
+    ("put set", lambda b: b.put({3, 4}, 0), TypeError, r"traj_ids is a set \(set\), not a sequence of ids"),
+    ("put dict", lambda b: b.put({3: 4}, 0), TypeError, r"traj_ids is a dict \(dict\), not a sequence of ids"),
+    ("put empty set", lambda b: b.put(set(), 0), TypeError, r"traj_ids is a set \(set\)"),
+    ("dispatch frozenset", lambda b: b.dispatch(frozenset({41}), 2), TypeError, r"prompt_ids is a set \(frozenset\)"),
+    ("dispatch dict keys", lambda b: b.dispatch({41: 0}.keys(), 2), TypeError, r"prompt_ids is a set \(dict_keys\)"),
     (
         "put complex conj view",
         lambda b: b.put(torch.tensor([1 + 1j]).conj(), 0),
@@ -212,3 +280,11 @@ def test_resolved_views_and_int_lists_still_go_in(impl):
     buf.put(torch._neg_view(torch.tensor([5, 6])).resolve_neg(), 0, group_ids=[1, 1])
     buf.put([7, 8], [0, 1])
     assert buf.take(8, 1).traj_ids.tolist() == [-5, -6, 7, 8]
+
+
+def test_int_scalars_arrays_and_tensors_in_a_list_still_go_in(impl):
+    # The bool check looks at each element only when the list holds an array or tensor; their ints still go in.
+    buf = impl(8)
+    buf.put([np.int64(3), np.array(4), torch.tensor(5), 6], 0)
+    buf.put((7, 8), 0)
+    assert buf.take(8, 0).traj_ids.tolist() == [3, 4, 5, 6, 7, 8]

@@ -34,6 +34,35 @@ LOOPS = textwrap.dedent(
         raise ZeroDivisionError("no batch this step\\nsecond line")
 
 
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("str fails")
+
+
+    class Stop(BaseException):
+        pass
+
+
+    def unprintable(factory):
+        factory(capacity=8)
+        raise Unprintable()
+
+
+    def base_exception(factory):
+        factory(capacity=8)
+        raise Stop("stop here")
+
+
+    def exits_0(factory):
+        factory(capacity=8)
+        raise SystemExit(0)
+
+
+    def exits_msg(factory):
+        factory(capacity=8)
+        raise SystemExit("giving up")
+
+
     def bad_call(factory):
         buf = factory(capacity=8, strategy="drop")
         buf.put([1.5], 0)  # the buffer refuses it: the workload's bug, not a finding about the drop path
@@ -109,3 +138,45 @@ def test_the_python_face_raises_workload_error_with_the_cause():
     with pytest.raises(perturb.WorkloadError, match=r"raised KeyError: 'x' \(in its max_age=0 run") as info:
         perturb.perturb(broken)
     assert isinstance(info.value.__cause__, KeyError) and info.value.max_age == 0
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        # A broken __str__ must not crash perturb: the type name stands in for the message.
+        ("unprintable", "raised Unprintable: <its message could not be printed: str() raised RuntimeError> (in its"),
+        # A BaseException that is neither KeyboardInterrupt nor SystemExit is the workload's failure too.
+        ("base_exception", "raised Stop: stop here (in its max_age=0 run"),
+        # sys.exit(0) would read as exit 0, "drops moved cleanly", with nothing measured; sys.exit("msg") as 1.
+        ("exits_0", "raised SystemExit: 0 (in its max_age=0 run"),
+        ("exits_msg", "raised SystemExit: giving up (in its max_age=0 run"),
+    ],
+    ids=["unprintable", "base_exception", "exits_0", "exits_msg"],
+)
+def test_a_workload_raising_anything_but_ctrl_c_is_one_line_and_exit_5(capsys, loops, name, words):
+    code, out, err = run_cli(capsys, "perturb", "--workload", f"{loops}:{name}")
+    assert code == perturb.EXIT_WORKLOAD_FAILED == 5 and out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("perturb: the workload " + words) and f"at {loops}:" in err
+    assert ("it exited instead of returning" in err) == name.startswith("exits")
+    code, _, err = run_cli(capsys, "perturb", "--workload", f"{loops}:{name}", "--traceback")
+    assert code == 5 and "Traceback (most recent call last)" in err
+
+
+def test_ctrl_c_in_the_workload_still_propagates():
+    def interrupted(factory):
+        factory(capacity=4)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        perturb.perturb(interrupted)
+
+
+def test_the_python_face_wraps_system_exit_as_a_workload_error():
+    def exits(factory):
+        factory(capacity=4)
+        raise SystemExit(0)
+
+    with pytest.raises(perturb.WorkloadError, match=r"raised SystemExit: 0 .*it exited instead of returning") as info:
+        perturb.perturb(exits)
+    assert isinstance(info.value.__cause__, SystemExit)

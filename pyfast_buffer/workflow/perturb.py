@@ -52,14 +52,26 @@ class WorkloadError(RuntimeError):
 
     def __init__(self, max_age: int, exc: BaseException) -> None:
         self.max_age = max_age
-        first = (str(exc).strip().splitlines() or [""])[0]
+        first = _first_line(exc)
         where = _user_frame(exc)
+        exited = "; it exited instead of returning" if isinstance(exc, SystemExit) else ""
         super().__init__(
             f"the workload raised {type(exc).__name__}"
             + (f": {first}" if first else "")
-            + f" (in its max_age={max_age} run{', at ' + where if where else ''}); nothing was measured: fix the "
-            "workload, or rerun with --traceback to see the whole trace"
+            + f" (in its max_age={max_age} run{', at ' + where if where else ''}){exited}; nothing was measured: "
+            "fix the workload, or rerun with --traceback to see the whole trace"
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of ``str(exc)``, or a note naming what went wrong when its ``__str__`` raises."""
+    try:
+        text = str(exc)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as failure:  # a broken __str__ must not hide the workload's exception
+        return f"<its message could not be printed: str() raised {type(failure).__name__}>"
+    return (text.strip().splitlines() or [""])[0]
 
 
 def _user_frame(exc: BaseException) -> str:
@@ -104,7 +116,8 @@ def perturb(
     ``factory(**kwargs)`` builds ``buffer_class(**kwargs)`` with ``max_age`` replaced; the
     workload may build several buffers and the ledgers are summed. Raises ValueError when
     the workload never calls the factory (nothing was measured) or the ages are not small < large,
-    and WorkloadError (its exception chained) when the workload raises.
+    and WorkloadError (its exception chained) when the workload raises anything but KeyboardInterrupt
+    (SystemExit and other BaseExceptions included: nothing was measured).
     """
     if not 0 <= small_max_age < large_max_age <= MAX_AGE_LIMIT:
         raise _PerturbError(
@@ -123,7 +136,10 @@ def perturb(
 
         try:
             run(factory)
-        except Exception as exc:  # the workload's own failure; KeyboardInterrupt and SystemExit go through
+        except KeyboardInterrupt:  # the user's Ctrl-C: not the workload's failure
+            raise
+        except BaseException as exc:  # the workload's own failure, SystemExit and other BaseExceptions included:
+            # sys.exit(0) inside it would otherwise read as exit 0, "drops moved cleanly", with nothing measured
             raise WorkloadError(max_age, exc) from exc
         if not built:
             raise _PerturbError(
