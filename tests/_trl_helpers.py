@@ -40,8 +40,11 @@ class Run:
         *,
         prompts: int = 48,
         save_steps: Optional[int] = None,
-        token_budget: int = 0,
+        token_budget: Optional[int] = 0,
         max_staleness: Optional[int] = None,
+        accumulation: int = 1,
+        per_device: int = PER_DEVICE,
+        max_model_len: Optional[int] = None,
         complete: Optional[Callable] = None,
         latency: Optional[Callable] = None,
         seed: int = 0,
@@ -74,6 +77,8 @@ class Run:
             self.config = self._config(
                 AsyncGRPOConfig, folder, steps, save_steps, token_budget, max_staleness, max_age, seed
             )
+            self.config.gradient_accumulation_steps = accumulation
+            self.config.per_device_train_batch_size = per_device
         self.delivered: List[int] = []  # group ids in the order the trainer pulled their samples
         self.reserved: Dict[int, int] = {}  # group id -> dataset index, as the worker reserved them
         self._watch()
@@ -89,6 +94,12 @@ class Run:
                 weight_transfer=self.generator.weight_transfer,
                 callbacks=self.worker.callbacks,
             )
+        if max_model_len is not None:
+            # A stand-in for the vLLM server TRL asks at train start when token_budget is None (its default): it
+            # reports max_model_len, which TRL then batches by.
+            client = self.trainer.vllm_client
+            client.wait_for_server_ready = lambda *a, **k: None
+            client.get_max_model_len = lambda: max_model_len
 
     @staticmethod
     def _config(cls, folder, steps, save_steps, token_budget, max_staleness, max_age, seed):
@@ -196,6 +207,11 @@ def balanced(ledger: Dict[str, int]) -> bool:
 
 def trl_drops(history: List[Dict[str, Any]]) -> float:
     return sum(h.get("sample/dropped_stale_total", 0.0) or 0.0 for h in history)
+
+
+def trl_oversize_drops(history: List[Dict[str, Any]]) -> float:
+    """Samples TRL's token-budget batcher dropped for being longer than the budget."""
+    return sum(h.get("batch/dropped_oversize_total", 0.0) or 0.0 for h in history)
 
 
 def trl_staleness_max(history: List[Dict[str, Any]]) -> float:

@@ -7,6 +7,7 @@ reached the bound); the ledger balances after every step; the parameters change;
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +21,17 @@ pytest.importorskip("trl", reason="needs TRL: pip install 'pyfast_buffer[trl]'")
 pytest.importorskip("requests", reason="TRL's trainer builds its vLLM client from requests: pip install requests")
 
 import torch
-from _trl_helpers import Run, balanced, idle_worker, never, trainer_args, trl_drops, trl_staleness_max
+from _trl_helpers import (
+    PER_DEVICE,
+    Run,
+    balanced,
+    idle_worker,
+    never,
+    trainer_args,
+    trl_drops,
+    trl_oversize_drops,
+    trl_staleness_max,
+)
 
 from pyfast_buffer.integrations.trl import GenerationStopped, StalenessRolloutWorker
 from pyfast_buffer.integrations.trl.tiny import sum_dataset, sum_reward, tiny_policy
@@ -105,19 +116,57 @@ def test_refuses_a_trl_bound_below_ours(tmp_path, model):
         Run(str(tmp_path), "drop", max_age=2, steps=2, model=model, max_staleness=1)
 
 
-def test_refuses_other_num_generations_and_split_steps(model):
+def test_the_plan_follows_what_trl_pulls_between_two_syncs(model):
+    """The plan reads TRL's batching: the fewest samples its planner pulls between two weight syncs decides the
+    groups pace may count on per version and how many syncs one group can straddle (the margin); a setting under
+    which no margin keeps the bound is refused naming the keys (issue 56)."""
     from pyfast_buffer.integrations.trl._options import plan
 
     worker = idle_worker(model)
     args = trainer_args(num_generations=8)
     with pytest.raises(ValueError, match=r"AsyncGRPOConfig\.num_generations=8 differs .*num_generations=4"):
         plan(worker, args)
-    args.num_generations, args.per_device_train_batch_size = 4, 6
-    with pytest.raises(ValueError, match=r"6 samples a step is not a whole number of groups"):
-        plan(worker, args)
+    args.num_generations, args.per_device_train_batch_size = 4, 6  # 1.5 groups a micro-batch: 1 or 2 per version
+    got = plan(worker, args)
+    assert (got.samples_per_version, got.groups_per_version, got.margin, got.exact) == (6, 1, 1, False)
     args.per_device_train_batch_size, args.weight_sync_steps = 8, 2
     got = plan(worker, args)
-    assert (got.groups_per_version, got.margin) == (4, 0)
+    assert (got.groups_per_version, got.margin, got.exact) == (4, 0, True)
+    for off in (0, -1):  # TRL: token_budget <= 0 is "budgeting off", no margin
+        assert plan(worker, trainer_args(token_budget=off)).margin == 0
+    with pytest.raises(ValueError, match=r"groups_per_step=4\).*as few as 8 samples \(2 whole group.*at most 2"):
+        plan(idle_worker(model, groups_per_step=4), trainer_args())
+    assert plan(idle_worker(model, groups_per_step=1), trainer_args()).groups_per_version == 1  # fewer: allowed
+
+
+def test_a_token_budget_is_planned_from_the_longest_sample(model):
+    from pyfast_buffer.integrations.trl._options import plan
+
+    worker = idle_worker(model, max_age=3)
+    longest = worker.longest_prompt() + worker.max_completion_length
+    with pytest.raises(ValueError, match=rf"token_budget={longest - 1} is smaller than the longest sample .*{longest}"):
+        plan(worker, trainer_args(token_budget=longest - 1))
+    one_a_row = plan(worker, trainer_args(token_budget=longest))  # a micro-batch may hold a single sample
+    assert (one_a_row.samples_per_version, one_a_row.margin, one_a_row.groups_per_version) == (1, 3, 1)
+    with pytest.raises(ValueError, match=r"max_age=2\).*no bound below 3 can hold"):
+        plan(idle_worker(model, max_age=2), trainer_args(token_budget=longest))
+    with pytest.raises(ValueError, match=r"strategy='pace'\).*as few as 1 sample.*less than one group"):
+        plan(idle_worker(model, max_age=3, strategy="pace"), trainer_args(token_budget=longest))
+    roomy = plan(worker, trainer_args(token_budget=8 * longest, gradient_accumulation_steps=2))
+    assert (roomy.samples_per_version, roomy.margin, roomy.groups_per_version) == (16, 1, 4)
+
+
+def test_pace_at_a_bound_of_zero_is_refused_up_front(model):
+    """TRL's data loader pulls the next micro-batch before the sync that ends a step, so the first version takes a
+    micro-batch more than pace at a bound of 0 can admit: refused with the settings that work, never a run whose
+    generation stops (issue 56)."""
+    from pyfast_buffer.integrations.trl._options import plan
+
+    with pytest.raises(ValueError, match=r"max_age=0\).*cannot keep a bound of 0.*max_age >= 1 with pace"):
+        plan(idle_worker(model, max_age=0, strategy="pace"), trainer_args())
+    with pytest.raises(ValueError, match=r"1-sync margin would be 0.*max_age >= 2 with pace"):
+        plan(idle_worker(model, max_age=1, strategy="pace"), trainer_args(per_device_train_batch_size=6))
+    assert plan(idle_worker(model, max_age=0, strategy="drop"), trainer_args()).margin == 0
 
 
 @pytest.mark.parametrize(
@@ -196,6 +245,41 @@ def test_resume_is_exact(tmp_path, model):
     # steps keep counting across the resume, and the bound holds in TRL's log of the resumed run
     assert worker.step() == saved["step"] + 4
     assert trl_drops(history) == 0 and trl_staleness_max(history) <= 1
+
+
+def test_resume_reads_the_checkpoint_it_was_given_never_a_decoy(tmp_path, model):
+    """train(resume_from_checkpoint=A) restores A's state, also into another output_dir whose own checkpoint-4 is
+    another run's (once, a folder derived from output_dir was read: the decoy loaded silently); a state saved with
+    another num_generations is refused, changing nothing (issue 56)."""
+    first = Run(str(tmp_path / "a"), "drop", max_age=1, steps=4, save_steps=4, model=model, seed=3)
+    try:
+        first.train()
+    finally:
+        first.close()
+    checkpoint = os.path.join(first.config.output_dir, "checkpoint-4")
+    saved = _saved(checkpoint)
+    decoy = Run(str(tmp_path / "b"), "drop", max_age=1, steps=4, save_steps=4, model=model, seed=9)
+    try:
+        decoy.train()
+    finally:
+        decoy.close()
+    decoy_saved = _saved(os.path.join(decoy.config.output_dir, "checkpoint-4"))
+    assert decoy_saved["counts"] != saved["counts"] or decoy_saved["cursor"] != saved["cursor"]
+    for folder in ("b", "c"):  # beside the decoy, then into a new output_dir with no checkpoint at all
+        second = Run(str(tmp_path / folder), "drop", max_age=1, steps=6, model=model, seed=4)
+        try:
+            history = second.train(resume_from_checkpoint=checkpoint)
+        finally:
+            second.close()
+        assert second.worker.restored_from == os.path.join(checkpoint, "pyfast_buffer")
+        assert min(second.reserved) == saved["next_group"]  # A's group ids continue, not the decoy's
+        assert trl_drops(history) == 0 and balanced(second.worker.buffer.ledger())
+    other = idle_worker(model, num_generations=2)
+    other.configure(trainer_args(num_generations=2))
+    before = other.buffer.ledger()
+    with pytest.raises(ValueError, match=r"saved with num_generations=4, this worker has 2"):
+        other.load_state(os.path.join(checkpoint, "pyfast_buffer"))
+    assert other.buffer.ledger() == before and other.restored_from is None
 
 
 def _flaky(generator, share, seed):
@@ -334,3 +418,57 @@ def test_the_example_runs_as_is(tmp_path):
     assert "resumed from checkpoint-4: 8 steps, strategy=pace, max_age=2" in done.stdout
     assert done.stdout.count("samples TRL's filter dropped 0") == 2
     assert done.stdout.count("0 dropped stale, 0 trained past max_age") == 2 and "balanced: True" in done.stdout
+
+
+# (token_budget, max_model_len the stand-in server reports, accumulation, per-device batch, strategy, max_age, refused)
+# Every batching TRL 1.16 offers: no budget (0, and -1, which TRL reads as off), its default (None: the server's
+# max_model_len, resolved at train start), small and large budgets; with accumulation, micro-batches that are not
+# whole groups, and pace at the tightest bound. Longest sample here: 8 prompt tokens + 4 = 12.
+BATCHING = [
+    (None, 16, 1, PER_DEVICE, "pace", 2, "less than one group"),  # 1 sample a row: refused at train start
+    (None, 16, 4, PER_DEVICE, "pace", 2, None),  # 4 samples between syncs: a group a version, margin 1
+    (None, 16, 1, PER_DEVICE, "drop", 2, "no bound below 3"),
+    (None, 16, 2, PER_DEVICE, "drop", 2, None),  # margin 2: the buffer's own bound is 0
+    (0, None, 1, PER_DEVICE, "pace", 0, "cannot keep a bound of 0"),  # refused up front, never a stopped run
+    (0, None, 1, PER_DEVICE, "drop", 0, None),  # the tightest bound, whole groups: exact, margin 0
+    (-1, None, 1, PER_DEVICE, "drop", 1, None),  # off: no margin, no version of the bound lost
+    (24, None, 2, PER_DEVICE, "pace", 2, None),
+    (24, None, 1, PER_DEVICE, "pace", 2, "less than one group"),  # refused at construction
+    (64, None, 2, PER_DEVICE, "pace", 1, "after the 1-sync margin would be 0"),
+    (64, None, 2, PER_DEVICE, "drop", 1, None),
+    (64, None, 1, PER_DEVICE, "wait", 2, None),
+    (0, None, 1, 6, "pace", 2, None),  # 1.5 groups a micro-batch
+    (0, None, 2, 6, "drop", 1, None),
+]
+
+
+@pytest.mark.parametrize("budget, max_model_len, accumulation, per_device, strategy, max_age, refused", BATCHING)
+def test_the_bound_holds_under_every_batching_trl_offers(
+    tmp_path, model, budget, max_model_len, accumulation, per_device, strategy, max_age, refused
+):
+    """Judged by TRL's own log: its filter drops nothing and its staleness never passes max_age; by our ledger:
+    balanced, nothing trained past the bound under pace; or the setting is refused naming why (issue 56)."""
+    run = None
+    try:
+        with contextlib.ExitStack() as refusal:
+            if refused:
+                refusal.enter_context(pytest.raises(ValueError, match=refused))
+            run = Run(
+                str(tmp_path), strategy, max_age=max_age, steps=6, model=model, token_budget=budget, seed=5,
+                max_model_len=max_model_len, accumulation=accumulation, per_device=per_device,
+            )  # fmt: skip
+            history = run.train()
+        if refused:
+            return
+    finally:
+        if run is not None:
+            run.close()
+    led = run.worker.buffer.ledger()
+    assert trl_drops(history) == 0 and trl_oversize_drops(history) == 0, history
+    assert trl_staleness_max(history) <= max_age
+    assert run.worker.counts["delivered_over_age"] == 0 and balanced(led)
+    assert run.worker.buffer.max_age == max_age - run.worker.plan.margin
+    if strategy == "pace":
+        assert led["trained_over_age"] == 0 and led["dropped_stale"] == 0
+    if budget is not None and budget <= 0:
+        assert run.worker.plan.margin == (0 if per_device % 4 == 0 else 1)

@@ -126,7 +126,7 @@ async def _admit(worker: Any, group: int) -> Any:
             except AdmissionError:
                 if worker.step() != step:  # the trainer moved on while we asked: ask again with the new weights
                     continue
-                raise
+                raise  # the plan refuses every setting where this can happen (_options.plan); never a silent wait
             with worker._lock:
                 worker._groups[group].update(state=IN_FLIGHT, step=step)
             return step
@@ -154,6 +154,13 @@ async def _one(worker: Any, prompt_ids: List[int]) -> Tuple[List[int], List[floa
                 raise
             worker.counts["completion_retries"] += 1
     raise AssertionError("unreachable")
+
+
+def longest_prompt(worker: Any) -> int:
+    """The most tokens any prompt of the dataset has, rendered as ``_generate`` renders it (the chat template for
+    message prompts); one pass over the dataset."""
+    tokenizer = worker.processing_class
+    return max((len(_tokenize(tokenizer, worker.dataset[i]["prompt"])) for i in range(len(worker.dataset))), default=0)
 
 
 def _tokenize(tokenizer: Any, prompt: Any) -> List[int]:

@@ -30,10 +30,19 @@ def reward_name(func: Callable[..., Any]) -> str:
     return str(name)
 
 
+class RewardFunctionError(RuntimeError):
+    """A reward function raised; the message names it (the group is failed, counted in ``groups_failed``)."""
+
+
 async def _call(func: Callable[..., Any], kwargs: Dict[str, Any]) -> List[Any]:
-    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
-        return list(await func(**kwargs))
-    return list(await asyncio.to_thread(func, **kwargs))
+    try:
+        if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
+            return list(await func(**kwargs))
+        return list(await asyncio.to_thread(func, **kwargs))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # named here: the log line of the failed group says which function to look at
+        raise RewardFunctionError(f"reward function {reward_name(func)!r} raised {exc!r}") from exc
 
 
 async def score(

@@ -139,6 +139,7 @@ class StalenessRolloutWorker:
         self._stopping = threading.Event()
         self.restored_from: Optional[str] = None
         self._callbacks: Optional[list] = None
+        self._longest_prompt: Optional[int] = None
 
     # ---- what the user and TRL see --------------------------------------------------------------------------
     @property
@@ -180,9 +181,19 @@ class StalenessRolloutWorker:
                         sample.model_version = self._pending_staged_step - self._version_offset
                     self._pending_staged_step = None
 
-    def configure(self, args: Any) -> None:
-        """Checks the trainer's config and builds the buffer (the callback calls it at trainer construction)."""
-        plan = _options.plan(self, args)
+    def longest_prompt(self) -> int:
+        """Tokens in the dataset's longest prompt, as generation renders it (computed once: a token budget's plan
+        needs it, docs/trl.md "Batching")."""
+        if self._longest_prompt is None:
+            from pyfast_buffer.integrations.trl._generation import longest_prompt
+
+            self._longest_prompt = longest_prompt(self)
+        return self._longest_prompt
+
+    def configure(self, args: Any, token_budget: Any = _options.FROM_CONFIG) -> None:
+        """Checks the trainer's config and builds the buffer (the callback calls it at trainer construction, and at
+        train start again when TRL has resolved ``token_budget=None`` to its server's ``max_model_len``)."""
+        plan = _options.plan(self, args, token_budget)
         with self._lock:
             if self._thread is not None:
                 raise RuntimeError(f"{WHERE}.configure: the worker is running; configure it before train()")
@@ -246,19 +257,23 @@ class StalenessRolloutWorker:
             raise GenerationStopped(f"{WHERE}: no generation progress for {idle:.0f} s (> {stale_after_s:.0f} s)")
 
     # ---- checkpoints (the callback calls them; _checkpoint says what is kept) ----------------------------------
-    def save_state(self, folder: str) -> None:
+    def save_state(self, folder: str, *, global_step: Optional[int] = None) -> None:
         """Writes our state (buffer, ready samples, epoch position) into ``folder`` as one unit: the previous folder
-        or the new one, whole, survives a kill at any moment (``durable.write_folder``, docs/checkpoints.md)."""
+        or the new one, whole, survives a kill at any moment (``durable.write_folder``, docs/checkpoints.md).
+        ``global_step``: the trainer step of the checkpoint it belongs to (the callback passes it; a resume checks
+        it)."""
         from pyfast_buffer.integrations.trl import _checkpoint
 
-        _checkpoint.save(self, folder)
+        _checkpoint.save(self, folder, global_step)
 
-    def load_state(self, folder: str) -> None:
+    def load_state(self, folder: str, *, global_step: Optional[int] = None) -> None:
         """Restores what ``save_state`` wrote; call before ``train()`` (the callback does on resume). A save killed
-        in the middle of its folder swap left the previous folder aside; it is found and read."""
+        in the middle of its folder swap left the previous folder aside; it is found and read. Refused, changing
+        nothing, when the state was saved with another ``num_generations`` or ``strategy``, another ``max_age``
+        under wait or pace, or (``global_step`` given) for another trainer step."""
         from pyfast_buffer.integrations.trl import _checkpoint
 
-        _checkpoint.load(self, folder)
+        _checkpoint.load(self, folder, global_step)
         self.restored_from = folder
 
     def metrics(self) -> Dict[str, float]:
