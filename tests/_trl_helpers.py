@@ -45,6 +45,7 @@ class Run:
         accumulation: int = 1,
         per_device: int = PER_DEVICE,
         max_model_len: Optional[int] = None,
+        weight_sync_steps: int = 1,
         complete: Optional[Callable] = None,
         latency: Optional[Callable] = None,
         seed: int = 0,
@@ -79,6 +80,7 @@ class Run:
             )
             self.config.gradient_accumulation_steps = accumulation
             self.config.per_device_train_batch_size = per_device
+            self.config.weight_sync_steps = weight_sync_steps
         self.delivered: List[int] = []  # group ids in the order the trainer pulled their samples
         self.reserved: Dict[int, int] = {}  # group id -> dataset index, as the worker reserved them
         self._watch()

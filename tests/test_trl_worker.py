@@ -472,3 +472,37 @@ def test_the_bound_holds_under_every_batching_trl_offers(
         assert led["trained_over_age"] == 0 and led["dropped_stale"] == 0
     if budget is not None and budget <= 0:
         assert run.worker.plan.margin == (0 if per_device % 4 == 0 else 1)
+
+
+@pytest.mark.parametrize("strategy, budget", [("pace", 0), ("drop", 24)])
+def test_several_steps_per_weight_sync_keep_the_bound(tmp_path, model, strategy, budget):
+    """weight_sync_steps=2: a version spans two optimizer steps, and the plan counts both (issue 56)."""
+    run = Run(
+        str(tmp_path), strategy, max_age=1 if strategy == "drop" else 2, steps=6, model=model, seed=6,
+        token_budget=budget, weight_sync_steps=2,
+    )  # fmt: skip
+    try:
+        history = run.train()
+    finally:
+        run.close()
+    assert run.worker.plan.samples_per_version == (16 if budget == 0 else 4)
+    led = run.worker.buffer.ledger()
+    assert trl_drops(history) == 0 and trl_staleness_max(history) <= run.worker.max_age and balanced(led)
+    assert run.worker.counts["delivered_over_age"] == 0
+    if strategy == "pace":
+        assert led["trained_over_age"] == 0
+
+
+def test_a_reward_function_that_raises_is_named(model):
+    import asyncio
+
+    from pyfast_buffer.integrations.trl._scoring import RewardFunctionError, score
+
+    def length(prompts, completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    def flaky_judge(prompts, completions, **kwargs):
+        raise ConnectionError("judge server down")
+
+    with pytest.raises(RewardFunctionError, match=r"reward function 'flaky_judge' raised ConnectionError"):
+        asyncio.run(score([length, flaky_judge], ["p"] * 2, ["1", "2"], [[1], [2]], {"prompt": "p"}))
