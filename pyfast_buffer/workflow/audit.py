@@ -12,7 +12,6 @@ back starts a new segment (another run, or a restart without the checkpointed le
 from __future__ import annotations
 
 import argparse
-import gzip
 import math
 import re
 import sys
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import IO, Dict, Iterable, List, Optional, Tuple
 
 from ..batch import AGE_BUCKETS, PROTECTED_ADMISSION_FIELDS
+from .log_input import UnreadableLog, open_log
 from .output import DATA_FIELDS, bias_lines, data_and_bias, print_output, prompt_lines
 
 COUNT_FIELDS: Tuple[str, ...] = ("dropped_stale", "taken", "retired", "evicted")  # since the previous record: summed
@@ -65,10 +65,6 @@ def ledger_gap(sampled_total: int, retired: int, dropped_stale: int, evicted: in
     The one place the identity is written; ``audit`` applies it to log records, ``perturb`` to ledgers.
     """
     return sampled_total - (retired + dropped_stale + evicted + buffer_left)
-
-
-class UnreadableLog(Exception):
-    """An input that is not a readable text log; the message names it and says why."""
 
 
 @dataclass
@@ -121,49 +117,6 @@ class AuditResult:
     data: Dict[str, int] = field(default_factory=dict)  # the last value of each DATA_FIELDS field seen
     bias: Dict[str, float] = field(default_factory=dict)  # the last bias record's BIAS_FIELDS
     damaged: List[str] = field(default_factory=list)  # source:line of every damaged line a segment starts at
-
-
-#: C0 control bytes a text log does not hold (tab, LF, VT, FF, CR and ESC for colours are text; NUL is judged apart).
-_CONTROL = bytes(b for b in range(1, 32) if b not in b"\t\n\v\f\r\x1b")
-#: Above this share of control bytes (NUL aside) an input is binary, not a text log with a damaged line.
-_MAX_CONTROL_SHARE = 0.01
-
-
-def looks_binary(raw: bytes) -> bool:
-    """Whether ``raw`` is binary data, not a text log with NUL runs (``copytruncate`` leaves one where the log starts,
-    a crash zero-filled blocks; audit skips them). Binary data holds control bytes text does not, or interleaves NULs
-    with other bytes: more NUL runs than lines, as UTF-16 or any binary format does."""
-    if b"\0" not in raw:
-        return False
-    text = raw.replace(b"\0", b"")
-    if len(text) - len(text.translate(None, _CONTROL)) > _MAX_CONTROL_SHARE * max(1, len(text)):
-        return True
-    lines = raw.count(b"\n") + 1  # any() stops at the first run past it: a 100 MB UTF-16 file has 50 million runs
-    return any(runs > lines for runs, _ in enumerate(re.finditer(rb"\0+", raw), 1))
-
-
-def open_log(source: str, stdin: Optional[IO[bytes]] = None) -> List[str]:
-    """Returns the lines of a log file, a gzip file (by its magic bytes) or ``-`` (stdin), NUL bytes kept (audit
-    notes and skips them). Raises UnreadableLog naming the source and why: missing, broken gzip, binary data."""
-    try:
-        if source == "-":
-            raw = (stdin or sys.stdin.buffer).read()
-        else:
-            with open(source, "rb") as f:
-                raw = f.read()
-    except OSError as exc:
-        raise UnreadableLog(f"{source}: cannot open ({exc.strerror or exc}); pass a log file, a .gz log or -") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise UnreadableLog(f"{source}: broken gzip ({exc}); decompress it or pass the plain log") from None
-    if looks_binary(raw):
-        raise UnreadableLog(
-            f"{source}: binary data, not a text log (NUL bytes between its characters, or control bytes); "
-            "pass the training log"
-        )
-    return raw.decode("utf-8", errors="replace").splitlines()
 
 
 def parse_record(
@@ -228,11 +181,11 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Opti
         raise ValueError(f"--group {group!r} is not a regular expression ({exc})") from None
     sources = list(sources)
     notes: List[str] = []
-    lines: List[Tuple[str, str, int]] = []  # (source:line, text without NUL bytes, NUL bytes taken out)
+    lines: List[Tuple[str, str, int, bool]] = []  # (source:line, text without NUL bytes, NUL bytes, cut off)
     unreadable = False
     for src in sources:
         try:
-            text = open_log(src, stdin)
+            text, cut_off = open_log(src, stdin)
         except UnreadableLog as exc:
             notes.append(str(exc))
             unreadable = True
@@ -240,8 +193,8 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Opti
         before = len(lines)
         for i, t in enumerate(text, 1):
             nul = t.count("\0")
-            lines.append((f"{src}:{i}", t.replace("\0", "") if nul else t, nul))
-        if not any(parse_record(t)[0] for _, t, _ in lines[before:]):
+            lines.append((f"{src}:{i}", t.replace("\0", "") if nul else t, nul, cut_off and i == len(text)))
+        if not any(parse_record(t)[0] for _, t, _, _ in lines[before:]):
             notes.append(f"{src}: no records (no dropped_stale=, taken=, buffer_left= or sampled_total= fields)")
     problems: List[str] = []
     segments, seen = _segments(lines, group_re, problems)
@@ -263,7 +216,7 @@ def audit(sources: Iterable[str], stdin: Optional[IO[bytes]] = None, group: Opti
             )
     else:
         code = 0 if all(s.balanced or s.unchecked for s in segments) else 1
-    data, bias_record = data_and_bias(t for _, t, _ in lines)
+    data, bias_record = data_and_bias(t for _, t, _, _ in lines)
     return AuditResult(sources, segments, absent, assumptions, notes, code == 0, code, data, bias_record, damaged)
 
 
@@ -271,13 +224,13 @@ _MAX_PROBLEM_NOTES = 5
 
 
 def _segments(
-    lines: List[Tuple[str, str, int]], group_re: Optional[re.Pattern[str]], problems: List[str]
+    lines: List[Tuple[str, str, int, bool]], group_re: Optional[re.Pattern[str]], problems: List[str]
 ) -> Tuple[List[Segment], set]:
     segments: List[Segment] = []
     seen: set = set()
     current: Dict[str, Segment] = {}  # group key -> its open segment
     pending: Dict[str, Tuple[str, str]] = {}  # group key -> a NUL-byte line seen since its last record
-    for where, text, nul in lines:
+    for where, text, nul, cut_off in lines:
         if nul:
             # What the NUL bytes replaced is unknown (copytruncate's hole, a zero-filled block after a crash): any
             # writer's records may be gone, so the next record of every open segment starts a new one.
@@ -301,8 +254,9 @@ def _segments(
         seen.update(fields)
         seen.update(bad_keys)  # the writer logs the field, even where this copy of it is damaged
         seg = current.get(key)
-        back = (
+        back = (  # a cut-off line's sampled_total may have lost digits: damage, not a restart
             seg is not None
+            and not cut_off
             and "sampled_total" in fields
             and seg.running["sampled_total"] is not None
             and fields["sampled_total"] < seg.running["sampled_total"]
@@ -310,6 +264,9 @@ def _segments(
         damage = pending.pop(key, ("", ""))
         if bad:  # this record's own counts are unknown: the chain breaks at it, not at the intact line after it
             damage = (where, ", ".join(bad) + (" is not a whole number" if len(bad) == 1 else " are not whole numbers"))
+        elif cut_off:  # the writer had not finished it: a field or a number's last digits may be missing
+            damage = (where, "the last line has no line end (cut off mid-write)")
+            problems.append(f"{where}: the last line has no line end; its counts may be cut off and are not checked")
         if seg is None or back or damage[0]:
             seg = current[key] = Segment(len(segments) + 1, where, key, after_damage=damage if not back else ("", ""))
             segments.append(seg)
