@@ -177,9 +177,11 @@ def save_state(state: dict[str, Any], path: PathLike, fsync: bool = True) -> Non
     Through ``durable.write_file``: a temporary file in the same directory is written, flushed and fsynced,
     renamed over ``path`` and the directory fsynced: a reader sees the old file or the new one, never a mix. If
     anything fails before the rename, the temporary file is removed and ``path`` is untouched. After a
-    successful save, temporary files of ``path`` left by killed saves on this host are removed.
-    ``fsync=False`` skips the two fsyncs: the file then survives the death of the writing process (the
-    rename is still atomic) but not the machine's, for a caller that rewrites it many times a second.
+    successful save, temporary files of ``path`` left by killed saves on this host are removed. Missing parent
+    folders are created (each fsynced into its parent); an empty path or one ending in a separator raises
+    ValueError before anything is written. ``fsync=False`` skips the fsyncs: the file then survives the death
+    of the writing process (the rename is still atomic) but not the machine's, for a caller that rewrites it
+    many times a second.
     """
     head, header, layout, _ = _serialize(state)  # a state that cannot be stored fails here, before any file
     durable.write_file(path, lambda f: _write_all(f, head, header, layout), fsync=fsync)
@@ -311,6 +313,18 @@ def load_state(path: PathLike) -> Any:
     base = _FIXED_BYTES + header_bytes
     arrays = [_array_from(name, data, base, payload_bytes, spec) for spec in header["arrays"]]
     return _decode(name, header["tree"], arrays)
+
+
+def recorded_digest(path: PathLike) -> str:
+    """The sha256 (hex) recorded in the frame of the checkpoint file at ``path``, read without checking the file:
+    ``load_state`` checks that it is the file's own. A manifest that stores it ties the file to a save (TRL's
+    folder does). A file too short to hold one raises CheckpointError."""
+    name = os.fspath(path)
+    with open(name, "rb") as f:
+        frame = f.read(_FIXED_BYTES)
+    if len(frame) != _FIXED_BYTES:
+        raise CheckpointError(name, f"is shorter than the {_FIXED_BYTES}-byte checkpoint header: truncated")
+    return frame[_PREFIX.size :].hex()
 
 
 # -- the buffer methods -----------------------------------------------------------------------------------------

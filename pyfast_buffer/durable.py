@@ -2,7 +2,8 @@
 
 ``write_file(path, content)``: a temporary file beside ``path`` (same directory, so the same filesystem) is
 written, flushed and fsynced, renamed over ``path`` (``os.replace``, atomic within a filesystem), and the
-directory is fsynced so that the rename itself survives a power cut.
+directory is fsynced so that the rename itself survives a power cut. Both writers create missing parent folders
+(``make_directories``: each new folder fsynced into its parent), so every save of the package behaves alike.
 
 ``write_folder(folder, fill)``: ``fill(temporary)`` writes the files into a temporary folder beside ``folder``;
 every file in it, and the folder, are fsynced; then the temporary folder is swapped into place. POSIX has no
@@ -18,8 +19,11 @@ A process killed between 2 and 3 leaves no ``folder`` but a complete ``.<name>.p
 ``readable_folder(folder)`` returns that aside in this case, so every loader goes through it. The invariant that
 makes the aside trustworthy: an aside is only ever deleted (step 1 or 4) while ``folder`` exists, so whenever
 ``folder`` is missing, an aside that exists is whole. The next save puts its folder in place and then removes the
-aside. (A pointer file naming the live folder would avoid the missing-folder moment, but changes the layout every
-reader of ``folder`` sees; Linux's ``renameat2(RENAME_EXCHANGE)`` would too, but only on some filesystems.)
+aside. A loader that reads more than one file of ``folder`` reads them inside ``read_folder(folder)``: it holds a
+shared flock of the same parent directory, so no swap runs between its reads (else it could pair a file of one
+save with a file of the next). (A pointer file naming the live folder would avoid the missing-folder moment, but
+changes the layout every reader of ``folder`` sees; Linux's ``renameat2(RENAME_EXCHANGE)`` would too, but only on
+some filesystems.)
 
 Temporary files and folders are named ``.<name>.<host>.<pid>.<token>.pfb-tmp``, so a later save can tell a killed
 writer's leftover (its pid is gone) from a live writer's, and removes the former. docs/checkpoints.md states the
@@ -133,7 +137,8 @@ def fsync_directory(directory: str) -> None:
 
 def make_directories(directory: PathLike, fsync: bool = True) -> None:
     """``os.makedirs(directory, exist_ok=True)``, and each folder it creates made durable in its parent (else a
-    power cut could lose a new folder together with the checkpoint saved into it)."""
+    power cut could lose a new folder together with the checkpoint saved into it). A part of the path that exists
+    as a file raises NotADirectoryError naming it."""
     missing, current = [], os.path.abspath(os.fspath(directory))
     while not os.path.isdir(current):
         missing.append(current)
@@ -144,8 +149,26 @@ def make_directories(directory: PathLike, fsync: bool = True) -> None:
     for folder in reversed(missing):
         with contextlib.suppress(FileExistsError):  # made meanwhile by another writer: as good
             os.mkdir(folder)
+        if not os.path.isdir(folder):
+            raise NotADirectoryError(errno.ENOTDIR, "exists and is not a folder; cannot save below it", folder)
         if fsync:
             fsync_directory(os.path.dirname(folder))
+
+
+def _file_target(path: PathLike) -> str:
+    """``path`` made absolute, or ValueError for a path that names no file (empty, or ending in a separator)."""
+    name = os.fspath(path)
+    if not name:
+        raise ValueError("cannot save to '': the path is empty; pass a file path, such as 'ckpt/buffer.pfb'")
+    if name.endswith(os.sep) or (os.altsep is not None and name.endswith(os.altsep)):
+        raise ValueError(
+            f"cannot save to {name!r}: a path ending in {name[-1]!r} names a folder, not a file; pass a file path "
+            f"inside it, such as {os.path.join(name, 'buffer.pfb')!r}"
+        )
+    target = os.path.abspath(name)
+    if os.path.isdir(target) and not os.path.islink(target):  # a link is replaced by the file, as documented
+        raise IsADirectoryError(errno.EISDIR, "is a folder; pass a file path inside it, or another file path", name)
+    return target
 
 
 def write_file(path: PathLike, content: Content, fsync: bool = True) -> None:
@@ -155,10 +178,13 @@ def write_file(path: PathLike, content: Content, fsync: bool = True) -> None:
     before the rename, the temporary file is removed and ``path`` is untouched. An existing file's permission bits
     are kept. After a successful save, temporary files of ``path`` left by killed saves on this host are removed.
     ``fsync=False`` skips the fsyncs: the file then survives the death of the writing process (the rename is still
-    atomic) but not the machine's, for a caller that rewrites it many times a second.
+    atomic) but not the machine's, for a caller that rewrites it many times a second. Missing parent folders are
+    created (``make_directories``). An empty path, or one ending in a separator, raises ValueError; a path that is
+    a folder raises IsADirectoryError; both before anything is written.
     """
-    target = os.path.abspath(os.fspath(path))
+    target = _file_target(path)
     directory, name = os.path.split(target)
+    make_directories(directory, fsync)
     temp = temp_path(directory, name)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
@@ -195,15 +221,16 @@ def _fsync_tree(folder: str) -> None:
 
 
 @contextlib.contextmanager
-def _parent_locked(directory: str) -> Iterator[None]:
-    """Holds an exclusive flock on ``directory`` itself (no lock file to leave behind) where the OS offers one."""
+def _parent_locked(directory: str, shared: bool = False) -> Iterator[None]:
+    """Holds an flock on ``directory`` itself (no lock file to leave behind) where the OS offers one: exclusive for
+    a swap, shared for ``read_folder``'s readers (they exclude swaps, not each other)."""
     if fcntl is None:
         yield
         return
     fd = os.open(directory, os.O_RDONLY)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         except OSError as exc:  # some network filesystems refuse flock on a directory: go on unlocked
             if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.ENOLCK):
                 raise
@@ -217,10 +244,17 @@ def write_folder(folder: PathLike, fill: Callable[[str], None], fsync: bool = Tr
 
     ``fill`` writes plain files (no fsync needed: they are all fsynced here before the swap). If ``fill`` or the
     swap fails, the temporary folder is removed and ``folder`` is untouched. Read the result through
-    ``readable_folder``, which also finds the previous save when a writer was killed in the middle of the swap.
+    ``read_folder`` (or ``readable_folder`` for one file), which also finds the previous save when a writer was
+    killed in the middle of the swap. Missing parent folders are created; an empty path raises ValueError, and so
+    does a ``folder`` that exists as something other than a folder (a file is never replaced by a folder).
     """
-    target = os.path.abspath(os.fspath(folder))
+    name = os.fspath(folder)
+    if not name:
+        raise ValueError("cannot save a folder to '': the path is empty; pass a folder path, such as 'ckpt/state'")
+    target = os.path.abspath(name)
+    _refuse_non_folder(target)
     parent, name = os.path.split(target)
+    make_directories(parent, fsync)
     temp = temp_path(parent, name)
     os.mkdir(temp)
     try:
@@ -234,10 +268,19 @@ def write_folder(folder: PathLike, fill: Callable[[str], None], fsync: bool = Tr
     _remove_orphans(target)
 
 
+def _refuse_non_folder(target: str) -> None:
+    if os.path.lexists(target) and not os.path.isdir(target):
+        raise ValueError(
+            f"cannot save a folder to {target!r}: a file (not a folder) is there, and a folder save would delete it; "
+            "move or remove that file, or save to another path"
+        )
+
+
 def _swap_in(temp: str, target: str, fsync: bool) -> None:
     parent = os.path.dirname(target)
     aside = aside_path(target)
     with _parent_locked(parent):
+        _refuse_non_folder(target)  # again under the lock: a file may have appeared while fill ran
         if os.path.lexists(target):
             # The aside, if any, is older than target; it must go first, since a rename cannot replace a non-empty
             # folder. Deleting it while target exists keeps the invariant: a missing target's aside is whole.
@@ -260,3 +303,19 @@ def readable_folder(folder: PathLike) -> str:
         return path
     aside = aside_path(path)
     return aside if os.path.isdir(aside) else path
+
+
+@contextlib.contextmanager
+def read_folder(folder: PathLike) -> Iterator[str]:
+    """``with read_folder(folder) as path:`` yields ``readable_folder(folder)`` and, until the block ends, holds a
+    shared flock of the parent directory, the lock ``write_folder`` holds exclusive while it swaps a folder in. The
+    files read inside the block are therefore all of one save, and the folder cannot vanish between the reads. Read
+    the files inside the block and use them after it: a save of the same folder waits (only its swap does; it
+    writes its files meanwhile). Where the OS or the filesystem offers no flock, nothing is locked. A missing
+    parent is yielded as for ``readable_folder``, so the loader's own FileNotFoundError names the path."""
+    parent = os.path.dirname(os.path.abspath(os.fspath(folder)))
+    if not os.path.isdir(parent):
+        yield readable_folder(folder)
+        return
+    with _parent_locked(parent, shared=True):
+        yield readable_folder(folder)

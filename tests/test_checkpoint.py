@@ -282,12 +282,50 @@ def test_save_that_cannot_finish_leaves_the_previous_file(impl, tmp_path):
     buf.save(path)
     before = path.read_bytes()
     (tmp_path / "dir.ckpt").mkdir()
-    with pytest.raises(IsADirectoryError):
-        buf.save(tmp_path / "dir.ckpt")  # fails at the rename, after the whole temporary file was written
-    with pytest.raises(FileNotFoundError):
-        buf.save(tmp_path / "no_such_dir" / "b.ckpt")
-    assert path.read_bytes() == before
-    assert sorted(os.listdir(tmp_path)) == ["b.ckpt", "dir.ckpt"] and os.listdir(tmp_path / "dir.ckpt") == []
+    with pytest.raises(IsADirectoryError, match=r"is a folder.*dir\.ckpt"):
+        buf.save(tmp_path / "dir.ckpt")  # refused before anything is written
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(NotADirectoryError, match=r"a_file"):
+        buf.save(tmp_path / "a_file" / "b.ckpt")  # a part of the path is a file
+    assert path.read_bytes() == before and (tmp_path / "a_file").read_text() == "x"
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "b.ckpt", "dir.ckpt"] and os.listdir(tmp_path / "dir.ckpt") == []
+
+
+def test_every_save_creates_missing_folders_and_refuses_paths_that_name_no_file(tmp_path, monkeypatch):
+    buf = _busy(pfb.StalenessBuffer)
+    buf.save(tmp_path / "a" / "deep" / "b.ckpt")  # one behaviour for every save: the folders are created
+    checkpoint.save_state({"x": 1}, tmp_path / "b" / "s.pfb")
+    durable.write_file(tmp_path / "c" / "f", b"data")
+    _write_folder(tmp_path / "d" / "e" / "state", "new")
+    assert checkpoint.load_state(tmp_path / "a" / "deep" / "b.ckpt")["ledger"] == buf.state_dict()["ledger"]
+    assert checkpoint.load_state(tmp_path / "b" / "s.pfb") == {"x": 1}
+    assert (tmp_path / "c" / "f").read_bytes() == b"data"
+    assert _folder_content(tmp_path / "d" / "e" / "state") == {"one": "new", "two": "new"}
+    fsynced = []
+    monkeypatch.setattr(durable, "fsync_directory", lambda d: fsynced.append(d))
+    buf.save(tmp_path / "g" / "h" / "b.ckpt")
+    # each new folder made durable in its parent, then the rename in its folder
+    assert fsynced == [str(tmp_path), str(tmp_path / "g"), str(tmp_path / "g" / "h")]
+    monkeypatch.undo()
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"cannot save to '': the path is empty; pass a file path"):
+        buf.save("")
+    with pytest.raises(
+        ValueError, match=r"cannot save to 'out/': a path ending in '/' names a folder.*'out/buffer\.pfb'"
+    ):
+        checkpoint.save_state({"x": 1}, "out/")
+    with pytest.raises(ValueError, match="the path is empty"):
+        durable.write_folder("", lambda temporary: None)
+    assert not (tmp_path / "out").exists() and _temp_files(tmp_path) == []
+
+
+def test_a_folder_save_refuses_to_replace_a_file(tmp_path):
+    (tmp_path / "state").write_text("keep")
+    with pytest.raises(ValueError, match=r"cannot save a folder to '.*state': a file \(not a folder\) is there"):
+        _write_folder(tmp_path / "state", "new")
+    assert (tmp_path / "state").read_text() == "keep"
+    assert sorted(os.listdir(tmp_path)) == ["state"]  # no temporary folder or aside left
 
 
 _FSIZE_CHILD = textwrap.dedent("""
@@ -561,6 +599,56 @@ def test_a_folder_save_that_fails_changes_nothing(tmp_path):
     assert _folder_content(folder) == {"one": "old", "two": "old"}
     assert sorted(os.listdir(tmp_path)) == ["seen", "state"]  # the temporary folder is gone
     assert durable.readable_folder(tmp_path / "missing") == str(tmp_path / "missing")
+
+
+_SAVE_IN_A_LOOP = textwrap.dedent("""
+    # Saves the folder again and again, each save's two files holding its number, until killed.
+    import os, sys
+    from pyfast_buffer import durable
+    folder, i = sys.argv[1], 0
+    while True:
+        i += 1
+        def fill(temporary, i=i):
+            for name in ("one", "two"):
+                with open(os.path.join(temporary, name), "w") as f:
+                    f.write(str(i))
+        durable.write_folder(folder, fill, fsync=False)
+""")
+
+
+def test_read_folder_never_pairs_files_of_two_saves_while_saves_run(tmp_path):
+    folder = tmp_path / "state"
+    _write_folder(folder, "0")
+    writer = subprocess.Popen([sys.executable, "-c", _SAVE_IN_A_LOOP, str(folder)])
+    loads, mixed, seen = 0, [], set()
+    try:
+        end = time.monotonic() + 3
+        while time.monotonic() < end and (len(seen) < 20 or loads < 200):
+            with durable.read_folder(folder) as where:
+                with open(os.path.join(where, "one")) as f:
+                    one = f.read()
+                time.sleep(0.0005)  # a loader's work between its two reads (parsing, checks)
+                with open(os.path.join(where, "two")) as f:
+                    two = f.read()
+            loads += 1
+            seen.add(one)
+            if one != two:
+                mixed.append((one, two))
+    finally:
+        writer.kill()
+        writer.wait()
+    assert not mixed, f"{len(mixed)} of {loads} loads read files of two saves, e.g. {mixed[0]}"
+    assert len(seen) > 2, "the writer saved too rarely during the reads: the race was not exercised"
+
+
+def test_read_folder_finds_the_aside_and_the_missing_folder(tmp_path):
+    with durable.read_folder(tmp_path / "missing") as where:
+        assert where == str(tmp_path / "missing")
+    with durable.read_folder(tmp_path / "no_parent" / "missing") as where:
+        assert where == str(tmp_path / "no_parent" / "missing")
+    (tmp_path / ".state.pfb-old").mkdir()  # a save killed between its two renames
+    with durable.read_folder(tmp_path / "state") as where:
+        assert where == str(tmp_path / ".state.pfb-old")
 
 
 def test_file_layout_is_as_documented(tmp_path):

@@ -285,9 +285,13 @@ def test_sigkill_during_an_integration_save_leaves_the_old_or_the_new_state(kind
     assert states["a"] != states["b"]
     rng = random.Random(f"{kind}-20261201")
     seen = {"a": 0, "b": 0}
-    for _ in range(ROUNDS):
+    rounds = 0
+    # ROUNDS kills, and more (up to 4x, waiting longer each time) until kills have landed on both sides of a save:
+    # save_s was measured on a quiet machine, and a loaded one can make every early kill land in the same save.
+    while rounds < ROUNDS or (min(seen.values()) == 0 and rounds < 4 * ROUNDS):
         writer = int(_ask(server, "fork"))
-        time.sleep(rng.uniform(0, 3 * float(save_s)))  # anywhere in three saves
+        time.sleep(rng.uniform(0, 3 * float(save_s) * (1 + rounds // ROUNDS * 4)))  # anywhere in three saves
+        rounds += 1
         os.kill(writer, signal.SIGKILL)
         status = int(_ask(server, "reap"))
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
@@ -354,3 +358,161 @@ def test_miles_reads_an_earlier_pickle_and_refuses_a_damaged_file_before_unpickl
     checkpoint.save_state({"format": "something else"}, path)
     with pytest.raises(checkpoint.CheckpointError, match="not a Miles buffer state"):
         miles_load(path)
+
+
+# ---- a load running while saves of the same target run reads one save; damage is refused before any change ---------
+
+
+def test_trl_loads_during_a_stream_of_saves_read_one_save_each(server, tmp_path):
+    """TRL's folder holds two files; a load reads them inside durable.read_folder (a shared lock against the swap),
+    so a save running meanwhile can never pair one save's worker.json with the next one's buffer.pfb."""
+    live, ref_a, ref_b = (str(tmp_path / where / "state") for where in ("live", "ref_a", "ref_b"))
+    word, _ = _ask(server, f"case trl {live} {ref_a} {ref_b}").split()
+    assert word == "ready"
+    states = {"a": trl_load(ref_a), "b": trl_load(ref_b)}
+    writer = int(_ask(server, "fork"))
+    seen, mixed, loads = {"a": 0, "b": 0}, 0, 0
+    try:
+        end = time.monotonic() + 4
+        while time.monotonic() < end and (min(seen.values()) < 5 or loads < 40):
+            got = trl_load(live)
+            loads += 1
+            which = [name for name, state in states.items() if state == got]
+            if which:
+                seen[which[0]] += 1
+            else:
+                mixed += 1
+    finally:
+        os.kill(writer, signal.SIGKILL)
+        _ask(server, "reap")
+    assert mixed == 0, f"{mixed} of {loads} loads mixed two saves"
+    assert seen["a"] and seen["b"], seen  # the loads ran while the saves did
+
+
+def _trl_folder(tmp_path: Any, name: str = "state") -> Tuple[Any, str]:
+    worker = trl_build("a")
+    folder = str(tmp_path / name)
+    worker.save_state(folder, global_step=4)
+    return worker, folder
+
+
+def _trl_position(worker: Any) -> Any:
+    return (
+        worker._cursor,
+        worker._epoch,
+        worker._next_group,
+        list(worker._redo),
+        dict(worker.counts),
+        len(worker.buffer),
+        worker.buffer.ledger(),
+    )
+
+
+def test_trl_refuses_a_damaged_or_mixed_folder_before_it_changes_the_worker(tmp_path):
+    import json
+
+    from pyfast_buffer import checkpoint
+    from pyfast_buffer.integrations.trl import _checkpoint
+
+    _, folder = _trl_folder(tmp_path)
+    state_file = os.path.join(folder, "worker.json")
+    with open(state_file, encoding="utf-8") as f:
+        text = f.read()
+    assert '"cursor": 4' in text
+    with open(state_file, "w", encoding="utf-8") as f:
+        f.write(text.replace('"cursor": 4', '"cursor": 5'))  # one digit
+    fresh = trl_worker()
+    before = _trl_position(fresh)
+    with pytest.raises(checkpoint.CheckpointError, match=r"worker\.json' fails the sha256 its manifest\.json records"):
+        fresh.load_state(folder)
+    assert _trl_position(fresh) == before
+
+    # Files of two saves (a buffer.pfb from another save): refused by the manifest, nothing changed.
+    _, other = _trl_folder(tmp_path, "other")
+    with open(state_file, "w", encoding="utf-8") as f:
+        f.write(text)
+    trl_build("b").buffer.save(os.path.join(folder, "buffer.pfb"))
+    with pytest.raises(checkpoint.CheckpointError, match=r"buffer\.pfb' is not the buffer manifest\.json records"):
+        fresh.load_state(folder)
+    assert _trl_position(fresh) == before
+
+    # A sound folder whose buffer and samples disagree: refused before the buffer or the position changes.
+    worker = trl_build("a")
+    worker.buffer.put([10, 11], 0, group_ids=[5, 5])  # two ready trajectories, no samples
+    worker.save_state(folder, global_step=4)
+    with pytest.raises(ValueError, match="holds 2 ready trajectories in the buffer but 0 samples; the folder is not"):
+        fresh.load_state(folder)
+    assert _trl_position(fresh) == before
+
+    # A manifest removed from a folder that had one.
+    reference = trl_worker()
+    reference.load_state(other)
+    os.unlink(os.path.join(other, "manifest.json"))
+    with pytest.raises(checkpoint.CheckpointError, match=r"manifest\.json' is missing, but worker\.json \(format 2\)"):
+        fresh.load_state(other)
+    assert _trl_position(fresh) == before
+
+    # What earlier commits wrote (worker.json format 1, no manifest) still loads.
+    with open(os.path.join(other, "worker.json"), encoding="utf-8") as f:
+        legacy = json.load(f)
+    legacy["format"] = _checkpoint.LEGACY_FORMAT
+    with open(os.path.join(other, "worker.json"), "w", encoding="utf-8") as f:
+        json.dump(legacy, f)
+    fresh.load_state(other)
+    assert _trl_position(fresh) == _trl_position(reference)
+
+
+def test_nemo_refuses_an_earlier_builds_group_map_missing_a_key_before_it_changes_the_core(tmp_path):
+    import json
+
+    from _nemo_fake import FakeTQReplayBuffer, create_sampler
+
+    from pyfast_buffer import checkpoint
+
+    sampler = nemo_build("a")
+    old = str(tmp_path / "old.pfb")
+    sampler.core.save(old)  # an earlier build's two files, the map without "ghosts"
+    with open(f"{old}.groups.json", "w") as f:
+        json.dump({"groups": {}, "next_pid": 3, "counts": {}}, f)
+    fresh = create_sampler(FakeTQReplayBuffer(), NEMO_TARGET, strategy="drop", max_age=1)
+    before = fresh.core.ledger(), len(fresh.core), fresh.book.next_pid
+    with pytest.raises(checkpoint.CheckpointError, match=r"old\.pfb\.groups\.json' has a group map without 'ghosts'"):
+        fresh._load_state(old)
+    with open(f"{old}.groups.json", "w") as f:
+        json.dump({"groups": {"g": [1, "ready"]}, "next_pid": 3, "counts": {}, "ghosts": 0}, f)
+    with pytest.raises(checkpoint.CheckpointError, match=r"groups\.json' has a malformed group map"):
+        fresh._load_state(old)
+    with open(f"{old}.groups.json", "w") as f:
+        f.write('{"groups": {')  # torn
+    with pytest.raises(checkpoint.CheckpointError, match=r"groups\.json' is not a JSON group map"):
+        fresh._load_state(old)
+    assert (fresh.core.ledger(), len(fresh.core), fresh.book.next_pid) == before
+
+
+def test_slime_refuses_a_flipped_bit_before_unpickling_and_reads_an_earlier_plain_pickle(tmp_path):
+    from pyfast_buffer import checkpoint
+    from pyfast_buffer.integrations.slime import state_path
+    from pyfast_buffer.integrations.slime._state import read_state
+
+    root = str(tmp_path / "fresh" / "run")  # a missing folder: created by the save
+    slime_save(slime_build("a"), root)
+    reference = slime_load(root)
+    path = state_path(root, 1)
+    pickled = read_state(path)  # the pickle inside the checked file: what earlier builds wrote as the whole file
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    assert data[:8] == checkpoint.MAGIC
+    data[len(data) // 2] ^= 0x01  # one bit, inside the pickled state
+    with open(path, "wb") as f:
+        f.write(data)
+    fresh = slime_source(load=root)
+    with pytest.raises(checkpoint.CheckpointError, match=r"pyfast_buffer_state_1\.pkl' fails its sha256 checksum"):
+        fresh.load(1)
+    assert fresh.store.buffer.ledger() == slime_source().store.buffer.ledger() and fresh.step == 0
+
+    with open(path, "wb") as f:  # what earlier builds wrote: the state, pickled, unchecked
+        f.write(pickled)
+    assert slime_load(root) == reference
+    checkpoint.save_state({"format": "something else"}, path)
+    with pytest.raises(checkpoint.CheckpointError, match="not a slime data-source state"):
+        slime_load(root)

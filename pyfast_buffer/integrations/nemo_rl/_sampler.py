@@ -51,6 +51,31 @@ LEGACY_GROUPS_SUFFIX = ".groups.json"
 ADMIT_RECHECK_S = 0.05  # admit also watches the trainer's version, which no core change announces
 
 
+_MAP_KEYS = ("groups", "next_pid", "counts", "ghosts")
+
+
+def _map(path: str, state: Any) -> Dict[str, Any]:
+    """The sampler's group map from ``path``, checked whole and converted (ints, strings), before a load changes
+    anything; a missing key or a malformed entry raises CheckpointError naming the file and the key."""
+    if not isinstance(state, dict):
+        raise checkpoint.CheckpointError(path, f"holds no sampler group map (a dict with {', '.join(_MAP_KEYS)})")
+    missing = [key for key in _MAP_KEYS if key not in state]
+    if missing:
+        raise checkpoint.CheckpointError(
+            path,
+            f"has a group map without {', '.join(repr(k) for k in missing)}: damaged or not written by "
+            "StalenessSampler.save_state; restore it from the same save, or remove the state_path file to start fresh",
+        )
+    try:
+        groups = {
+            str(gid): (int(pid), str(status), int(stamp)) for gid, (pid, status, stamp) in state["groups"].items()
+        }
+        counts = {str(k): int(v) for k, v in state["counts"].items()}
+        return {"groups": groups, "next_pid": int(state["next_pid"]), "counts": counts, "ghosts": int(state["ghosts"])}
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise checkpoint.CheckpointError(path, f"has a malformed group map ({type(exc).__name__}: {exc})") from exc
+
+
 class StalenessSampler:
     """A NeMo RL ``PromptGroupSampler`` over pyfast_buffer's core (this module's docstring says how).
 
@@ -341,10 +366,13 @@ class StalenessSampler:
             os.unlink(legacy)
 
     def _read_state(self, path: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        """(the core's state_dict, the sampler's map) from ``path``: one file, or the two an earlier build wrote."""
+        """(the core's state_dict, the sampler's map, checked and converted: ``_map``) from ``path``: one file, or
+        the two an earlier build wrote. Reads and checks only; changes nothing."""
         tree = checkpoint.load_state(path)
         if isinstance(tree, dict) and tree.get("format") == STATE_FORMAT:
-            return tree["core"], tree["sampler"]
+            if "core" not in tree:
+                raise checkpoint.CheckpointError(path, "has no 'core' entry: not a whole sampler state")
+            return tree["core"], _map(path, tree.get("sampler"))
         legacy = f"{path}{LEGACY_GROUPS_SUFFIX}"
         if isinstance(tree, dict) and str(tree.get("format", "")).startswith("pyfast_buffer.state/"):
             # Earlier builds wrote the core here and the map beside it, in two writes; still read.
@@ -354,8 +382,12 @@ class StalenessSampler:
                     f"holds only the buffer core; the group map an earlier build kept beside it ({legacy}) is "
                     "missing. Restore both files from the same save, or remove the state_path file to start fresh",
                 )
-            with open(legacy, encoding="utf-8") as f:
-                return tree, json.load(f)
+            try:
+                with open(legacy, encoding="utf-8") as f:
+                    groups = json.load(f)
+            except ValueError as exc:  # not JSON, or not UTF-8
+                raise checkpoint.CheckpointError(legacy, f"is not a JSON group map ({exc}): damaged") from exc
+            return tree, _map(legacy, groups)
         raise checkpoint.CheckpointError(
             path,
             f"is a pyfast_buffer checkpoint but not a NeMo RL sampler state ({STATE_FORMAT}); point state_path at the "
@@ -366,13 +398,13 @@ class StalenessSampler:
         """Restores the core and the map; attempts in flight at the save are failed (NeMo keeps only finished
         groups across a restart) and counted ``lost_in_resume``; restored groups NeMo no longer has are ghosts."""
         book = self.book
-        core_state, state = self._read_state(path)
-        failed = checkpoint.restore(self.core, core_state, in_flight="fail", path=path)
-        book.next_pid, book.ghosts = int(state["next_pid"]), int(state["ghosts"])
+        core_state, state = self._read_state(path)  # the map is checked here: nothing below can refuse it
+        failed = checkpoint.restore(self.core, core_state, in_flight="fail", path=path)  # refuses changing nothing
+        book.next_pid, book.ghosts = state["next_pid"], state["ghosts"]
         book.counts.update(state["counts"])
         book.counts["lost_in_resume"] += len(failed)
         for gid, (pid, status, stamp) in state["groups"].items():
             if status == READY:
-                book._add(gid, READY, int(stamp), int(pid))
+                book._add(gid, READY, stamp, pid)
         if len(failed):
             logger.warning("%d prompt-group attempts in flight at the save are lost in the resume", len(failed))

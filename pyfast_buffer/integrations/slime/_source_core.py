@@ -22,7 +22,7 @@ from pyfast_buffer.buffer import StalenessBuffer
 from pyfast_buffer.integrations._common import ages_metrics, buffer_metrics
 from pyfast_buffer.integrations._slime_family import GroupStore, iter_samples
 from pyfast_buffer.integrations.slime._options import WHERE, read_options
-from pyfast_buffer.integrations.slime._state import state_path, write_atomic
+from pyfast_buffer.integrations.slime._state import read_state, state_path, write_state
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ class StalenessSourceCore:
 
     def save(self, rollout_id: int) -> None:
         """slime's own data-source state, then ours (ready and in-flight groups, slime's requeue buffer, the
-        ledger) into ``rollout/pyfast_buffer_state_{rollout_id}.pkl`` under ``--save``."""
+        ledger) into ``rollout/pyfast_buffer_state_{rollout_id}.pkl`` under ``--save``: the pickled state inside our
+        checked format (``_state.write_state``), so a damaged file is refused before it is unpickled."""
         self.prompts.save(rollout_id)
         root = getattr(self.args, "save", None)
         if root is None:
@@ -92,11 +93,12 @@ class StalenessSourceCore:
                 "counts": dict(self.counts),
             }
             data = pickle.dumps(state)
-        write_atomic(state_path(root, rollout_id), data)
+        write_state(state_path(root, rollout_id), data)
 
     def load(self, rollout_id: Optional[int] = None) -> None:
         """slime's own state, then ours if saved. Groups in flight at the save are failed in the ledger and handed
-        out again before any new prompt."""
+        out again before any new prompt. A damaged file is refused (CheckpointError) and a foreign one (ValueError),
+        changing nothing; the plain pickle earlier builds wrote is still read."""
         self.prompts.load(rollout_id)
         root = getattr(self.args, "load", None)
         if root is None or rollout_id is None:
@@ -105,18 +107,25 @@ class StalenessSourceCore:
         if not os.path.exists(path):
             logger.info("%s: no saved buffer state at %s; starting empty", WHERE, path)
             return
-        with open(path, "rb") as f:
-            state = pickle.load(f)
+        state = pickle.loads(read_state(path))  # the file's checks pass before anything in it is unpickled
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ValueError(f"{WHERE}: {path} is not our saved state (format {STATE_FORMAT}); remove it or fix --load")
+        try:  # every value read before anything changes
+            resubmit, slime_buffer = list(state["resubmit"]), list(state["slime_buffer"])
+            step, counts = int(state["step"]), collections.Counter[str](state["counts"])
+            store = state["store"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{WHERE}: {path} has a missing or malformed entry ({exc!r}); remove it or fix --load"
+            ) from exc
         with self._changed:
-            in_flight = self.store.load_state_dict(state["store"])
+            in_flight = self.store.load_state_dict(store)
             self._stamps = {}
-            self._resubmit = collections.deque([*in_flight, *state["resubmit"]])
+            self._resubmit = collections.deque([*in_flight, *resubmit])
             if hasattr(self.prompts, "buffer"):
-                self.prompts.buffer[:] = state["slime_buffer"]
-            self._step = int(state["step"])
-            self.counts = collections.Counter(state["counts"])
+                self.prompts.buffer[:] = slime_buffer
+            self._step = step
+            self.counts = counts
             self.counts["failed_at_load"] += len(in_flight)
             self._changed.notify_all()
 

@@ -11,23 +11,33 @@ What a resume does with each group, by where it was when the checkpoint was writ
 
 The folder goes through the package's folder writer (``durable.write_folder``: written and fsynced beside its final
 name, then swapped into place), so a process killed during the save (Ctrl-C, SIGKILL) leaves the previous
-checkpoint's folder or the new one, whole, and ``load`` reads it through ``durable.readable_folder``
-(docs/checkpoints.md).
+checkpoint's folder or the new one, whole, and ``load`` reads both files inside ``durable.read_folder`` (a shared
+lock against the swap: the two files are always of one save, even while a save of the same folder runs).
+
+Integrity: ``buffer.pfb`` checks itself (length, sha256); ``manifest.json`` holds the sha256 of ``worker.json`` and
+the digest recorded in ``buffer.pfb``, so a damaged ``worker.json``, or files of two saves, are refused. A load reads
+and checks everything first and changes the worker only once all of it passed. ``worker.json`` of format 1 (written
+before the manifest) is still read, without that check.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 from pyfast_buffer import checkpoint, durable
 from pyfast_buffer.integrations.trl._options import WHERE
 from pyfast_buffer.integrations.trl._states import READY
 
-FORMAT = 1
+#: ``worker.json``'s format: 2 has a manifest; 1 (earlier builds, no manifest) is still read.
+FORMAT = 2
+LEGACY_FORMAT = 1
 BUFFER_FILE = "buffer.pfb"
 STATE_FILE = "worker.json"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "pyfast_buffer.trl.folder/1"
 
 
 def _sample_record(trajectory: int, sample: Any) -> Dict[str, Any]:
@@ -61,7 +71,7 @@ def _sample(record: Dict[str, Any]) -> Any:
     )
 
 
-def save(worker: Any, folder: str) -> None:
+def save(worker: Any, folder: str, global_step: Optional[int] = None) -> None:
     durable.make_directories(os.path.dirname(os.path.abspath(folder)))
 
     def fill(temporary: str) -> None:
@@ -73,6 +83,11 @@ def save(worker: Any, folder: str) -> None:
             lost = [e["index"] for e in worker._groups.values() if e["state"] != READY]
             state = {
                 "format": FORMAT,
+                # What the state is only right for: a resume with other values is refused (check_identity).
+                "num_generations": worker.num_generations,
+                "strategy": worker.strategy,
+                "max_age": worker.max_age,
+                "global_step": global_step,
                 "step": worker.step(),
                 "cursor": worker._cursor,
                 "epoch": worker._epoch,
@@ -86,46 +101,151 @@ def save(worker: Any, folder: str) -> None:
             }
             if staged:
                 state["staged_step"] = staged[0].model_version + worker._version_offset
-        with open(os.path.join(temporary, STATE_FILE), "w", encoding="utf-8") as f:
-            json.dump(state, f)
+        encoded = json.dumps(state).encode("utf-8")
+        with open(os.path.join(temporary, STATE_FILE), "wb") as f:
+            f.write(encoded)
+        digests = {
+            STATE_FILE: hashlib.sha256(encoded).hexdigest(),
+            BUFFER_FILE: checkpoint.recorded_digest(os.path.join(temporary, BUFFER_FILE)),
+        }
+        with open(os.path.join(temporary, MANIFEST_FILE), "w", encoding="utf-8") as f:
+            json.dump({"format": MANIFEST_FORMAT, "sha256": digests}, f)
 
     durable.write_folder(folder, fill)
 
 
-def load(worker: Any, folder: str) -> None:
-    folder = durable.readable_folder(folder)  # the previous save, if one was killed while swapping its folder in
-    path = os.path.join(folder, STATE_FILE)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{WHERE}.load_state: {path} does not exist; pass the checkpoint's pyfast_buffer/")
-    with open(path, encoding="utf-8") as f:
-        state = json.load(f)
-    if state.get("format") != FORMAT:
-        raise ValueError(f"{WHERE}.load_state: {path} has format {state.get('format')!r}; this version reads {FORMAT}")
+def check_identity(worker: Any, state: Dict[str, Any], path: str, global_step: Optional[int]) -> None:
+    """Raises ValueError unless the saved state is one this worker can resume: the same num_generations (trajectory
+    ids are ``group * num_generations + k``), the same strategy (pace's admission state means nothing to drop),
+    the same max_age under wait and pace (their promises were made for it; drop simply drops by the new one), and,
+    when the trainer says which step it resumes, that step's checkpoint."""
+    saved_g = state.get("num_generations", worker.num_generations)
+    if saved_g != worker.num_generations:
+        raise ValueError(
+            f"{WHERE}.load_state: {path} was saved with num_generations={saved_g}, this worker has "
+            f"{worker.num_generations}; its groups cannot be read as groups of another size. Resume with "
+            f"num_generations={saved_g}, or start a new run (a new output_dir, no resume_from_checkpoint)."
+        )
+    saved_strategy = state.get("strategy", worker.strategy)
+    saved_age = state.get("max_age", worker.max_age)
+    if saved_strategy != worker.strategy or (worker.strategy != "drop" and saved_age != worker.max_age):
+        raise ValueError(
+            f"{WHERE}.load_state: {path} was saved under strategy={saved_strategy!r}, max_age={saved_age}; this worker "
+            f"runs strategy={worker.strategy!r}, max_age={worker.max_age}. Resume with the saved values (under drop "
+            "max_age may change), or start a new run."
+        )
+    saved_step = state.get("global_step")
+    if global_step is not None and saved_step is not None and saved_step != global_step:
+        raise ValueError(
+            f"{WHERE}.load_state: {path} holds the state of trainer step {saved_step}, but the trainer resumes at step "
+            f"{global_step}: it belongs to another checkpoint. Resume from the checkpoint folder that holds it."
+        )
+
+
+def _read_manifest(folder: str) -> Optional[Dict[str, str]]:
+    """The sha256 digests ``manifest.json`` records, or None where there is none (a folder of format 1)."""
+    path = os.path.join(folder, MANIFEST_FILE)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        manifest = json.loads(raw)
+        digests = manifest["sha256"] if manifest.get("format") == MANIFEST_FORMAT else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        digests = None
+    if not (isinstance(digests, dict) and all(isinstance(digests.get(n), str) for n in (STATE_FILE, BUFFER_FILE))):
+        raise checkpoint.CheckpointError(
+            path, f"is not a manifest of this format ({MANIFEST_FORMAT}): damaged; resume from another checkpoint"
+        )
+    return digests
+
+
+def _read(folder: str) -> Tuple[str, Dict[str, Any], str, Any]:
+    """Reads and checks the folder's files, both of one save (``durable.read_folder``); changes nothing. Returns
+    (worker.json's path, its state, buffer.pfb's path, the buffer's state tree)."""
+    with durable.read_folder(folder) as where:
+        path, buffer_path = os.path.join(where, STATE_FILE), os.path.join(where, BUFFER_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{WHERE}.load_state: {path} does not exist; pass the checkpoint's pyfast_buffer/")
+        with open(path, "rb") as f:
+            raw = f.read()
+        digests = _read_manifest(where)
+        tree = checkpoint.load_state(buffer_path)  # checks the file whole (length, sha256)
+        buffer_digest = checkpoint.recorded_digest(buffer_path)
+    if digests is not None and digests[STATE_FILE] != hashlib.sha256(raw).hexdigest():
+        raise checkpoint.CheckpointError(
+            path, f"fails the sha256 its {MANIFEST_FILE} records: the file is damaged; resume from another checkpoint"
+        )
+    if digests is not None and digests[BUFFER_FILE] != buffer_digest:
+        raise checkpoint.CheckpointError(
+            buffer_path, f"is not the buffer {MANIFEST_FILE} records: the folder mixes files of two saves"
+        )
+    try:
+        state = json.loads(raw)
+    except ValueError as exc:  # a format-1 file (no manifest) damaged
+        raise checkpoint.CheckpointError(path, f"is not valid JSON ({exc}): damaged") from exc
+    found = state.get("format") if isinstance(state, dict) else None
+    if found not in (FORMAT, LEGACY_FORMAT):
+        raise ValueError(f"{WHERE}.load_state: {path} has format {found!r}; this version reads {FORMAT}")
+    if found == FORMAT and digests is None:
+        raise checkpoint.CheckpointError(
+            os.path.join(where, MANIFEST_FILE),
+            f"is missing, but {STATE_FILE} (format {FORMAT}) was saved with one; restore the whole folder, or "
+            "resume from another checkpoint",
+        )
+    return path, state, buffer_path, tree
+
+
+def _ready_in(tree: Any) -> Optional[int]:
+    """How many ready trajectories the buffer's state holds, or None where it is malformed (restore refuses it)."""
+    entries = tree.get("entries") if isinstance(tree, dict) else None
+    ids: Any = entries.get("traj_id") if isinstance(entries, dict) else None
+    return len(ids) if hasattr(ids, "__len__") else None
+
+
+def load(worker: Any, folder: str, global_step: Optional[int] = None) -> None:
+    path, state, buffer_path, tree = _read(folder)
+    check_identity(worker, state, path, global_step)
     if worker._thread is not None:
         raise RuntimeError(f"{WHERE}.load_state: the worker is running; load before train()")
-    buffer = worker.buffer
-    with worker._lock:
-        buffer.load(os.path.join(folder, BUFFER_FILE))  # in-flight prompts are failed there (their work is lost)
-        worker._resumed_version = int(state["step"])
-        worker._cursor = int(state["cursor"])
-        worker._epoch = int(state["epoch"])
-        worker._next_group = int(state["next_group"])
-        worker._redo.clear()
-        worker._redo.extend(int(i) for i in state["redo"])
-        worker._groups = {
+    try:  # every value read before the worker changes: a malformed one changes nothing
+        resumed, cursor = int(state["step"]), int(state["cursor"])
+        epoch, next_group = int(state["epoch"]), int(state["next_group"])
+        redo = [int(i) for i in state["redo"]]
+        groups = {
             int(g): {"index": int(e["index"]), "step": int(e["step"]), "state": READY}
             for g, e in state["ready"].items()
         }
-        worker._samples = {int(r["trajectory"]): _sample(r) for r in state["samples"]}
+        samples = {int(r["trajectory"]): _sample(r) for r in state["samples"]}
         staged: List[Any] = [_sample(r) for r in state["staged"]]
+        staged_step = int(state["staged_step"]) if staged else None
+        counts = {str(k): int(v) for k, v in state["counts"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise checkpoint.CheckpointError(
+            path, f"has a missing or malformed entry ({type(exc).__name__}: {exc}); resume from another checkpoint"
+        ) from exc
+    ready = _ready_in(tree)
+    if ready is not None and ready != len(samples):
+        raise ValueError(
+            f"{WHERE}.load_state: {os.path.dirname(path)} holds {ready} ready trajectories in the buffer but "
+            f"{len(samples)} samples; the folder is not one save"
+        )
+    buffer = worker.buffer
+    with worker._lock:
+        # The first change; it refuses a state the buffer cannot hold without changing it. In-flight prompts are
+        # failed there (their work is lost).
+        checkpoint.restore(buffer, tree, "fail", buffer_path)
+        worker._resumed_version = resumed
+        worker._cursor, worker._epoch, worker._next_group = cursor, epoch, next_group
+        worker._redo.clear()
+        worker._redo.extend(redo)
+        worker._groups = groups
+        worker._samples = samples
         worker.counts.clear()
-        worker.counts.update(state["counts"])
-        if len(buffer) != len(worker._samples):
-            raise ValueError(
-                f"{WHERE}.load_state: {folder} holds {len(buffer)} ready trajectories in the buffer but "
-                f"{len(worker._samples)} samples; the folder is not one save"
-            )
+        worker.counts.update(counts)
     worker.rollout_buffer._staged.clear()
     if staged:
-        worker._pending_staged_step = int(state["staged_step"])
+        worker._pending_staged_step = staged_step
         worker.rollout_buffer._staged.extend(staged)
