@@ -202,14 +202,19 @@ def _saved(folder):
         return json.load(f)
 
 
-def test_resume_is_exact(tmp_path, model):
-    first = Run(str(tmp_path), "drop", max_age=1, steps=4, save_steps=4, model=model, seed=3)
+def _checkpointed(folder, model, seed=3):
+    """A 4-step drop run that saves checkpoint-4: (the run, the checkpoint's folder, its worker.json)."""
+    run = Run(str(folder), "drop", max_age=1, steps=4, save_steps=4, model=model, seed=seed)
     try:
-        first.train()
+        run.train()
     finally:
-        first.close()
-    checkpoint = os.path.join(first.config.output_dir, "checkpoint-4")
-    saved = _saved(checkpoint)
+        run.close()
+    checkpoint = os.path.join(run.config.output_dir, "checkpoint-4")
+    return run, checkpoint, _saved(checkpoint)
+
+
+def test_resume_is_exact(tmp_path, model):
+    first, checkpoint, saved = _checkpointed(tmp_path, model)
     trained_before = {first.reserved[g] for g in first.delivered}
     # dropped before the checkpoint: reserved before it (the cursor moves one prompt at a time, so below the saved
     # cursor; the first run goes on generating after its last save until stop), neither trained, ready nor lost
@@ -251,19 +256,8 @@ def test_resume_reads_the_checkpoint_it_was_given_never_a_decoy(tmp_path, model)
     """train(resume_from_checkpoint=A) restores A's state, also into another output_dir whose own checkpoint-4 is
     another run's (once, a folder derived from output_dir was read: the decoy loaded silently); a state saved with
     another num_generations is refused, changing nothing (issue 56)."""
-    first = Run(str(tmp_path / "a"), "drop", max_age=1, steps=4, save_steps=4, model=model, seed=3)
-    try:
-        first.train()
-    finally:
-        first.close()
-    checkpoint = os.path.join(first.config.output_dir, "checkpoint-4")
-    saved = _saved(checkpoint)
-    decoy = Run(str(tmp_path / "b"), "drop", max_age=1, steps=4, save_steps=4, model=model, seed=9)
-    try:
-        decoy.train()
-    finally:
-        decoy.close()
-    decoy_saved = _saved(os.path.join(decoy.config.output_dir, "checkpoint-4"))
+    _, checkpoint, saved = _checkpointed(tmp_path / "a", model)
+    _, _, decoy_saved = _checkpointed(tmp_path / "b", model, seed=9)
     assert decoy_saved["counts"] != saved["counts"] or decoy_saved["cursor"] != saved["cursor"]
     for folder in ("b", "c"):  # beside the decoy, then into a new output_dir with no checkpoint at all
         second = Run(str(tmp_path / folder), "drop", max_age=1, steps=6, model=model, seed=4)
@@ -506,3 +500,47 @@ def test_a_reward_function_that_raises_is_named(model):
 
     with pytest.raises(RewardFunctionError, match=r"reward function 'flaky_judge' raised ConnectionError"):
         asyncio.run(score([length, flaky_judge], ["p"] * 2, ["1", "2"], [[1], [2]], {"prompt": "p"}))
+
+
+def test_a_pace_state_is_refused_by_a_trainer_that_takes_fewer_groups_per_sync(tmp_path, model):
+    """pace admitted the saved groups for the saved trainer's rate: a resume whose batching takes fewer groups per
+    sync would train them past max_age, so it is refused, changing nothing (issue 56, hostile review)."""
+    saver = idle_worker(model, strategy="pace", max_age=2)
+    saver.configure(trainer_args())  # 2 groups a sync
+    folder = str(tmp_path / "pyfast_buffer")
+    saver.save_state(folder)
+    slower = idle_worker(model, strategy="pace", max_age=2)
+    slower.configure(trainer_args(per_device_train_batch_size=4))  # 1 group a sync
+    before = slower.buffer.ledger()
+    with pytest.raises(ValueError, match=r"at least 2 group\(s\) per weight sync .* gives 1 with 0"):
+        slower.load_state(folder)
+    assert slower.buffer.ledger() == before and slower.restored_from is None
+    same = idle_worker(model, strategy="pace", max_age=2)
+    same.configure(trainer_args())
+    same.load_state(folder)  # the same batching resumes
+    assert same.restored_from == folder
+
+
+def test_the_rest_of_a_group_older_than_a_lowered_bound_is_dropped_at_resume(tmp_path, model):
+    """Under drop max_age may be lowered on resume; the rest of a group handed out in part before the save, older
+    than the new bound, is dropped at the load (counted), not delivered past it (issue 56, hostile review)."""
+    first = Run(str(tmp_path / "a"), "drop", max_age=3, steps=5, save_steps=1, model=model, seed=7, per_device=6)
+    try:
+        first.train()
+    finally:
+        first.close()
+    staged = [
+        (k, s)
+        for k in range(1, 6)
+        for s in [_saved(os.path.join(first.config.output_dir, f"checkpoint-{k}"))]
+        if s["staged"] and s["step"] - s["staged_step"] > 1
+    ]
+    assert staged, "a checkpoint should hold the rest of a group older than the new bound (1)"
+    k, saved = staged[0]
+    second = Run(str(tmp_path / "b"), "drop", max_age=1, steps=k + 3, model=model, seed=8, per_device=6)
+    try:
+        history = second.train(resume_from_checkpoint=os.path.join(first.config.output_dir, f"checkpoint-{k}"))
+    finally:
+        second.close()
+    assert second.worker.counts["staged_dropped_at_resume"] == len(saved["staged"])
+    assert trl_drops(history) == 0 and second.worker.counts["delivered_over_age"] == 0

@@ -87,6 +87,9 @@ def save(worker: Any, folder: str, global_step: Optional[int] = None) -> None:
                 "num_generations": worker.num_generations,
                 "strategy": worker.strategy,
                 "max_age": worker.max_age,
+                # pace admitted the ready groups for this rate: a trainer that takes fewer per sync ages them past it
+                "groups_per_version": worker.plan.groups_per_version if worker.plan is not None else None,
+                "margin": worker.plan.margin if worker.plan is not None else None,
                 "global_step": global_step,
                 "step": worker.step(),
                 "cursor": worker._cursor,
@@ -133,6 +136,21 @@ def check_identity(worker: Any, state: Dict[str, Any], path: str, global_step: O
             f"{WHERE}.load_state: {path} was saved under strategy={saved_strategy!r}, max_age={saved_age}; this worker "
             f"runs strategy={worker.strategy!r}, max_age={worker.max_age}. Resume with the saved values (under drop "
             "max_age may change), or start a new run."
+        )
+    plan = worker.plan
+    saved_rate = (state.get("groups_per_version"), state.get("margin"))
+    if (
+        worker.strategy == "pace"
+        and plan is not None
+        and None not in saved_rate
+        and saved_rate != (plan.groups_per_version, plan.margin)
+    ):
+        raise ValueError(
+            f"{WHERE}.load_state: {path} was saved under pace for a trainer that takes at least {saved_rate[0]} "
+            f"group(s) per weight sync with a {saved_rate[1]}-sync margin; this trainer's batching gives "
+            f"{plan.groups_per_version} with {plan.margin}, so the groups pace admitted for the old rate would "
+            "be trained past max_age. Resume with the saved per_device_train_batch_size, "
+            "gradient_accumulation_steps, weight_sync_steps and token_budget, or start a new run."
         )
     saved_step = state.get("global_step")
     if global_step is not None and saved_step is not None and saved_step != global_step:
@@ -246,6 +264,12 @@ def load(worker: Any, folder: str, global_step: Optional[int] = None) -> None:
         worker.counts.clear()
         worker.counts.update(counts)
     worker.rollout_buffer._staged.clear()
+    bound = worker.max_age - (worker.plan.margin if worker.plan is not None else 0)
+    if staged and staged_step is not None and resumed - staged_step > bound:
+        # The rest of a group handed out in part before the save, older than this worker's bound (a lower max_age
+        # under drop): the next pull would deliver it past max_age, so it is dropped here, counted.
+        worker.counts["staged_dropped_at_resume"] += len(staged)
+        staged = []
     if staged:
         worker._pending_staged_step = staged_step
         worker.rollout_buffer._staged.extend(staged)
