@@ -544,3 +544,19 @@ def test_the_rest_of_a_group_older_than_a_lowered_bound_is_dropped_at_resume(tmp
         second.close()
     assert second.worker.counts["staged_dropped_at_resume"] == len(saved["staged"])
     assert trl_drops(history) == 0 and second.worker.counts["delivered_over_age"] == 0
+
+
+def test_a_completion_longer_than_max_tokens_is_a_failed_attempt(model):
+    """The plan sizes TRL's token budget by max_completion_length, so a complete that returns more tokens (or
+    logprobs that do not pair with them) is a failed attempt, retried and then failed, never a sample TRL drops."""
+    import asyncio
+
+    from pyfast_buffer.integrations.trl import _generation
+
+    async def chatty(prompt_ids, max_tokens):
+        return list(range(max_tokens + 3)), [0.0] * (max_tokens + 3)
+
+    worker = idle_worker(model, complete=chatty, completion_attempts=2)
+    with pytest.raises(ValueError, match=r"complete returned 7 tokens and 7 logprobs for max_tokens=4"):
+        asyncio.run(_generation._one(worker, [1, 2]))
+    assert worker.counts["completion_retries"] == 1

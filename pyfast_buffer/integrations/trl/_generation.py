@@ -146,6 +146,13 @@ async def _one(worker: Any, prompt_ids: List[int]) -> Tuple[List[int], List[floa
     for attempt in range(worker.completion_attempts):
         try:
             ids, logprobs = await worker.complete(list(prompt_ids), worker.max_completion_length)
+            if len(ids) > worker.max_completion_length or len(logprobs) != len(ids):
+                # The plan sizes TRL's token budget by max_completion_length: a longer sample could be dropped by
+                # TRL's batcher, and logprobs must pair with the tokens. Counted as a failed attempt.
+                raise ValueError(
+                    f"complete returned {len(ids)} tokens and {len(logprobs)} logprobs for max_tokens="
+                    f"{worker.max_completion_length}; return at most max_tokens tokens, one logprob each"
+                )
             return [int(t) for t in ids], [float(x) for x in logprobs]
         except asyncio.CancelledError:
             raise
