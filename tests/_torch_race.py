@@ -74,7 +74,7 @@ ids = buf.take(8, current_step=0).traj_ids.tolist()  # how == "batch": the train
 imported.set()
 import torch
 buf.put(torch.tensor([10**12]), 0)  # a tensor from a producer works after the import
-deadline = time.monotonic() + 5
+deadline = time.monotonic() + 60  # ends as soon as every producer made 50 calls
 while min(after) < 50 and time.monotonic() < deadline and not errors:
     time.sleep(0.01)
 stop.set()

@@ -622,7 +622,9 @@ def test_read_folder_never_pairs_files_of_two_saves_while_saves_run(tmp_path):
     writer = subprocess.Popen([sys.executable, "-c", _SAVE_IN_A_LOOP, str(folder)])
     loads, mixed, seen = 0, [], set()
     try:
-        end = time.monotonic() + 3
+        # Until the writer has saved 20 times during the reads (its interpreter can take seconds to start on a
+        # loaded machine), within a minute.
+        end = time.monotonic() + 60
         while time.monotonic() < end and (len(seen) < 20 or loads < 200):
             with durable.read_folder(folder) as where:
                 with open(os.path.join(where, "one")) as f:
