@@ -619,13 +619,14 @@ _SAVE_IN_A_LOOP = textwrap.dedent("""
 def test_read_folder_never_pairs_files_of_two_saves_while_saves_run(tmp_path):
     folder = tmp_path / "state"
     _write_folder(folder, "0")
-    writer = subprocess.Popen([sys.executable, "-c", _SAVE_IN_A_LOOP, str(folder)])
+    # cwd: the writer must import the installed package, not the source tree (CI tests the wheel).
+    writer = subprocess.Popen([sys.executable, "-c", _SAVE_IN_A_LOOP, str(folder)], cwd=tmp_path)
     loads, mixed, seen = 0, [], set()
     try:
         # Until the writer has saved 20 times during the reads (its interpreter can take seconds to start on a
         # loaded machine), within a minute.
         end = time.monotonic() + 60
-        while time.monotonic() < end and (len(seen) < 20 or loads < 200):
+        while time.monotonic() < end and (len(seen) < 20 or loads < 200) and writer.poll() is None:
             with durable.read_folder(folder) as where:
                 with open(os.path.join(where, "one")) as f:
                     one = f.read()
@@ -639,6 +640,7 @@ def test_read_folder_never_pairs_files_of_two_saves_while_saves_run(tmp_path):
     finally:
         writer.kill()
         writer.wait()
+    assert writer.returncode == -signal.SIGKILL, f"the writer ended on its own (exit {writer.returncode})"
     assert not mixed, f"{len(mixed)} of {loads} loads read files of two saves, e.g. {mixed[0]}"
     assert len(seen) > 2, "the writer saved too rarely during the reads: the race was not exercised"
 
