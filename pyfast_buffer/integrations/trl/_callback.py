@@ -69,8 +69,11 @@ class StalenessWorkerCallback(TrainerCallback):
         if state.global_step == 0 or worker.restored_from is not None:
             return
         resumed = resumed_checkpoint()
-        found = resumed is not _NOT_FOUND and resumed is not None
-        folder = os.path.join(resumed, STATE_FOLDER) if found else checkpoint_folder(args, state)
+        folder = (
+            checkpoint_folder(args, state)
+            if resumed is _NOT_FOUND or resumed is None
+            else (os.path.join(resumed, STATE_FOLDER))
+        )
         # readable_folder: a save killed between the two renames of its swap left the previous state aside, whole.
         if not os.path.isdir(readable_folder(folder)):
             raise FileNotFoundError(
