@@ -19,14 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from ._args import PROBE, as_timeout
-from .errors import WouldBlock
+from .errors import WouldBlock, timed_out_after
 
 if TYPE_CHECKING:  # torch loads on the first tensor made or read, not with the package
     import torch
@@ -162,9 +161,7 @@ async def awaited(
                 try:
                     return await wakeups.run(attempt, 0.0, undo)
                 except TimeoutError as exc:  # the blocking call's words, with this call's timeout
-                    raise TimeoutError(
-                        re.sub(r"timed out after 0(\.0)? s", f"timed out after {limit:g} s", str(exc), count=1)
-                    ) from None
+                    raise timed_out_after(exc, limit or 0.0) from None
             await wakeups.changed(token, deadline, admission)
     finally:
         wakeups.end_waiting(waiting)

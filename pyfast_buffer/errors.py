@@ -7,9 +7,19 @@ from the native core so that both implementations raise the same classes;
 that would have to wait (aio.py), never raised by the public calls.
 """
 
+import re
+
 from ._core import AdmissionError, BufferClosedError, BufferFullError, WouldBlock
 
-__all__ = ["CLOSED_MESSAGE", "NO_COPY", "AdmissionError", "BufferClosedError", "BufferFullError", "WouldBlock"]
+__all__ = [
+    "CLOSED_MESSAGE",
+    "NO_COPY",
+    "AdmissionError",
+    "BufferClosedError",
+    "BufferFullError",
+    "WouldBlock",
+    "timed_out_after",
+]
 
 #: The message of BufferClosedError (the core's wording, repeated for the pure-Python twin).
 CLOSED_MESSAGE = "the buffer is closed; create a new buffer (or load its state_dict) to continue"
@@ -20,3 +30,20 @@ NO_COPY = (
     "share or lose; snapshot it with state_dict() (or save(path)) and load that into a new buffer with "
     "load_state_dict() (or load(path))"
 )
+
+
+_WAITED = re.compile(r"timed out after [-+0-9.e]+ s")
+
+
+def timed_out_after(exc: BaseException, seconds: float) -> TimeoutError:
+    """``exc``'s message as a ``TimeoutError`` that names the ``seconds`` its caller waited.
+
+    A call that waits by retrying a non-blocking attempt (an awaitable call, the Ray index's blocked calls) gets
+    the attempt's words, which name the attempt's own timeout (0 s, or the index's 1e-09 s): this one formatter
+    puts the caller's timeout in their place, so a timeout reads the same in process, awaited and remote."""
+    text = str(exc)
+    if _WAITED.search(text):
+        text = _WAITED.sub(f"timed out after {seconds:g} s", text, count=1)
+    else:
+        text = f"timed out after {seconds:g} s: {text}"
+    return TimeoutError(text)

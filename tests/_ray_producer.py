@@ -50,6 +50,15 @@ class Producer:
         except Exception as exc:
             return type(exc).__name__, time.monotonic() - start, str(exc)
 
+    def put_many(self, client: RemoteBuffer, traj_ids: list, timeout: float) -> tuple:
+        """One put of ``traj_ids`` with payloads that may wait (on_full="block"): ("ok" or the exception's type
+        name, its message)."""
+        try:
+            client.put(traj_ids, 0, timeout=timeout, payloads=[payload(i) for i in traj_ids])
+            return "ok", ""
+        except Exception as exc:
+            return type(exc).__name__, str(exc)
+
     def put_big(self, client: RemoteBuffer, traj_id: int, words: int, inline: bool = False) -> None:
         """One put of one payload of ``words`` int64 (traj_id, traj_id + 1, ...: every byte checkable);
         ``inline``: as from a process whose memory files the node's owner cannot open (pieces in the calls)."""

@@ -18,6 +18,7 @@ import os
 import tempfile
 import threading
 import time
+import urllib.parse
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -31,6 +32,7 @@ from . import _effects, _journal, _packed
 from ._admission import QUIET_RECHECK_S, REMEMBERED_PUTS, AdmissionCalls, deadline_of
 from ._calls import ADMISSION_GROUP, BLOCKING_GROUP
 from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S, Deliveries, DeliveryCalls
+from ._owner_calls import OwnerCalls
 from ._ring_replay import CoreReplay, trimmed
 
 __all__ = ["ADMISSION_GROUP", "BLOCKING_GROUP", "BufferActor"]
@@ -41,10 +43,17 @@ REMEMBERED_TAKES = 64
 #: Counters of the remote buffer kept next to the core's ledger (see docs/ray.md, "What survives what").
 #: Ids taken but never delivered: out of ``retired`` and ``taken`` in the ledger, each under its reason.
 UNDELIVERED = ("payload_lost", "lost_in_restart", "lost_in_delivery")
-EXTRA_COUNTERS = (*UNDELIVERED, "late_receipts", "index_restarts", "duplicate_requests", "evicted_bytes")
+EXTRA_COUNTERS = (
+    *UNDELIVERED,
+    "late_receipts",
+    "index_restarts",
+    "duplicate_requests",
+    "evicted_bytes",
+    "cancelled_takes",
+)
 
 
-class BufferActor(AdmissionCalls, DeliveryCalls):
+class BufferActor(AdmissionCalls, DeliveryCalls, OwnerCalls):
     """Hosts the index: a StalenessBuffer over trajectory ids, which owner holds each payload, and the journal."""
 
     def __init__(
@@ -54,6 +63,8 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         journal: Union[str, bool, None],
         receipt_timeout_s: float = DEFAULT_RECEIPT_TIMEOUT_S,
         task_events: bool = False,
+        namespace: Optional[str] = None,
+        buffer_id: str = "",
     ) -> None:
         self._user_config = BufferConfig(**buffer_kwargs)
         self._buf = StalenessBuffer(**{**buffer_kwargs, "track_released": True}, pin_memory=False)
@@ -73,6 +84,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         self._sizes = _effects.LoggedDict()  # traj id -> payload bytes
         self._bytes_held = 0
         self._reserved: Dict[int, int] = {}  # request id -> bytes reserved before the owner's ray.put
+        self._reserved_by: Dict[int, int] = {}  # request id -> slot of the owner that reserved them
         self._done_puts: collections.OrderedDict[int, None] = _effects.LoggedOrderedDict()
         self._done_takes: collections.OrderedDict[int, Tuple[Any, ...]] = _effects.LoggedOrderedDict()
         self._extra = dict.fromkeys(EXTRA_COUNTERS, 0)
@@ -81,12 +93,25 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         self._owners: List[Any] = []
         context = ray.get_runtime_context()
         self._name = context.get_actor_name() or f"pyfast_buffer-{str(context.get_actor_id())[:12]}"
-        self._namespace = context.namespace
+        # The buffer's namespace as its creator named it: the actor's own context has its job's (an anonymous
+        # one, for a driver that named none), where its payload owners would not be found by name.
+        self._namespace = namespace if namespace is not None else context.namespace
+        self._identity = {
+            "name": self._name,
+            "namespace": self._namespace,
+            "buffer_id": buffer_id,
+            "actor_id": context.get_actor_id(),
+        }
         self._journal: Union[_journal.Journal, _journal.NoJournal] = _journal.NoJournal()
+        # owner slot of each owner's lifeline call: it returns only when that owner dies (``_watch_owners``)
+        self._lifelines: Dict[Any, int] = {}
+        threading.Thread(target=self._watch_owners, name="pyfast_buffer-owner-watch", daemon=True).start()
         if journal is False:
             return
-        path = journal if isinstance(journal, str) else os.path.join(_journal_dir(), f"{self._name}.pfb")
+        path = journal if isinstance(journal, str) else _default_journal(self._namespace, self._name)
         restarted = _restarted(context)
+        self._journal_lock = _journal.claim(path, self._identity)  # held for this process's life
+        _check_holder(path, self._identity, restarted)
         found = _journal.read(path) if restarted else None
         if restarted and found is None:
             # Restarted where its journal is not (another node, with the default node-local path): coming back
@@ -107,6 +132,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
             self._record,
             seq=found[2] if found is not None else 0,
             finish=self._finish_capture,
+            identity=self._identity,
         )
         if restarted:
             self._journal.commit()  # the restart itself is counted durably
@@ -182,6 +208,9 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         self._extra["index_restarts"] += 1
         self._owner_nodes = [str(n) for n in snap["owner_nodes"]]
         self._owners = [self._find_owner(slot) if node else None for slot, node in enumerate(self._owner_nodes)]
+        for slot, owner in enumerate(self._owners):
+            if owner is not None:
+                self._lifelines[owner.lifeline.remote()] = slot
         # An id the snapshot's tables hold but its ring does not left the ring in a take that had not
         # answered when the index died: nobody received it. Counted, and its payload let go of.
         gone: Dict[int, List[int]] = collections.defaultdict(list)
@@ -208,60 +237,6 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
             stray = [k for k in held if self._where.get(k) != slot] + gone.get(slot, [])
             if stray:
                 owner.release.remote(stray)
-
-    # -- payload owners --------------------------------------------------------------------------------------------
-    def _owner_name(self, slot: int) -> str:
-        return f"{self._name}.payloads.{slot}"
-
-    def _find_owner(self, slot: int) -> Optional[Any]:
-        try:
-            return ray.get_actor(self._owner_name(slot), namespace=self._namespace)
-        except ValueError:
-            return None
-
-    def owner_for(self, node_id: str) -> Tuple[int, Any]:
-        """The slot and handle of the payload owner of ``node_id``, started (detached, pinned there) if needed."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from ._owner import PayloadOwner
-
-        with self._lock:
-            for slot, node in enumerate(self._owner_nodes):
-                if node == node_id:
-                    return slot, self._owners[slot]
-            slot = len(self._owner_nodes)
-            owner = (
-                ray.remote(PayloadOwner)
-                .options(
-                    name=self._owner_name(slot),
-                    namespace=self._namespace,
-                    lifetime="detached",  # owned by Ray's control store: outlives this index and its creator
-                    num_cpus=0,
-                    max_concurrency=64,
-                    enable_task_events=self._task_events,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                )
-                .remote(ray.get_runtime_context().current_actor, slot, self._capacity_bytes is not None)
-            )
-            self._owner_nodes.append(node_id)
-            self._owners.append(owner)
-            version = self._journal.mark()
-        self._journal.wait(version)
-        return slot, owner
-
-    def owner_died(self, slot: int) -> None:
-        """A client found this owner dead: its node gets a new owner (and slot) at the next put from there."""
-        with self._lock:
-            if 0 <= slot < len(self._owners) and self._owner_nodes[slot]:
-                self._owner_nodes[slot], self._owners[slot] = "", None
-                version = self._journal.mark()
-            else:
-                return
-        self._journal.wait(version)
-
-    def owners(self) -> List[Any]:
-        with self._lock:
-            return list(self._owners)
 
     # -- admission ---------------------------------------------------------------------------------------------------
     def dispatch(
@@ -323,7 +298,7 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
                 return _packed.pack(self._done_takes[request])
             self._close_overdue()
             try:
-                batch = self._until(deadline, lambda wait: self._buf.take(batch_size, current_step, wait))
+                batch = self._until(deadline, lambda wait: self._buf.take(batch_size, current_step, wait), timeout)
             except BaseException:
                 if receipted:
                     self._journal.mark(later=True)
@@ -454,7 +429,9 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         self._buf.source_max_age = bounds
 
     def payloads_held(self) -> int:
-        return len(self._where)
+        """Ids in the buffer whose payload a live owner holds (those of a dead owner's are counted lost at take)."""
+        with self._lock:
+            return sum(1 for slot in self._where.values() if self._slot_alive(slot))
 
     def state_dict(self) -> Dict[str, Any]:
         return self._buf.state_dict()
@@ -523,6 +500,21 @@ class BufferActor(AdmissionCalls, DeliveryCalls):
         return threading.get_ident()
 
 
+def _check_holder(path: str, me: Dict[str, Any], restarted: bool) -> None:
+    """Refuses a journal that is another buffer's: on a restart, any snapshot not written by this buffer; on a
+    first start, one whose holder Ray does not count dead for good (it may be restarting, and would load it)."""
+    from ray._private import state
+
+    found = _journal.holder(path)
+    if found is None or found.get("buffer_id") == me["buffer_id"]:
+        return
+    if restarted:
+        raise _journal.JournalInUseError(path, found, me, "took the path while this buffer was down")
+    info = state.actors(actor_id=str(found.get("actor_id", ""))) if found.get("actor_id") else None
+    if info and info.get("State", "DEAD") != "DEAD":
+        raise _journal.JournalInUseError(path, found, me, f"is {str(info['State']).lower()}")
+
+
 def _restarted(context: Any) -> bool:
     """Whether this actor was restarted: Ray's ``was_current_actor_reconstructed``, without the deprecation
     warning that property raises in every actor (it reads the deprecated ``actor_id`` itself)."""
@@ -530,6 +522,15 @@ def _restarted(context: Any) -> bool:
 
     info = state.actors(actor_id=context.get_actor_id())
     return bool(info) and info.get("NumRestarts", 0) != 0
+
+
+def _default_journal(namespace: str, name: str) -> str:
+    """The journal of a buffer created without ``journal=``: in this node's session directory, one per name in each
+    namespace (two buffers of one name in two namespaces are two buffers)."""
+    # quote() keeps "~" as it is, so each part escapes it: the separator "~~" never occurs inside a part, and no two
+    # (namespace, name) pairs share a file.
+    space, label = (urllib.parse.quote(part or "", safe="").replace("~", "%7E") for part in (namespace, name))
+    return os.path.join(_journal_dir(), f"{space}~~{label}.pfb")
 
 
 def _journal_dir() -> str:

@@ -12,8 +12,10 @@ watch is an awaited ObjectRef. A paced call is counted among the index's admissi
 Cancellation: while a call awaits the watch, cancelling it changes nothing. An attempt already sent cannot be
 called back, so the call waits for its answer (one round trip) before the cancellation goes on: if it would have
 waited, nothing changed; if it went through, what it did is reversed where it can be and counted where it cannot.
-A dispatch's prompts are failed (``failed``); a take's batch is never confirmed received, so its ids count as
-``lost_in_delivery`` after ``receipt_timeout_s``; a put's or complete's trajectories stay in the buffer, as asked.
+A dispatch's prompts are failed (``failed``); a take's batch is dropped unread: the index counts its ids
+``lost_in_delivery`` at once and the take in ``cancelled_takes`` (they left the ring when the index answered and
+their payloads went with the batch: no call can put them back under their bound, docs/ray.md); a put's or
+complete's trajectories stay in the buffer, as asked.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ from .._args import as_ids
 from ..aio import awaited
 from ._admission import QUIET_RECHECK_S
 from ._calls import POLL_S, WATCH_GROUP
+
+
+class Immediate:
+    """An ``undo`` that only sends a call (it never waits): run in the loop's thread as the cancellation lands."""
+
+    def __init__(self, fn: Callable[[Any], None]) -> None:
+        self._fn = fn
+
+    def __call__(self, result: Any) -> None:
+        self._fn(result)
 
 
 class Watch:
@@ -56,7 +68,9 @@ class Watch:
                 result = await pending
             except BaseException:  # WouldBlock or an error: the attempt changed nothing
                 raise asyncio.CancelledError() from None
-            if undo is not None:
+            if isinstance(undo, Immediate):
+                undo(result)  # only sends a call: done here, so this process's next ledger() sees it
+            elif undo is not None:
                 loop.run_in_executor(None, undo, result)  # not awaited: the cancellation goes on now
             raise
 
@@ -184,7 +198,12 @@ class RemoteAsyncMethods:
     async def atake(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> Any:
         """``take`` of a full batch, awaited (see StalenessBuffer.atake)."""
         buffer: Any = self
-        batch, confirm = await awaited(watch(self.actor), lambda t: buffer._take(batch_size, current_step, t), timeout)
+        batch, confirm, _ = await awaited(
+            watch(self.actor),
+            lambda t: buffer._take(batch_size, current_step, t),
+            timeout,
+            undo=Immediate(lambda taken: taken[2]()),  # cancelled after the index answered: reported at once
+        )
         asyncio.get_running_loop().run_in_executor(None, confirm)  # received: confirmed without holding the loop
         return batch
 

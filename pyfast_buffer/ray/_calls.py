@@ -8,12 +8,13 @@ is end to end: the retry gets what is left of it, never a fresh one.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Tuple, Union
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from .._args import is_probe
+from ..errors import WouldBlock, timed_out_after
 from . import _errors
 
 #: Concurrency group of the calls that may block (take/put/complete with a timeout).
@@ -62,23 +63,46 @@ def wait_alive(actor: Any, deadline: float) -> bool:
     return False
 
 
+TimeoutAt = Union[int, Tuple[int, str], None]
+
+
+def _timeout_at(args: Tuple[Any, ...], at: TimeoutAt) -> Optional[float]:
+    if at is None:
+        return None
+    if isinstance(at, tuple):
+        return args[at[0]].get(at[1])
+    return args[at]
+
+
+def _with_timeout(args: Tuple[Any, ...], at: TimeoutAt, seconds: float) -> Tuple[Any, ...]:
+    if at is None:
+        return args
+    i = at[0] if isinstance(at, tuple) else at
+    value = {**args[i], at[1]: seconds} if isinstance(at, tuple) else seconds
+    return (*args[:i], value, *args[i + 1 :])
+
+
 def call_index(
     actor: Any,
     method: str,
     *args: Any,
     blocking: bool = False,
-    timeout_arg: Optional[int] = None,
+    timeout_arg: TimeoutAt = None,
     group: Optional[str] = None,
 ) -> Any:
     """Calls ``actor.method(*args)``; if the actor dies meanwhile, waits for its restart and retries once.
 
-    ``args[timeout_arg]``, if given, is the call's timeout in seconds (or None); the retry passes what is
-    left of it, so the call returns within its timeout plus one liveness check and one round trip.
+    ``timeout_arg``, if given, says where the call's timeout in seconds (or None) is: ``args[i]``, or
+    ``args[i][key]`` for ``(i, key)`` (a put's call dict). The retry passes what is left of it, so the call
+    returns within its timeout plus one liveness check and one round trip; a TimeoutError of the retry names the
+    whole timeout, the seconds the caller asked for.
     """
     fn = getattr(actor, method)
     if blocking or group:
         fn = fn.options(concurrency_group=group or BLOCKING_GROUP)
-    timeout = args[timeout_arg] if timeout_arg is not None else None
+    timeout = _timeout_at(args, timeout_arg)
+    # What a timeout names: a put's call dict may carry the whole timeout its owner's call is part of ("asked").
+    named = args[timeout_arg[0]].get("asked", timeout) if isinstance(timeout_arg, tuple) else timeout
     if is_probe(timeout):  # an awaitable call's attempt never waits at the index, but rides out a restart
         timeout, timeout_arg = None, None
     deadline = time.monotonic() + (timeout if timeout is not None else RESTART_WAIT_S)
@@ -92,9 +116,13 @@ def call_index(
                 "max_restarts (the default) and retry the call, or create a new buffer"
             ) from first
     if timeout_arg is not None and timeout is not None:
-        args = (*args[:timeout_arg], max(0.0, deadline - time.monotonic()), *args[timeout_arg + 1 :])
+        args = _with_timeout(args, timeout_arg, max(0.0, deadline - time.monotonic()))
     try:
         return _errors.get(fn.remote(*args))
+    except TimeoutError as exc:
+        if named is None or is_probe(named) or isinstance(exc, WouldBlock):
+            raise
+        raise timed_out_after(exc, named) from None
     except (RayActorError, ActorUnavailableError) as second:
         raise BufferUnavailableError(
             f"the buffer's index actor died twice during {method}(); the call was applied at most once: retry it"

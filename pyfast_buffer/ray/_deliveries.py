@@ -60,6 +60,25 @@ class Deliveries:
         lost = self._lost.pop(request, None)
         return None if lost is None else -lost
 
+    def cancel(self, request: int) -> Optional[np.ndarray]:
+        """Its client dropped take ``request``'s batch (a cancelled awaitable take): returns the ids it had in
+        delivery, now closed (none when that take retired none: ``max_uses`` > 1), or None if it was counted
+        already (lost after its receipt timeout, or a repeat of this call)."""
+        delivery = self._open.pop(request, None)
+        if delivery is None:
+            if request in self._lost:
+                return None
+            self._remember_lost(request, 0)
+            return np.empty(0, np.int64)
+        self.in_delivery -= len(delivery.ids)
+        self._remember_lost(request, len(delivery.ids))
+        return delivery.ids
+
+    def _remember_lost(self, request: int, count: int) -> None:
+        self._lost[request] = count
+        while len(self._lost) > REMEMBERED_LOST:
+            self._lost.popitem(last=False)
+
     def expire(self, now: Optional[float] = None) -> Tuple[int, Dict[int, List[int]]]:
         """Closes, as lost, every take whose receipt is overdue: returns how many ids, and those with a
         payload by owner slot (nobody will fetch them: their owners can let go)."""
@@ -72,9 +91,7 @@ class Deliveries:
                 break
             del self._open[request]
             self.in_delivery -= len(delivery.ids)
-            self._lost[request] = len(delivery.ids)
-            while len(self._lost) > REMEMBERED_LOST:
-                self._lost.popitem(last=False)
+            self._remember_lost(request, len(delivery.ids))
             lost += len(delivery.ids)
             for k, slot in zip(delivery.ids.tolist(), delivery.slots.tolist()):
                 if slot >= 0:
@@ -139,6 +156,23 @@ class DeliveryCalls:
             version = self._journal.mark(later=not waited)
         if waited:
             self._journal.wait(version)
+
+    def cancelled(self, request: int, lost_ids: np.ndarray) -> None:
+        """Take ``request``'s client dropped its batch unread (an awaitable take cancelled while its attempt
+        was at the index): the ids it retired count as ``lost_in_delivery`` now, not after ``receipt_timeout_s``,
+        those whose payload was already gone (``lost_ids``) as ``payload_lost``, and ``cancelled_takes`` counts the
+        take. Their payloads were let go of at hand-out; ids it did not retire (``max_uses`` > 1) stay in the ring
+        with that use spent, as the core counted it. Repeats change nothing."""
+        with self._lock:
+            ids = self._deliveries.cancel(request)
+            if ids is None:
+                return
+            gone = np.isin(ids, lost_ids)
+            self._extra["lost_in_delivery"] += int((~gone).sum())
+            self._extra["payload_lost"] += len(lost_ids)
+            self._extra["cancelled_takes"] += 1
+            version = self._journal.mark()
+        self._journal.wait(version)
 
     def unreadable(self, request: int, traj_ids: np.ndarray) -> None:
         """A trainer could not read these taken ids' payloads (their owner died after hand-out): moved from

@@ -24,6 +24,12 @@ segments are deleted once the snapshot file is in place.
 died while appending it, so its call never answered) or fails its checksum; the restarted owner loads that,
 writes a fresh snapshot, and the log goes on from there.
 
+A journal path belongs to one buffer. The snapshot names its holder (the buffer's name, namespace, the buffer id
+its creator drew, and its index actor's id: ``holder``), and the live index holds an exclusive ``flock`` on
+``path.lock`` for as long as it runs (``claim``; the kernel lets go when the process dies, SIGKILL included).
+A second buffer that finds the lock held, or a holder that Ray does not count dead for good, is refused with
+that holder's name (``JournalInUseError``); a restarted index loads only a snapshot whose holder is itself.
+
 The snapshot and each segment (an 8-byte header: ``PFBJ`` and a u32) name the journal format ``FORMAT``;
 ``read`` refuses a journal of another format with a JournalFormatError naming the file and both versions.
 No release has written a journal before this format, so no reader of an older one exists.
@@ -32,6 +38,8 @@ No release has written a journal before this format, so no reader of an older on
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import glob
 import json
 import os
@@ -100,6 +108,53 @@ class JournalFormatError(RuntimeError):
         # Ray pickles an actor's creation error to its callers; the default (the class called with the message)
         # fails on this signature, and the caller would get Ray's "failed to deserialize" instead of the why.
         return type(self), (self.path, self.found)
+
+
+class JournalInUseError(ValueError):
+    """The journal path belongs to another buffer (alive, or restarting): a buffer's journal is its own."""
+
+    def __init__(self, path: str, holder: Optional[Dict[str, Any]], me: Dict[str, Any], why: str) -> None:
+        who = (
+            f"buffer {holder.get('name')!r} (namespace {holder.get('namespace')!r}, buffer id "
+            f"{holder.get('buffer_id')})"
+            if holder
+            else "another buffer starting at the same moment"
+        )
+        super().__init__(
+            f"journal={path!r} belongs to {who}, which {why}; buffer {me.get('name')!r} cannot use it: pass this "
+            "buffer another journal= path, or kill() that buffer first"
+        )
+        self.path, self.holder, self.me, self.why = path, holder, me, why
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        return type(self), (self.path, self.holder, self.me, self.why)
+
+
+def holder(path: str) -> Optional[Dict[str, Any]]:
+    """Who wrote the snapshot at ``path`` (``Journal``'s ``identity``); None if there is none or it names nobody."""
+    if not os.path.exists(path):
+        return None
+    try:
+        snap = load_state(path)
+    except (CheckpointError, OSError):
+        return None  # unreadable: ``read`` reports it, in its own words
+    found = snap.get("holder") if isinstance(snap, dict) else None
+    return dict(found) if isinstance(found, dict) else None
+
+
+def claim(path: str, me: Dict[str, Any]) -> int:
+    """Takes the exclusive lock of ``path``'s journal for this process (an fd to keep open for its life), or
+    raises JournalInUseError naming the buffer that holds it."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        raise JournalInUseError(path, holder(path), me, "is running and holds its lock") from None
+    return fd
 
 
 def frame(seq: int, payload: bytes) -> bytes:
@@ -220,8 +275,10 @@ class Journal:
         seq: int = 0,
         snapshot_bytes: int = SNAPSHOT_BYTES,
         finish: Callable[[Dict[str, Any]], Dict[str, Any]] = lambda state: state,
+        identity: Optional[Dict[str, Any]] = None,
     ) -> None:
         self.path = path
+        self._identity = identity
         self._lock, self._capture, self._delta, self._finish = lock, capture, delta, finish
         self._snapshot_bytes = snapshot_bytes
         mutex = threading.Lock()  # one lock, three queues: each wakes only whom it concerns
@@ -412,7 +469,10 @@ class Journal:
             return result
 
     def _save(self, state: Dict[str, Any], seq: int) -> None:
-        save_state({"format": FORMAT, "seq": seq, "state": state}, self.path, fsync=False)
+        head: Dict[str, Any] = {"format": FORMAT, "seq": seq, "state": state}
+        if self._identity is not None:
+            head["holder"] = self._identity
+        save_state(head, self.path, fsync=False)
         self._last_snapshot_bytes = os.path.getsize(self.path)
 
 

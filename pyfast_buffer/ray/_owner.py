@@ -12,9 +12,10 @@ an owner that died lost its objects, and a new one takes a new slot). The index 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import ray
@@ -22,9 +23,11 @@ from ray.exceptions import OwnerDiedError
 
 from .._args import is_probe
 from . import _shm, _wire
-from ._calls import DEFER, call_index
+from ._calls import call_index
 from ._group import GroupCall
 
+#: Seconds between two looks of an owner at its index's state in Ray's control store (it ends with its index).
+INDEX_WATCH_S = 5.0
 #: Seconds an owner waits for a producer's ObjectRef payload to be readable before failing the put.
 ADOPT_TIMEOUT_S = 60.0
 #: Seconds staged pieces of a big payload wait for their store call (its producer died meanwhile) before going.
@@ -52,6 +55,33 @@ class PayloadOwner:
         self._group = GroupCall(
             lambda items: call_index(self._index, "register", items, blocking=True), linger_s=LINGER_S
         )
+        self._lifeline: Optional[threading.Event] = None  # the current lifeline call waits on it
+        threading.Thread(target=self._end_with_index, name="pyfast_buffer-index-watch", daemon=True).start()
+
+    def lifeline(self) -> None:
+        """Returns only when a newer lifeline call replaces it (a restarted index calls again): the index holds this
+        call, and its failure tells the index this owner died (``BufferActor._watch_owners``). One call at a time
+        holds one of this actor's threads, however often the index restarts."""
+        mine = threading.Event()
+        with self._lock:
+            if self._lifeline is not None:
+                self._lifeline.set()
+            self._lifeline = mine
+        mine.wait()
+
+    def _end_with_index(self) -> None:
+        """Ends this process once its index is dead for good (killed, restarts exhausted, its creator gone under
+        ``lifetime=None``): the owner is detached so that it outlives producers and the index's restarts, and it
+        holds the payloads of no buffer after that."""
+        from ._calls import actor_state
+
+        while True:
+            time.sleep(INDEX_WATCH_S)
+            try:
+                if actor_state(self._index) == "DEAD":
+                    os._exit(0)
+            except Exception:  # the control store unreachable for a moment: look again later
+                continue
 
     def store(
         self,
@@ -113,21 +143,25 @@ class PayloadOwner:
             )
         if self._budget:  # a byte budget: admit the bytes before they are written, so nothing spills
             nbytes = int(sum(sizes))
-            self._register(("reserve", request, nbytes, call.get("timeout")), began)
+            self._register(("reserve", request, nbytes, call.get("timeout"), self._slot), began)
         objects = [ray.put(v) for v in values]
         with self._lock:
             self._pending.update(zip(keys, zip(objects, sizes)))
         try:
-            self._register(("admit", request, call, np.asarray(sizes, np.int64), self._slot), began)
+            kept = self._register(("admit", request, call, np.asarray(sizes, np.int64), self._slot), began)
         except BaseException:
             with self._lock:  # the index did not admit them: hold nothing either
                 for k in keys:
                     self._pending.pop(k, None)
             raise
-        with self._lock:  # admitted; ids a take already handed out and retired are not pending any more
+        # Admitted; ids a take already handed out and retired are not pending any more. A repeat of a request
+        # the index had applied names the ids it counts here (``kept``): holding others would keep bytes that the
+        # index's byte budget no longer counts.
+        keep = None if kept is None else set(kept)
+        with self._lock:
             for k in keys:
                 held = self._pending.pop(k, None)
-                if held is not None:
+                if held is not None and (keep is None or k in keep):
                     self._held[k] = held
 
     def stage(self, request: int, first: int, *pieces: bytes) -> None:
@@ -139,22 +173,24 @@ class PayloadOwner:
                 del self._staged[old]
             self._staged.setdefault(request, (now, {}))[1][first] = pieces
 
-    def _register(self, item: Tuple[Any, ...], began: float) -> None:
+    def _register(self, item: Tuple[Any, ...], began: float) -> Optional[List[int]]:
         """Sends one reservation or admission with those of concurrent puts (one index call for all); one
-        that would wait is sent alone, with what is left of its timeout. Raises the index's error for it."""
+        that would wait is sent alone, with what is left of its timeout. Raises the index's error for it;
+        returns the index's answer to an admission (None, or the ids to keep of a repeat)."""
         outcome = self._group.submit(item, announced=item[0] == "admit")
         if isinstance(outcome, BaseException):
             raise outcome
-        if outcome != DEFER:
-            return
+        if not isinstance(outcome, str):  # None, or a repeat's ids to keep; a str is DEFER
+            return cast(Optional[List[int]], outcome)
         kind, request, *args = item
         if kind == "reserve":
-            nbytes, timeout = args
-            call_index(self._index, "reserve", request, nbytes, _left(timeout, began), blocking=True, timeout_arg=2)
-        else:
-            call, sizes, slot = args
-            call = {**call, "timeout": _left(call.get("timeout"), began)}
-            call_index(self._index, "admit", request, call, sizes, slot, blocking=True)
+            nbytes, timeout, slot = args
+            left = _left(timeout, began)
+            call_index(self._index, "reserve", request, nbytes, left, slot, timeout, blocking=True, timeout_arg=2)
+            return None
+        call, sizes, slot = args
+        call = {**call, "timeout": _left(call.get("timeout"), began), "asked": call.get("timeout")}
+        return call_index(self._index, "admit", request, call, sizes, slot, blocking=True, timeout_arg=(1, "timeout"))
 
     def registrations(self) -> Dict[str, int]:
         """Index calls this owner made to register puts, the items they carried (the grouping) and the items
@@ -189,12 +225,10 @@ class PayloadOwner:
     def stats(self) -> Dict[str, int]:
         with self._lock:
             held = {"payloads": len(self._held), "payload_bytes": int(sum(n for _, n in self._held.values()))}
-            return {**held, **self._paths}
+            return {**held, "pending": len(self._pending), **self._paths}
 
     def where(self) -> Tuple[str, int]:
         """(node id, pid) of this owner (tests kill it by pid)."""
-        import os
-
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
 

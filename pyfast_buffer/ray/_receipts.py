@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import ray
@@ -37,6 +37,7 @@ class Receipts:
         self._actor = actor
         self._unsent: Dict[int, float] = {}  # take request id -> when the batch was received
         self._sent: Dict[int, ray.ObjectRef] = {}
+        self._cancels: Dict[int, Tuple[ray.ObjectRef, np.ndarray]] = {}  # dropped takes' reports, not yet collected
         self.alone = 0  # receipts sent as calls of their own (the index's CPU is per call; benches count them)
 
     def add(self, request: int) -> None:
@@ -66,6 +67,11 @@ class Receipts:
         if settle and len(self._sent) > MAX_UNSETTLED_RECEIPTS:
             self.settle(wait=False)
 
+    def cancel(self, request: int, lost_ids: np.ndarray) -> None:
+        """Reports take ``request``'s batch dropped unread (a cancelled awaitable take), without waiting: sent at
+        once, from the thread that cancels, so the next ``ledger()`` of this process (which settles it) counts it."""
+        self._cancels[request] = (self._actor.cancelled.remote(request, lost_ids), lost_ids)
+
     def overdue(self, now: float) -> List[int]:
         """Removes and returns the receipts that waited ``RECEIPT_LINGER_S`` (under the timer's lock)."""
         late = [r for r, at in self._unsent.items() if now - at >= RECEIPT_LINGER_S]
@@ -82,6 +88,12 @@ class Receipts:
         all); one the index died under is sent again, so a restart never turns a received batch into a lost one."""
         if wait:
             self.send(self.carry())
+            for request, (ref, lost_ids) in list(self._cancels.items()):
+                try:
+                    _errors.get(ref)
+                except (RayActorError, ActorUnavailableError):  # the index died under it: once more (idempotent)
+                    call_index(self._actor, "cancelled", request, lost_ids)
+                del self._cancels[request]
         refs = list(self._sent.values())
         if not refs:
             return

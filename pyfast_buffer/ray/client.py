@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 import numpy as np
 import ray
 from ray.actor import ActorHandle
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 
 from .._args import (
     as_count,
@@ -39,8 +39,9 @@ from ._arguments import new_request as _request
 from ._arguments import payload_list as _payload_list
 from ._arguments import source_tags as _source_tags
 from ._batch import RemoteBatch, read_payloads
-from ._calls import ADMISSION_GROUP, WATCH_GROUP, BufferUnavailableError, actor_state, call_index
+from ._calls import ADMISSION_GROUP, WATCH_GROUP, BufferUnavailableError, TimeoutAt, call_index
 from ._deliveries import DEFAULT_RECEIPT_TIMEOUT_S
+from ._lifetime import end_buffer, raise_creation_error, reclaim_if_dead
 from ._receipts import forget as _forget_receipts
 from ._receipts import receipts_for as _receipts_for
 from ._sending import forget_owner as _forget_owner
@@ -177,16 +178,30 @@ class RemoteBuffer(RemoteAsyncMethods):
         if "scheduling_strategy" not in (actor_options or {}):
             options["scheduling_strategy"] = _index_placement(journal)
         options.update(actor_options or {})
-        options.update(name=name or f"pyfast_buffer-{os.urandom(6).hex()}", namespace=namespace)
+        # The namespace the buffer lives in (the driver's, anonymous or not, when none is named): its payload
+        # owners are created there too, by name, and end with it.
+        space = namespace if namespace is not None else ray.get_runtime_context().namespace
+        options.update(name=name or f"pyfast_buffer-{os.urandom(6).hex()}", namespace=space)
         if lifetime is not None:
             options["lifetime"] = lifetime
         if name is not None:
-            _reclaim_if_dead(name, namespace)
-        handle = remote_cls.options(**options).remote(
-            dataclasses.asdict(config), capacity_bytes, journal, receipt_timeout_s, bool(options["enable_task_events"])
+            reclaim_if_dead(name, space)
+        # The last argument is this buffer's id: its journal's holder (a restart of the index has the same).
+        args = (
+            capacity_bytes,
+            journal,
+            receipt_timeout_s,
+            bool(options["enable_task_events"]),
+            space,
+            os.urandom(8).hex(),
         )
+        handle = remote_cls.options(**options).remote(dataclasses.asdict(config), *args)
         client = cls(cast(ActorHandle, handle))
-        client.ping()  # surfaces a failed start here, not at the first call
+        try:
+            client.ping()  # surfaces a failed start here, not at the first call
+        except BufferUnavailableError as exc:
+            raise_creation_error(exc)
+            raise
         return client
 
     @classmethod
@@ -304,7 +319,8 @@ class RemoteBuffer(RemoteAsyncMethods):
         """Sends a put/complete: straight to the index, or with payloads through this node's payload owner."""
         request = _request()
         if payloads is None:
-            self._call("admit", request, call, None, -1, blocking=_waits(call["timeout"]), timeout_arg=None)
+            waits = _waits(call["timeout"])
+            self._call("admit", request, call, None, -1, blocking=waits, timeout_arg=(1, "timeout"))
             return
         headers: List[Optional[_wire.Header]] = []
         buffers: List[Any] = []
@@ -338,13 +354,13 @@ class RemoteBuffer(RemoteAsyncMethods):
 
     def take(self, batch_size: int, current_step: int, timeout: Optional[float] = None) -> RemoteBatch:
         """Takes up to ``batch_size`` trajectories (see StalenessBuffer.take); refs in ``batch.payloads``."""
-        batch, confirm = self._take(batch_size, current_step, timeout)
+        batch, confirm, _ = self._take(batch_size, current_step, timeout)
         confirm()
         return batch
 
-    def _take(self, batch_size: int, current_step: int, timeout: Optional[float]) -> Tuple[RemoteBatch, Any]:
-        """``take`` without telling the index it was received: returns the batch and the call that does (an
-        awaitable take cancelled meanwhile never makes it, so its ids count as ``lost_in_delivery``)."""
+    def _take(self, batch_size: int, current_step: int, timeout: Optional[float]) -> Tuple[RemoteBatch, Any, Any]:
+        """``take`` without telling the index whether it was received: returns the batch, the call that confirms
+        it, and the call that reports it dropped (an awaitable take cancelled meanwhile: ``cancelled_takes``)."""
         n = as_count(batch_size, "batch_size", 1)
         step = as_step(current_step, "current_step")
         wait = as_timeout(timeout)
@@ -373,7 +389,11 @@ class RemoteBuffer(RemoteAsyncMethods):
             elif len(columns[0]):
                 receipts.add(request)  # this process holds the batch: confirmed by its next take, or alone soon
 
-        return batch, confirm
+        def drop() -> None:
+            if len(columns[0]):
+                receipts.cancel(request, lost if lost is not None else columns[0][:0])
+
+        return batch, confirm, drop
 
     def fetch(self, batch: RemoteBatch, timeout: Optional[float] = None) -> Tuple[RemoteBatch, List[Any]]:
         """Reads a taken batch's payloads: ``(batch, values)``, ``values[i]`` the payload of ``batch.traj_ids[i]``
@@ -546,15 +566,9 @@ class RemoteBuffer(RemoteAsyncMethods):
         self._call("ping")
 
     def kill(self) -> None:
-        """Ends the index actor and every payload owner at once (the buffer and its payloads go with them)."""
-        try:
-            owners = ray.get(self.actor.owners.remote(), timeout=30)
-        except (RayActorError, GetTimeoutError):
-            owners = []
-        for owner in owners:
-            if owner is not None:
-                ray.kill(owner)
-        ray.kill(self.actor, no_restart=True)
+        """Ends the index actor and every payload owner at once (the buffer and its payloads go with them), the
+        owners found by name too, so a dead index's owners end as well (``_lifetime.end_buffer``)."""
+        end_buffer(self.actor)
         _OWNERS.pop(self.actor._actor_id.hex(), None)
         _forget_receipts(self.actor)
         _forget_owner(self.actor)
@@ -564,7 +578,7 @@ class RemoteBuffer(RemoteAsyncMethods):
         method: str,
         *args: Any,
         blocking: bool = False,
-        timeout_arg: Optional[int] = None,
+        timeout_arg: TimeoutAt = None,
         group: Optional[str] = None,
     ) -> Any:
         return call_index(self.actor, method, *args, blocking=blocking, timeout_arg=timeout_arg, group=group)
@@ -577,16 +591,6 @@ _OWNERS: Dict[str, List[Any]] = {}
 def _waits(timeout: Optional[float]) -> bool:
     """Whether a call with this timeout may wait at the index (an awaitable call's attempt never does)."""
     return timeout is not None and not is_probe(timeout)
-
-
-def _reclaim_if_dead(name: str, namespace: Optional[str]) -> None:
-    """Frees ``name`` if the actor holding it is dead for good (its clients may still hold the name)."""
-    try:
-        old = ray.get_actor(name, namespace=namespace)
-    except ValueError:
-        return
-    if actor_state(old) == "DEAD":
-        ray.kill(old, no_restart=True)
 
 
 __all__ = ["BufferUnavailableError", "RemoteBatch", "RemoteBuffer"]
