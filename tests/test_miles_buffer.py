@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyfast_buffer.integrations.miles import StalenessDataBuffer
-from pyfast_buffer.integrations.miles._buffer import in_flight_budget
+from pyfast_buffer.integrations.miles._buffer import group_budget
 from pyfast_buffer.integrations.miles._producer import run_producer
 
 N = 2  # samples per prompt
@@ -230,39 +230,85 @@ async def next_group(buf: StalenessDataBuffer, version: int, producer: asyncio.T
     return get.result()
 
 
-async def rollout_loop(impl: str, strategy: str, max_age: int, seed: int, steps: int = 8) -> Dict[str, Any]:
+class SampleBackfill:
+    """Miles's default submission for the fully-async rollout (``--rollout-submission-granularity sample``), as its
+    scheduler counts: every finished sample frees its slot, and one more group may start once a group's worth of
+    samples is free, so far more groups than the budget can be in flight, each with few samples left."""
+
+    def __init__(self, budget_groups: int) -> None:
+        self.room, self.in_flight = budget_groups * N, 0
+        self.done = asyncio.Event()
+
+    def has_capacity(self, pending: int) -> bool:
+        if self.in_flight + N <= self.room:
+            return True
+        self.done.clear()
+        return False
+
+    def submitted(self) -> None:
+        self.in_flight += N
+
+    def sample_done(self) -> None:
+        self.in_flight -= 1
+        self.done.set()
+
+    async def wait_for_progress(self, active: Any) -> Any:
+        waiter = asyncio.ensure_future(self.done.wait())
+        try:
+            done, pending = await asyncio.wait(set(active) | {waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        return done - {waiter}, pending - {waiter}
+
+
+async def rollout_loop(
+    impl: str, strategy: str, max_age: int, seed: int, steps: int = 8, granularity: str = "group", **extra: Any
+) -> Dict[str, Any]:
     rng = random.Random(seed)
     source = Source()
     holder: Dict[str, Any] = {}
     # Miles's budget rule (in_flight_budget), here twice a step's groups in flight.
     args = {"max_weight_staleness": max_age, "async_max_concurrent_samples": 2 * miles_args().rollout_batch_size * N}
+    args.update(rollout_submission_granularity=granularity, **extra)
     buf, unused = make(impl, strategy, "rollout", **args)
+    budget = group_budget(miles_args(**args))
+    backfill = SampleBackfill(budget) if granularity == "sample" else None
     buf._unused_handler_fn = lambda g: (unused.append(g), source.recycled.append(g))  # retry, as Miles wires it
     version = {"now": 0}
     stamps: Dict[int, int] = {}
 
     async def generate(g: List[Sample]) -> DataBufferInput:
         started = version["now"]
-        await asyncio.sleep(rng.choice([0.0, 0.001, 0.002, 0.004, 0.012]))
+        if backfill is None:
+            await asyncio.sleep(rng.choice([0.0, 0.001, 0.002, 0.004, 0.012]))
+        else:  # one sample far slower than the others (a long tail), each finished sample reported at once
+            for k in range(N):
+                await asyncio.sleep(rng.choice([0.0, 0.001]) if k < N - 1 else rng.choice([0.0, 0.004, 0.03]))
+                backfill.sample_done()
         for s in g:
             s.weight_versions = [str(started)]
         return DataBufferInput(prompt_group=g, group=g)
 
     def submit() -> asyncio.Task[Any]:
         [g] = source.get_samples(1)
+        if backfill is not None:
+            backfill.submitted()
         buf.dispatch(g)
         stamps[g[0].group_index] = buf._step  # the rollout clock's stamp
         return asyncio.ensure_future(generate(g))
 
     resumed = asyncio.Event()
     resumed.set()
-    budget = in_flight_budget(miles_args(**args))
     holder["producer"] = asyncio.ensure_future(
         run_producer(
             buf,
             resumed=resumed,
-            has_capacity=lambda pending: pending < budget,
-            wait_for_progress=lambda active: asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED),
+            has_capacity=backfill.has_capacity if backfill is not None else lambda pending: pending < budget,
+            wait_for_progress=(
+                backfill.wait_for_progress
+                if backfill is not None
+                else lambda active: asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
+            ),
             submit=submit,
         )
     )
@@ -311,6 +357,21 @@ def test_drop_under_the_rollout_clock_trains_nothing_past_the_bound(impl, seed):
     out = asyncio.run(rollout_loop(impl, "drop", 1, seed))
     assert max(out["rollout_ages"]) <= 1
     assert out["ledger"]["dropped_stale"] == len(out["unused"])
+    assert out["source"].handed_out == len(out["ages"]) + len(out["unused"]) + out["left"]
+
+
+@BOTH
+@pytest.mark.parametrize("strategy", ["wait", "drop", "pace"])
+@settings(max_examples=8)  # each example runs a whole loop of real asyncio generations
+@given(max_age=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_mileses_default_sample_backfill_never_overflows_the_ring(impl, strategy, max_age, seed):
+    """Miles's fully-async default submits by sample (``--rollout-submission-granularity sample``): a group may
+    start whenever a group's worth of samples finished, so many more groups than the group budget can be in flight.
+    The ring must hold them all: it once held capacity + the budget, and a finished group's put raised
+    BufferFullError, killing the producer (issue 58)."""
+    out = asyncio.run(rollout_loop(impl, strategy, max_age, seed, granularity="sample"))
+    if strategy != "wait":
+        assert max(out["rollout_ages"]) <= max_age
     assert out["source"].handed_out == len(out["ages"]) + len(out["unused"]) + out["left"]
 
 
@@ -368,3 +429,13 @@ def test_loading_a_state_saved_under_another_strategy_is_refused(tmp_path):
 def test_bad_arguments_name_the_flag_and_the_fix(overrides, strategy, clock, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("-1", r"-1")):
         make("native", strategy, clock, **overrides)
+
+
+@pytest.mark.parametrize("strategy", ["wait", "pace"])
+def test_a_capacity_below_one_batch_is_refused_under_the_strategies_that_take_a_batch_at_once(strategy):
+    """--async-data-buffer-capacity-factor 0.5 holds half a batch: the producer stops submitting at the capacity,
+    and wait and pace take the whole batch at once, so the first take waited forever (issue 58). Refused at
+    construction, naming the flag; drop (one group per get, as Miles's own buffer) still runs it."""
+    with pytest.raises(ValueError, match=r"--async-data-buffer-capacity-factor=0\.5 holds 1 groups"):
+        make("native", strategy, "rollout", async_data_buffer_capacity_factor=0.5)
+    make("native", "drop", "rollout", async_data_buffer_capacity_factor=0.5)

@@ -236,6 +236,9 @@ def test_load_without_saved_state_keeps_an_empty_buffer(tmp_path):
         ({"rollout_batch_size": None}, ValueError, "--rollout-batch-size"),
         ({"rollout_batch_size": 0}, ValueError, "--rollout-batch-size"),
         ({"pyfast_buffer_capacity": 0}, ValueError, "pyfast_buffer_capacity"),
+        # Below one rollout call's batch no call could complete: every strategy once waited forever (issue 58).
+        ({"pyfast_buffer_capacity": 1}, ValueError, "pyfast_buffer_capacity=1 is below --rollout-batch-size=2"),
+        ({"pyfast_buffer_capacity": 1, "pyfast_buffer_strategy": "drop"}, ValueError, "below --rollout-batch-size"),
         ({"pyfast_buffer_take_timeout": -1}, ValueError, "pyfast_buffer_take_timeout"),
     ],
 )

@@ -141,3 +141,82 @@ async def test_a_resume_carries_ready_groups_over_and_regenerates_those_in_fligh
     assert ledger["failed"] >= len(in_flight)  # what was in flight at the save is counted failed, then redone
     assert source.recycled_total == len(in_flight)
     assert max(second.ages) <= args.max_weight_staleness
+
+
+# ---- 5. every checkpoint Miles writes, and launches that cannot work (issue 58) ----------------------------------
+class EpochSource(miles_loop.PromptSource):
+    """A data source with a dataset (the run is sized by --num-epoch) and Miles's ``save`` hook."""
+
+    def __init__(self, prompts: int) -> None:
+        super().__init__()
+        self.dataset = [None] * prompts
+        self.saved: list = []
+
+    def save(self, rollout_id: int) -> None:
+        self.saved.append(rollout_id)
+
+
+async def test_every_checkpoint_train_async_writes_carries_our_state(tmp_path):
+    """With --num-epoch (no --num-rollout) train_async.py also saves at each epoch boundary, and whenever its
+    --save-trigger-sentinel file exists after a train step; each of those checkpoints carries our state as it was
+    at the end of that rollout's call (it once saved on --save-interval alone and lost an epoch's worth)."""
+    from miles.utils.misc import should_run_periodic_action
+
+    sentinel = tmp_path / "save-now"
+    args = miles_loop.miles_args(
+        pyfast_buffer_strategy="pace",
+        save=str(tmp_path),
+        save_interval=100,
+        num_epoch=2,
+        save_trigger_sentinel=str(sentinel),
+    )
+    source = EpochSource(12)  # 12 prompts // rollout_batch_size 4: 3 rollouts per epoch, 6 in all
+    report = await miles_loop.train_loop(StalenessRolloutFn, args, 4, 0, source=source)
+    per_epoch = len(source.dataset) // args.rollout_batch_size
+    expected = [k for k in range(4) if should_run_periodic_action(k, 100, per_epoch, per_epoch * 2)]
+    assert expected == [2]  # the epoch boundary: Miles's own rule, as the driver calls it
+    written = [k for k in range(4) if (tmp_path / "pyfast_buffer" / f"miles_buffer_{k}.pfb").exists()]
+    assert written == expected
+    # The sentinel appears while rollout 3 trains (after its call returned); Miles then saves rollout 3 through its
+    # data source: our state is the one kept at the end of call 3.
+    sentinel.write_text("")
+    report.rollout_fn.data_source.save(3)
+    assert source.saved == [3]
+    resumed = StalenessDataBuffer(
+        data_buffer.DataBufferConstructorInput(args=args, unused_handler_fn=lambda group: None),
+        strategy="pace",
+        clock="rollout",
+    )
+    resumed.load(state_path(str(tmp_path), 3))
+    assert resumed._store.buffer.ledger()["taken"] == 4 * args.rollout_batch_size
+
+
+@pytest.mark.parametrize(
+    "overrides, flag",
+    [
+        ({"async_data_buffer_capacity_factor": 0.5}, "--async-data-buffer-capacity-factor"),
+        ({"max_weight_staleness": None}, "--max-weight-staleness"),
+    ],
+)
+@pytest.mark.parametrize("strategy", ["pace", "wait"])
+def test_a_launch_that_cannot_work_is_refused_at_construction(overrides, flag, strategy):
+    """Pace and wait take a whole batch at once: a capacity below one batch would hang at the first take (Miles's
+    own buffer hands groups out one by one and runs it); both need the bound. Refused when Miles builds the rollout
+    function, before any engine call, naming the flag."""
+    args = miles_loop.miles_args(pyfast_buffer_strategy=strategy, **overrides)
+    with pytest.raises(ValueError, match=flag):
+        StalenessRolloutFn(miles_loop.RolloutFnConstructorInput(args=args, data_source=miles_loop.PromptSource()))
+
+
+@pytest.mark.parametrize("strategy", ["wait", "drop", "pace"])
+@pytest.mark.parametrize("max_age", [0, 1, 2])
+async def test_mileses_default_sample_granularity_never_overflows_the_ring(strategy, max_age):
+    """The fully-async default submits by sample: more groups than the group budget are in flight at once; the ring
+    holds them (it once raised BufferFullError in the producer under wait at every run)."""
+    args = miles_loop.miles_args(
+        pyfast_buffer_strategy=strategy, max_weight_staleness=max_age, rollout_submission_granularity="sample"
+    )
+    report = await miles_loop.train_loop(StalenessRolloutFn, args, 8, max_age, staggered=True)
+    assert report.trained == 8 * args.rollout_batch_size
+    if strategy != "wait":
+        assert max(report.ages) <= max_age

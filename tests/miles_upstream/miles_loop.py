@@ -84,14 +84,21 @@ class Engine:
     sigma: float = 1.0
     version: int = 0
     finished: int = 0
+    #: Each sample finishes on its own (the last one much later: a long tail), reported to the scheduler as it does,
+    #: as an engine's samples do; else the whole group at once.
+    staggered: bool = False
 
     async def generate(
         self, state: Any, group: List[Sample], sampling_params: Any, evaluation: bool = False, **kw: Any
     ) -> List[Sample]:
         started = self.version
-        await asyncio.sleep(self.mean_s * self.rng.lognormvariate(0.0, self.sigma))
         done = kw.get("sample_done_callback")
-        for sample in group:
+        if not self.staggered:
+            await asyncio.sleep(self.mean_s * self.rng.lognormvariate(0.0, self.sigma))
+        for k, sample in enumerate(group):
+            if self.staggered:
+                tail = 8.0 if k == len(group) - 1 else 0.25
+                await asyncio.sleep(tail * self.mean_s * self.rng.lognormvariate(0.0, self.sigma))
             sample.response, sample.reward, sample.status = "ok", 1.0, Sample.Status.COMPLETED
             sample.weight_versions = [str(started)]
             if done is not None:
@@ -141,9 +148,10 @@ async def train_loop(
     train_s: float = 0.03,
     start: int = 0,
     source: Optional[PromptSource] = None,
+    staggered: bool = False,
 ) -> Report:
     """Runs ``steps`` rollout calls of ``fn_cls`` from rollout ``start``; returns what was trained and wasted."""
-    engine = Engine(random.Random(seed), version=start)
+    engine = Engine(random.Random(seed), version=start, staggered=staggered)
     install_engine(engine)
     source = source or PromptSource()
     fn = fn_cls(RolloutFnConstructorInput(args=args, data_source=source))

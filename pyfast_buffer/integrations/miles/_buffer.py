@@ -41,10 +41,53 @@ STATE_FORMAT = "pyfast_buffer.miles.data_buffer/2"
 PICKLE_START = b"\x80"  # the PROTO opcode every pickle of protocol 2 or later starts with
 
 
-def in_flight_budget(args: Any) -> int:
-    """The most groups Miles's fully-async producer keeps in flight (its ``_max_in_flight_groups``)."""
+def group_budget(args: Any) -> int:
+    """Miles's fully-async group budget (its ``_max_in_flight_groups``): whole groups' worth of samples in flight."""
     samples = getattr(args, "async_max_concurrent_samples", None)
     return max(1, samples // args.n_samples_per_prompt) if samples is not None else int(args.rollout_batch_size)
+
+
+def in_flight_budget(args: Any) -> int:
+    """The most groups Miles's fully-async producer can have in flight at once. Submitting by group
+    (``--rollout-submission-granularity group``) that is the group budget; by sample (the fully-async default) a
+    group may start whenever a group's worth of samples has finished, so up to budget x ``n_samples_per_prompt``
+    groups can be in flight, each with one sample left."""
+    granularity = getattr(args, "rollout_submission_granularity", None) or "sample"
+    per_group = int(args.n_samples_per_prompt) if granularity == "sample" else 1
+    return group_budget(args) * per_group
+
+
+def check_args(args: Any, strategy: str, clock: str) -> int:
+    """Refuses, naming the flag, what cannot work with ``strategy`` on ``clock``; returns the buffer's capacity in
+    groups. ``StalenessRolloutFn`` calls it at construction, so a bad launch fails before any engine starts."""
+    if clock == "version" and strategy != "drop":
+        raise ValueError(
+            f"{WHERE}: strategy {strategy!r} must see every submission; load the rollout function too: "
+            f"--rollout-function-path {ROLLOUT_FN} (or use strategy 'drop')"
+        )
+    factor = args.async_data_buffer_capacity_factor
+    if not factor > 0:
+        raise ValueError(f"{WHERE}: --async-data-buffer-capacity-factor={factor!r} must be > 0")
+    capacity = int(factor * args.rollout_batch_size)
+    if capacity < 1:
+        raise ValueError(
+            f"{WHERE}: capacity floor({factor} * rollout_batch_size={args.rollout_batch_size}) is 0; "
+            "raise --async-data-buffer-capacity-factor"
+        )
+    if strategy in ("wait", "pace") and capacity < int(args.rollout_batch_size):
+        # Each train call takes its whole batch at once under wait and pace; the producer stops submitting at the
+        # capacity, so a batch larger than it would never be complete: the run would hang at its first take.
+        raise ValueError(
+            f"{WHERE}: --async-data-buffer-capacity-factor={factor} holds {capacity} groups, fewer than one "
+            f"--rollout-batch-size={args.rollout_batch_size}, which {strategy} takes at once; use a factor >= 1 "
+            "(or strategy 'drop', which hands groups out one by one as Miles's own buffer does)"
+        )
+    max_age = args.max_weight_staleness
+    if max_age is None and strategy != "drop":
+        raise ValueError(f"{WHERE}: strategy {strategy!r} needs --max-weight-staleness (the bound)")
+    if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0):
+        raise ValueError(f"{WHERE}: --max-weight-staleness={max_age!r} must be an int >= 0")
+    return capacity
 
 
 def chosen_strategy(args: Any, default: str) -> str:
@@ -75,25 +118,8 @@ class StalenessDataBuffer:
         if clock not in ("version", "rollout"):
             raise ValueError(f"{WHERE}: clock={clock!r} must be 'version' or 'rollout'")
         self.strategy = resolve_strategy(strategy, WHERE) if strategy else chosen_strategy(args, "drop")
-        if clock == "version" and self.strategy != "drop":
-            raise ValueError(
-                f"{WHERE}: strategy {self.strategy!r} must see every submission; load the rollout function too: "
-                f"--rollout-function-path {ROLLOUT_FN} (or use strategy 'drop')"
-            )
-        factor = args.async_data_buffer_capacity_factor
-        if not factor > 0:
-            raise ValueError(f"{WHERE}: --async-data-buffer-capacity-factor={factor!r} must be > 0")
-        self._capacity = int(factor * args.rollout_batch_size)
-        if self._capacity < 1:
-            raise ValueError(
-                f"{WHERE}: capacity floor({factor} * rollout_batch_size={args.rollout_batch_size}) is 0; "
-                "raise --async-data-buffer-capacity-factor"
-            )
+        self._capacity = check_args(args, self.strategy, clock)
         max_age = args.max_weight_staleness
-        if max_age is None and self.strategy != "drop":
-            raise ValueError(f"{WHERE}: strategy {self.strategy!r} needs --max-weight-staleness (the bound)")
-        if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0):
-            raise ValueError(f"{WHERE}: --max-weight-staleness={max_age!r} must be an int >= 0")
         self._clock_kind = clock
         self._per_step = int(args.rollout_batch_size)
         # Under the rollout clock a dispatched group's put never waits, so the ring also holds what is in flight.
@@ -236,11 +262,12 @@ class StalenessDataBuffer:
         self._gids = {}
         return lost
 
-    def save(self, path: str) -> None:
-        """Writes ``state_dict()`` to ``path`` in our checked checkpoint format (``checkpoint.save_state``: atomic and
-        durable, docs/checkpoints.md). Only the groups' payloads (Miles's ``Sample`` objects) are pickled, as
-        Miles's own checkpoints do; the ring, ledger and counters are plain numbers and text."""
-        state = self.state_dict()
+    def save(self, path: str, state: Optional[Dict[str, Any]] = None) -> None:
+        """Writes ``state_dict()`` (or ``state``, one it returned earlier) to ``path`` in our checked checkpoint
+        format (``checkpoint.save_state``: atomic and durable, docs/checkpoints.md). Only the groups' payloads
+        (Miles's ``Sample`` objects) are pickled, as Miles's own checkpoints do; the ring, ledger and counters are
+        plain numbers and text."""
+        state = self.state_dict() if state is None else state
         store = dict(state["store"])
         pickled = sorted(k for k, v in store.items() if isinstance(v, bytes))
         for key in pickled:  # the payloads the store pickled: stored as raw bytes, under the file's checksum

@@ -10,17 +10,42 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import Any, Dict, Optional, Tuple
 
 from miles.rollout.fully_async_data_buffer import DataBufferConstructorInput
 from miles.rollout.fully_async_rollout import FullyAsyncRolloutFn
 from miles.utils.misc import should_run_periodic_action
 
-from pyfast_buffer.integrations.miles._buffer import StalenessDataBuffer, chosen_strategy
+from pyfast_buffer.integrations.miles._buffer import StalenessDataBuffer, check_args, chosen_strategy
 from pyfast_buffer.integrations.miles._producer import run_producer
 from pyfast_buffer.integrations.miles._state import state_path
 
 logger = logging.getLogger(__name__)
+
+
+def miles_saves_after(args: Any, rollout_id: int, rollouts_per_epoch: Optional[int]) -> bool:
+    """Whether train_async.py writes a checkpoint after training ``rollout_id``, by its own rule."""
+    sentinel = getattr(args, "save_trigger_sentinel", None)
+    if sentinel and os.path.exists(sentinel):
+        return True
+    total = getattr(args, "num_rollout", None)
+    if total is None and rollouts_per_epoch is not None:
+        total = rollouts_per_epoch * int(getattr(args, "num_epoch", 1) or 1)
+    return bool(should_run_periodic_action(rollout_id, getattr(args, "save_interval", None), rollouts_per_epoch, total))
+
+
+def _hook_save(data_source: Any, after: Any) -> None:
+    """Calls ``after(rollout_id)`` after the data source's own ``save``: Miles's RolloutManager.save calls it for
+    every checkpoint it writes (with the default global dataset)."""
+    original = getattr(data_source, "save", None)
+    if original is None:
+        return
+
+    def save(rollout_id: int) -> None:
+        original(rollout_id)
+        after(rollout_id)
+
+    data_source.save = save
 
 
 def check_fully_async_args(args: Any) -> None:
@@ -51,8 +76,13 @@ class StalenessRolloutFn(FullyAsyncRolloutFn):
 
     def __init__(self, input: Any) -> None:
         check_fully_async_args(input.args)
+        strategy = chosen_strategy(input.args, "pace")
+        check_args(input.args, strategy, "rollout")  # at construction, before the first rollout call
         super().__init__(input)
-        self._strategy = chosen_strategy(self.args, "pace")
+        self._strategy = strategy
+        self._saved: Optional[int] = None  # the rollout id whose state we last wrote
+        self._kept: Optional[Tuple[int, Dict[str, Any]]] = None  # a call's end state a sentinel's save may want
+        _hook_save(self.data_source, self._save_with_miles)
 
     async def __call__(self, input: Any) -> Any:
         if input.evaluation:
@@ -104,12 +134,44 @@ class StalenessRolloutFn(FullyAsyncRolloutFn):
         logger.info("Loaded pyfast_buffer state from %s (%d prompt groups resubmitted)", path, len(lost))
 
     def _maybe_save(self, rollout_id: int) -> None:
-        # Miles saves a checkpoint after training rollout k on this cadence; our state at the end of call k is what
-        # that checkpoint's resume (start at k + 1) must see: the groups taken by k are trained, the rest are not.
+        # train_async.py saves a checkpoint after training rollout k when should_run_periodic_action says so (its
+        # interval, the last rollout, and each epoch boundary when the run is sized by --num-epoch), or when its
+        # --save-trigger-sentinel file exists. Our state at the end of call k is what that checkpoint's resume (at
+        # k + 1) must see: the groups taken by k are trained, the rest are not. The call for k + 1 may already run
+        # when the checkpoint of k is written (train_async.py starts it first), so the state is taken here, at the
+        # end of call k, and written now, or kept for a sentinel's save (``_save_with_miles``).
         root = getattr(self.args, "save", None)
-        interval, total = getattr(self.args, "save_interval", None), getattr(self.args, "num_rollout", None)
-        if not root or not should_run_periodic_action(rollout_id, interval, None, total):
+        if not root:
             return
+        if miles_saves_after(self.args, rollout_id, self._rollouts_per_epoch()):
+            self._write_state(root, rollout_id, None)
+        elif getattr(self.args, "save_trigger_sentinel", None):
+            self._kept = (rollout_id, self._output.state_dict())
+
+    def _rollouts_per_epoch(self) -> Optional[int]:
+        """train_async.py's ``num_rollout_per_epoch``: set only when the run is sized by --num-epoch (this actor's
+        args then have no --num-rollout; the driver computes it from the dataset as below)."""
+        if getattr(self.args, "num_rollout", None) is not None:
+            return None
+        dataset = getattr(self.data_source, "dataset", None)
+        return len(dataset) // int(self.args.rollout_batch_size) if dataset is not None else None
+
+    def _write_state(self, root: str, rollout_id: int, state: Optional[Dict[str, Any]]) -> None:
         path = state_path(root, rollout_id)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._output.save(path)
+        self._output.save(path, state)
+        self._saved = rollout_id
+
+    def _save_with_miles(self, rollout_id: int) -> None:
+        """Miles is saving the checkpoint of ``rollout_id`` (its data source's ``save``): one our rule did not
+        foresee (the sentinel appeared after the call ended) gets the state kept at that call's end."""
+        root = getattr(self.args, "save", None)
+        if not root or self._saved == rollout_id:
+            return
+        if self._kept is not None and self._kept[0] == rollout_id:
+            self._write_state(root, rollout_id, self._kept[1])
+            return
+        logger.warning(
+            "Miles saves rollout %d but pyfast_buffer kept no state for it; a resume from it starts our buffer empty",
+            rollout_id,
+        )

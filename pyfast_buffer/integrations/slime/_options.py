@@ -66,6 +66,15 @@ def read_options(args: Any) -> SlimeOptions:
         # Enough for every group trainable within the bound plus one rollout of slack; more would only go stale.
         capacity = (max_age + 2) * per_step if per_step else FALLBACK_CAPACITY
     capacity = _int_at_least(capacity, "pyfast_buffer_capacity", 1, "set it in the --custom-config-path YAML")
+    if per_step is not None and capacity < per_step:
+        # The data source refuses prompts past the capacity (in flight plus ready), and a rollout call takes its
+        # whole batch at once: a batch larger than the capacity could never be complete, and the call would wait
+        # for it forever.
+        raise ValueError(
+            f"{WHERE}: pyfast_buffer_capacity={capacity} is below --rollout-batch-size={per_step}, the groups one "
+            f"rollout call takes at once, so no call could ever complete; set pyfast_buffer_capacity >= {per_step} "
+            "(or leave it unset: (max_age + 2) x the batch)"
+        )
     timeout = getattr(args, "pyfast_buffer_take_timeout", None)
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ValueError(f"{WHERE}: pyfast_buffer_take_timeout={timeout!r} must be seconds > 0, or unset (no limit)")
