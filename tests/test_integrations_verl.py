@@ -197,6 +197,18 @@ def test_unknown_status_or_missing_step_is_a_value_error_naming_the_prompt(pid):
         rb._sync_metadata_from_transfer_queue(pid)
 
 
+def test_a_trajectory_row_whose_tag_kept_a_cleared_prompts_is_prompt_is_read_as_a_trajectory(pid):
+    # TransferQueue merged a new row's tag into what its reused index still held: verl's agent loop writes
+    # status="success" on trajectory rows only, so the leftover is_prompt must not make the row a prompt.
+    rb = make()
+    uid, keys = put_group(pid, "finished", sessions=2, global_steps=3)
+    tq_mod = pytest.importorskip("transfer_queue")
+    tq_mod.kv_put(key=keys[0], partition_id=pid, tag={"is_prompt": True, "status": "success", "global_steps": 3})
+    rb._sync_metadata_from_transfer_queue(pid)
+    assert rb.finished_keys[pid] == {uid} and set(rb.partitions[pid]) == set(keys)
+    assert uid in rb.prompt_global_steps[pid] and keys[0] not in rb.prompt_global_steps[pid]
+
+
 @pytest.mark.parametrize("mode", ["sync", "colocate_async"])
 def test_sample_takes_the_oldest_whole_groups_and_clears_their_prompt_keys(pid, mode):
     newest, _ = put_group(pid, "finished", global_steps=5, sessions=2)

@@ -115,6 +115,14 @@ class PartitionBook:
         self.last_list_s = 0.0  # how long the last kv_list took: polling pauses at least that long
 
 
+def is_prompt_tag(tag: dict) -> bool:
+    """Whether a listed tag is a prompt's. verl's agent loop writes ``status="success"`` on every trajectory row
+    and never on a prompt, so such a row is a trajectory even when its tag also says ``is_prompt``: TransferQueue
+    0.1.10 merges a new row's tag into whatever its reused global index still holds, and a cleared prompt's
+    ``is_prompt`` was seen surviving that way (CI, 7 Dec 2026: verl's own sampler raises on it too)."""
+    return bool(tag.get("is_prompt", False)) and tag.get("status") != "success"
+
+
 def _parse_prompt(partition_id: str, key: str, tag: Any) -> tuple[str, int]:
     status = tag.get("status")
     if status not in IN_FLIGHT + TERMINAL:
@@ -211,7 +219,7 @@ class VerlState:
             applied.add(key)
             if key in book.consumed:
                 continue
-            if tag.get("is_prompt", False):
+            if is_prompt_tag(tag):
                 updates[key] = _parse_prompt(partition_id, key, tag)
             else:
                 new_trajectories.append(key)
