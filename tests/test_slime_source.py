@@ -12,6 +12,8 @@ import asyncio
 import importlib
 import random
 import sys
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any, Dict, List
 
@@ -22,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pyfast_buffer.integrations import slime as ours
+from pyfast_buffer.integrations._slime_family import group_oldest_version
 from pyfast_buffer.integrations.slime import StalenessSourceCore, buffer_filter, state_path
 from pyfast_buffer.integrations.slime._rollout import collect_rollout, stop_worker
 
@@ -72,11 +75,13 @@ def assert_no_prompt_lost(source: StalenessSourceCore, trained: List[List[Any]])
     assert len(trained_ids) == len(set(trained_ids)), "a group was trained twice"
 
 
-def finish(source: StalenessSourceCore, gid: int, group: List[Any], abort: bool) -> None:
-    """What the rollout worker does with a finished generation."""
+def finish(source: StalenessSourceCore, gid: int, group: List[Any], abort: bool, version: int = 0) -> None:
+    """What the rollout worker does with a finished generation. Each generation stamps the engine's weight
+    ``version`` on every sample, as slime's ``append_response_tokens`` does for each turn."""
     for sample in group:
         sample.status = contract.Sample.Status.ABORTED if abort else contract.Sample.Status.COMPLETED
         sample.response = "r"
+        sample.weight_versions.append(str(version))
     if abort:
         source.requeue(gid, group)
     else:
@@ -88,11 +93,13 @@ def run_steps(
 ):
     """Drives ``steps`` rollouts on one thread: before each take the producer fills up to ``concurrency`` groups
     in flight; while the take cannot proceed one in-flight group finishes. ``script`` picks which group and
-    whether it aborts (its values are consumed in turn). Returns (source, trained groups, their ages)."""
+    whether it aborts (its values are consumed in turn). The engine's weight version is the rollout id.
+    Returns (source, trained groups, their ages, their ages by their oldest weight_versions)."""
     source = make_source(make_args(strategy, max_age, per_step), impl)
     in_flight: Dict[int, List[Any]] = {}
     trained: List[List[Any]] = []
     ages: List[int] = []
+    token_ages: List[int] = []
     draws = iter(script)
     for step in range(steps):
         source.begin_step(step)
@@ -106,12 +113,13 @@ def run_steps(
             assert in_flight, f"{strategy}: the take waits but nothing is in flight (step {step})"
             pick = next(draws, 0)
             gid = sorted(in_flight)[pick % len(in_flight)]
-            finish(source, gid, in_flight.pop(gid), abort=pick % 5 == 4)
+            finish(source, gid, in_flight.pop(gid), abort=pick % 5 == 4, version=step)
         else:
             raise AssertionError("no progress")
         ages += [step - stamp for stamp, _ in batch]
+        token_ages += [step - group_oldest_version(g) for _, g in batch]
         trained += [g for _, g in batch]
-    return source, trained, ages
+    return source, trained, ages, token_ages
 
 
 BOTH = pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
@@ -121,8 +129,9 @@ scripts = st.lists(st.integers(0, 40), max_size=80)
 @BOTH
 @given(script=scripts, max_age=st.integers(0, 3), per_step=st.integers(1, 3), concurrency=st.integers(1, 8))
 def test_pace_never_trains_past_the_bound_and_drops_nothing(impl, script, max_age, per_step, concurrency):
-    source, trained, ages = run_steps("pace", max_age, per_step, concurrency, script, steps=6, impl=impl)
+    source, trained, ages, token_ages = run_steps("pace", max_age, per_step, concurrency, script, steps=6, impl=impl)
     assert max(ages) <= max_age
+    assert max(token_ages) <= max_age  # an aborted group's old tokens never come back under a newer stamp
     assert source.counts["dropped_stale"] == 0 and source.store.buffer.ledger()["dropped_stale"] == 0
     assert source.store.buffer.ledger()["trained_over_age"] == 0
     assert_ledger_balances(source)
@@ -132,8 +141,8 @@ def test_pace_never_trains_past_the_bound_and_drops_nothing(impl, script, max_ag
 @BOTH
 @given(script=scripts, max_age=st.integers(0, 3), per_step=st.integers(1, 3), concurrency=st.integers(1, 8))
 def test_drop_never_trains_past_the_bound(impl, script, max_age, per_step, concurrency):
-    source, trained, ages = run_steps("drop", max_age, per_step, concurrency, script, steps=6, impl=impl)
-    assert max(ages) <= max_age
+    source, trained, ages, token_ages = run_steps("drop", max_age, per_step, concurrency, script, steps=6, impl=impl)
+    assert max(ages) <= max_age and max(token_ages) <= max_age
     assert source.counts["dropped_stale"] == source.store.buffer.ledger()["dropped_stale"]
     assert_ledger_balances(source)
     assert_no_prompt_lost(source, trained)
@@ -142,7 +151,7 @@ def test_drop_never_trains_past_the_bound(impl, script, max_age, per_step, concu
 @BOTH
 @given(script=scripts, max_age=st.integers(1, 3), per_step=st.integers(1, 3), concurrency=st.integers(1, 8))
 def test_wait_drops_nothing_and_the_ledger_balances(impl, script, max_age, per_step, concurrency):
-    source, trained, _ = run_steps("wait", max_age, per_step, concurrency, script, steps=6, impl=impl)
+    source, trained, _, _ = run_steps("wait", max_age, per_step, concurrency, script, steps=6, impl=impl)
     assert source.store.buffer.ledger()["dropped_stale"] == 0
     assert_ledger_balances(source)
     assert_no_prompt_lost(source, trained)
@@ -174,24 +183,29 @@ def test_pace_refusals_leave_the_prompts_in_the_dataset(asked):
         assert source.counts["refused"] == sum(asked) - handed
 
 
-def test_an_aborted_group_goes_back_to_slimes_buffer_and_is_handed_out_first():
+def test_an_aborted_group_goes_back_to_slimes_buffer_as_its_prompt_and_is_handed_out_first():
     source = make_source(make_args("pace", max_age=1, per_step=2))
     ((gid, group),) = source.dispatch(1)
-    finish(source, gid, group, abort=True)
-    assert source.prompts.buffer == [group] and source.counts["aborted_requeued"] == 1
-    assert source.store.buffer.ledger()["failed"] == 1
+    finish(source, gid, group, abort=True, version=0)
+    assert source.counts["aborted_requeued"] == 1 and source.store.buffer.ledger()["failed"] == 1
+    ((back,),) = [source.prompts.buffer]
+    # The prompt as dispatched: slime's generate would continue the old tokens under a new stamp otherwise.
+    assert [(s.index, s.response, s.weight_versions) for s in back] == [(s.index, "", []) for s in group]
     ((_, again),) = source.dispatch(1)
-    assert again is group
+    assert again is back
 
 
 def test_add_samples_fails_a_dispatched_group_once_and_passes_others_through():
     source = make_source(make_args("wait", max_age=1))
     ((_, group),) = source.dispatch(1)
+    group[0].response, group[0].weight_versions = "half", ["0"]
     source.add_samples([group])  # slime's own rollout code requeues aborted groups this way
     assert source.store.buffer.ledger()["failed"] == 1 and source.store.in_flight == 0
     foreign = [contract.Sample(index=90), contract.Sample(index=91)]
     source.add_samples([foreign])
-    assert source.prompts.buffer == [group, foreign] and source.store.buffer.ledger()["failed"] == 1
+    assert [[s.index for s in g] for g in source.prompts.buffer] == [[s.index for s in group], [90, 91]]
+    assert source.prompts.buffer[0][0].weight_versions == [] and source.prompts.buffer[1] is foreign
+    assert source.store.buffer.ledger()["failed"] == 1
 
 
 def test_save_and_load_round_trip_fails_in_flight_groups_and_resubmits_them_first(tmp_path):
@@ -218,6 +232,76 @@ def test_save_and_load_round_trip_fails_in_flight_groups_and_resubmits_them_firs
     assert again[2][0].group_index == pairs[1][1][0].group_index  # then slime's buffer, restored too
     assert all(s.response == "" for g in again[:2] for s in g)  # the prompt as dispatched, not a half answer
     assert_ledger_balances(restored)
+
+
+def test_a_save_after_the_next_take_resumes_with_that_batch_as_train_async_orders_them(tmp_path):
+    # train_async.py: generate(k + 1) runs before save(k) on the sync RolloutManager, so checkpoint k is written
+    # with batch k + 1 already taken; a resume at k + 1 must train that batch, not lose it (issue 58, item 5).
+    source = make_source(make_args("pace", max_age=2, per_step=2, save=str(tmp_path)))
+    for gid, group in source.dispatch(4):
+        finish(source, gid, group, abort=False)
+    source.take_batch(2, 0, timeout=1)
+    source.begin_step(1)
+    batch1, _ = source.take_batch(2, 1, timeout=1)
+    source.save(0)  # train_async.py's order
+    source.save(1)  # train.py's order: nothing taken past the checkpoint
+    for rollout_id, expect in ((0, [g[0].group_index for g in batch1]), (1, None)):
+        restored = make_source(make_args("pace", max_age=2, per_step=2, load=str(tmp_path)))
+        restored.load(rollout_id)
+        restored.begin_step(rollout_id + 1)
+        if expect is None:
+            assert restored.take_some(2, rollout_id + 1) == []  # nothing ready and nothing handed twice
+            continue
+        again, metrics = restored.take_batch(2, rollout_id + 1, timeout=1)
+        assert [g[0].group_index for g in again] == expect and [s.response for g in again for s in g] == ["r"] * 4
+        assert restored.counts["retaken_after_resume"] == 2 and restored.store.buffer.ledger()["taken"] == 4
+        assert metrics["pyfast_buffer/slime/retaken_after_resume"] == 2.0
+        assert_ledger_balances(restored)
+
+
+def test_a_save_while_the_worker_dispatches_records_one_moment(tmp_path):
+    # slime's dataset position and our state were saved under different locks while the worker dispatched: a
+    # prompt handed out between the two was both after the saved position and in our state (issue 58, item 6).
+    positions: Dict[int, int] = {}
+
+    class SlowSavingDataset(contract.RolloutDataSourceWithBuffer):
+        def save(self, rollout_id: Any) -> None:
+            positions[rollout_id] = self.handed  # the dataset position, then the slow write of slime's file
+            time.sleep(0.05)
+
+        def load(self, rollout_id: Any = None) -> None:
+            self.handed = positions[rollout_id]
+
+    def source_over(args: SimpleNamespace) -> StalenessSourceCore:
+        return StalenessSourceCore(args, SlowSavingDataset(args))
+
+    source = source_over(
+        make_args("drop", max_age=1000, per_step=2, pyfast_buffer_capacity=100_000, save=str(tmp_path))
+    )
+    stop = threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            for gid, group in source.dispatch(1):
+                finish(source, gid, group, abort=False)
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        time.sleep(0.02)
+        source.save(0)
+    finally:
+        stop.set()
+        thread.join()
+    restored = source_over(
+        make_args("drop", max_age=1000, per_step=2, pyfast_buffer_capacity=100_000, load=str(tmp_path))
+    )
+    restored.load(0)
+    held = [g[0].group_index for _, g in restored.store.ready_payloads()] + [
+        g[0].group_index for g in restored._resubmit
+    ]
+    assert held and max(held) < positions[0], "a prompt after the saved dataset position is also in our state"
 
 
 def test_load_without_saved_state_keeps_an_empty_buffer(tmp_path):
@@ -315,6 +399,30 @@ def test_the_rollout_function_takes_whole_batches_through_the_worker(strategy):
     assert_ledger_balances(source)
     if strategy == "pace":
         assert source.store.buffer.ledger()["dropped_stale"] == 0
+
+
+def test_slime_flags_the_fully_async_rollout_does_not_use_are_named_once_with_what_happens(caplog):
+    from pyfast_buffer.integrations.slime import _rollout
+
+    _rollout._warned.clear()
+    args = make_args(
+        "pace", max_age=1, per_step=1, partial_rollout=True, over_sampling_batch_size=4, pyfast_buffer_take_timeout=60.0
+    )
+    source = make_source(args)
+    try:
+        for rollout_id in range(2):
+            collect_rollout(
+                args, rollout_id, source, generate=fake_generate(0), concurrency=2, output=contract.RolloutFnTrainOutput
+            )
+    finally:
+        stop_worker()
+    said = [r.getMessage() for r in caplog.records if "is not used by" in r.getMessage()]
+    assert (
+        len(said) == 2
+        and "--partial-rollout" in said[0] + said[1]
+        and "--over-sampling-batch-size" in said[0] + said[1]
+    )
+    assert not any("--dynamic-sampling-filter-path" in m for m in said)
 
 
 def test_the_slime_bound_data_source_subclasses_slimes_data_source(monkeypatch):

@@ -128,9 +128,10 @@ class GroupStore:
             raise
         del self._in_flight[gid]
 
-    def fail(self, gid: int) -> None:
+    def fail(self, gid: int) -> Any:
+        """Fails a dispatched group in the ledger; returns what was dispatched (the prompt, before generation)."""
         self.buffer.fail([gid])
-        del self._in_flight[gid]
+        return self._in_flight.pop(gid)
 
     def put(self, payload: Any, stamp: int) -> int:
         gid = self._new_gid()

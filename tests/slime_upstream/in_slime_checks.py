@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 import random
 from types import SimpleNamespace
-from typing import Any, List
+from typing import Any, Dict, List
 
 import _slime_contract as contract
 import pytest
@@ -114,7 +114,9 @@ def make_args(strategy: str, **extra: Any) -> SimpleNamespace:
     return args
 
 
-def fake_generate(seed: int):
+def fake_generate(seed: int, engine: Dict[str, int]):
+    """slime's generate_and_rm_group faked: ``engine["version"]`` is the engine's weight version now, stamped on
+    each sample per generation as slime's ``append_response_tokens`` does (an aborted sample keeps its tokens)."""
     rng = random.Random(seed)
     calls = [0]
 
@@ -124,7 +126,7 @@ def fake_generate(seed: int):
         aborted = calls[0] % 6 == 0
         for sample in group:
             sample.status = Sample.Status.ABORTED if aborted else Sample.Status.COMPLETED
-            sample.weight_versions.append("1")
+            sample.weight_versions.append(str(engine["version"]))
             sample.response, sample.reward, sample.tokens, sample.response_length = "r", 1.0, [1, 2], 1
         return group
 
@@ -136,16 +138,23 @@ def test_our_rollout_function_over_slimes_data_source(strategy, tmp_path):
     cls = load_function(PATHS["--data-source-path"])
     args = make_args(strategy, save=str(tmp_path))
     source = cls(args)
+    engine = {"version": 0}  # the engine's weight version is the rollout id (one update per rollout)
     try:
-        for rollout_id in range(5):
+        for rollout_id in range(6):
+            engine["version"] = rollout_id
             out = collect_rollout(
-                args, rollout_id, source, generate=fake_generate(rollout_id), concurrency=4, output=RolloutFnTrainOutput
+                args, rollout_id, source, generate=fake_generate(0, engine), concurrency=4, output=RolloutFnTrainOutput
             )
             assert isinstance(out, RolloutFnTrainOutput) and len(out.samples) == 3
             assert all(s.status is Sample.Status.COMPLETED for g in out.samples for s in g)
             age = next(v for k, v in out.metrics.items() if k.endswith("trajectory_age/max"))
             assert strategy == "wait" or age <= 1
-        source.save(4)  # slime's own state and ours, side by side
+            # Aged as Miles measures it: the engine's version now minus the group's oldest weight_versions entry.
+            staleness = max(rollout_id - min(int(v) for s in g for v in s.weight_versions) for g in out.samples)
+            assert strategy == "wait" or staleness <= 1, staleness
+            if rollout_id == 5:
+                batch5 = [g[0].index for g in out.samples]
+        source.save(4)  # train_async.py's order: generate(5) ran before save(4); slime's own state and ours
         assert (tmp_path / "rollout" / "global_dataset_state_dict_4.pt").is_file()
         assert (tmp_path / "rollout" / "pyfast_buffer_state_4.pkl").is_file()
     finally:
@@ -155,4 +164,11 @@ def test_our_rollout_function_over_slimes_data_source(strategy, tmp_path):
     assert strategy != "pace" or (led["dropped_stale"] == 0 and led["trained_over_age"] == 0)
     restored = cls(make_args(strategy, load=str(tmp_path)))
     restored.load(4)
-    assert restored.store.in_flight == 0 and restored.step == 4
+    assert restored.store.in_flight == 0 and restored.step == 5
+    try:  # the resume's first rollout trains the batch taken before checkpoint 4 was written
+        out = collect_rollout(
+            args, 5, restored, generate=fake_generate(1, engine), concurrency=4, output=RolloutFnTrainOutput
+        )
+    finally:
+        stop_worker()
+    assert [g[0].index for g in out.samples] == batch5

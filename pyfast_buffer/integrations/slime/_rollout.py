@@ -20,6 +20,16 @@ DATA_SOURCE = "pyfast_buffer.integrations.slime.StalenessDataSource"
 _worker: Optional[RolloutWorker] = None
 _worker_lock = threading.Lock()
 
+#: slime flags this rollout function does not act on (nor does slime's own fully-async rollout), with what happens.
+IGNORED_FLAGS = {
+    "partial_rollout": "an aborted group is generated again from its prompt (its tokens are discarded, so its age "
+    "covers every token it is trained on)",
+    "over_sampling_batch_size": "the worker keeps pyfast_buffer_concurrency groups generating instead",
+    "dynamic_sampling_filter_path": "every finished group enters the buffer; filter in the trainer or use slime's "
+    "own generate_rollout",
+}
+_warned: set = set()
+
 
 def slime_generate() -> Generate:
     """slime's ``generate_and_rm_group`` with ``GenerateState``'s sampling params, as slime's worker calls it."""
@@ -88,6 +98,7 @@ def collect_rollout(
         raise ValueError(
             f"{WHERE}: the fully-async rollout needs the global dataset: remove --disable-rollout-global-dataset"
         )
+    _warn_ignored(args)
     per_step = data_source.options.per_step
     if per_step is None:
         raise ValueError(f"{WHERE}: needs --rollout-batch-size (the groups each rollout call returns)")
@@ -119,6 +130,19 @@ def generate_rollout_fully_async(args: Any, rollout_id: int, data_source: Any, e
         concurrency=slime_concurrency(args),
         output=RolloutFnTrainOutput,
     )
+
+
+def _warn_ignored(args: Any) -> None:
+    """Logs once per flag that a slime flag set in ``args`` is not acted on here, and what happens instead."""
+    for flag, instead in IGNORED_FLAGS.items():
+        if getattr(args, flag, None) and flag not in _warned:
+            _warned.add(flag)
+            logger.warning(
+                "%s: --%s is not used by generate_rollout_fully_async (nor by slime's own fully-async rollout): %s",
+                WHERE,
+                flag.replace("_", "-"),
+                instead,
+            )
 
 
 def _first_index(group: Any) -> int:

@@ -3,8 +3,15 @@ passed in (so it runs, and is tested, without slime; ``_source.py`` binds it to 
 
 Every prompt group handed out is dispatched in our ledger at the current step (the rollout id being collected);
 it leaves as trained, dropped stale, or failed (aborted, errored, or in flight at a save) and then goes back to
-slime's buffer, so a prompt is never lost. Thread-safe: slime's rollout worker thread dispatches and completes
-while the RolloutManager's thread takes.
+slime's buffer, so a prompt is never lost. A failed group goes back as the prompt it was when dispatched: slime's
+``generate_and_rm`` keeps a finished sample's tokens and continues an aborted one's, so a group requeued with its
+tokens would be stamped at its new dispatch while carrying older weight versions (issue 58). Thread-safe: slime's
+rollout worker thread dispatches and completes while the RolloutManager's thread takes; a save holds the same lock
+over slime's dataset position and our state, so the two describe one moment.
+
+``train_async.py`` calls ``generate(k + 1)`` before ``save(k)`` on the RolloutManager (a sync actor, so in that
+order): the batch taken for rollout ``k + 1`` is already out of our buffer when checkpoint ``k`` is written. The
+save keeps the batches taken for rollouts after ``k``, and a resume hands them out again for the same rollout ids.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ STATE_FORMAT = 1
 METRICS = "pyfast_buffer/slime/"
 #: How often a waiting take re-checks when nothing notifies it (it is woken at once by a complete or a fail).
 POLL_S = 0.05
+#: Taken batches kept for a save (the latest two rollout ids): train_async.py saves ``k`` after taking ``k + 1``.
+KEEP_TAKEN = 2
 
 
 class StalenessSourceCore:
@@ -55,6 +64,8 @@ class StalenessSourceCore:
         self._resubmit: Deque[List[Any]] = collections.deque()  # in flight at a save: handed out first
         self._listeners: List[Callable[[], None]] = []
         self.counts: Dict[str, int] = collections.Counter()
+        self._taken: Dict[int, bytes] = {}  # rollout id -> its batch's (stamp, group) pairs, pickled when taken
+        self._retake: Dict[int, List[Tuple[int, List[Any]]]] = {}  # after a load: batches saved past the checkpoint
 
     # ---- slime's DataSource ----------------------------------------------------------------------------------
     def get_samples(self, num_samples: int) -> List[List[Any]]:
@@ -69,7 +80,7 @@ class StalenessSourceCore:
             gid = self._untag(group)
             with self._changed:
                 if gid is not None and gid in self._stamps:
-                    self._fail(gid, "aborted_requeued")
+                    group = self._fail(gid, "aborted_requeued")  # the prompt as dispatched, without old tokens
                 self.prompts.add_samples([group])
                 self._changed.notify_all()
         self._notify()
@@ -77,12 +88,14 @@ class StalenessSourceCore:
     def save(self, rollout_id: int) -> None:
         """slime's own data-source state, then ours (ready and in-flight groups, slime's requeue buffer, the
         ledger) into ``rollout/pyfast_buffer_state_{rollout_id}.pkl`` under ``--save``: the pickled state inside our
-        checked format (``_state.write_state``), so a damaged file is refused before it is unpickled."""
-        self.prompts.save(rollout_id)
+        checked format (``_state.write_state``), so a damaged file is refused before it is unpickled. Both under
+        the lock the rollout worker dispatches under: a prompt is either before slime's saved dataset position and
+        in our state, or after it and not."""
         root = getattr(self.args, "save", None)
-        if root is None:
-            return
         with self._changed:
+            self.prompts.save(rollout_id)
+            if root is None:
+                return
             state = {
                 "format": STATE_FORMAT,
                 "store": self.store.state_dict(),
@@ -91,6 +104,7 @@ class StalenessSourceCore:
                 "slime_buffer": list(getattr(self.prompts, "buffer", ())),
                 "step": self._step,
                 "counts": dict(self.counts),
+                "taken_after": {k: v for k, v in self._taken.items() if k > rollout_id},
             }
             data = pickle.dumps(state)
         write_state(state_path(root, rollout_id), data)
@@ -114,6 +128,7 @@ class StalenessSourceCore:
             resubmit, slime_buffer = list(state["resubmit"]), list(state["slime_buffer"])
             step, counts = int(state["step"]), collections.Counter[str](state["counts"])
             store = state["store"]
+            retake = {int(k): pickle.loads(v) for k, v in state.get("taken_after", {}).items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(
                 f"{WHERE}: {path} has a missing or malformed entry ({exc!r}); remove it or fix --load"
@@ -127,6 +142,7 @@ class StalenessSourceCore:
             self._step = step
             self.counts = counts
             self.counts["failed_at_load"] += len(in_flight)
+            self._retake, self._taken = retake, {}
             self._changed.notify_all()
 
     def __len__(self) -> int:
@@ -184,7 +200,7 @@ class StalenessSourceCore:
         with self._changed:
             self._untag(group)
             if gid in self._stamps:
-                self._fail(gid, why)
+                group = self._fail(gid, why)  # the prompt as dispatched: its new stamp must cover all its tokens
             self.prompts.add_samples([group])
             self._changed.notify_all()
         self._notify()
@@ -216,9 +232,15 @@ class StalenessSourceCore:
         deadline = None if timeout is None else time.monotonic() + timeout
         taken: List[Tuple[int, List[Any]]] = []
         with self._changed:
+            saved = self._saved_batch(groups, step)
+            if saved is not None:
+                return [g for _, g in saved], self._metrics([step - stamp for stamp, _ in saved])
             while True:
                 taken += self.take_some(groups - len(taken), step)
                 if len(taken) >= groups:
+                    self._taken[step] = pickle.dumps(taken)  # as handed out: slime may change the samples later
+                    for old in sorted(self._taken)[:-KEEP_TAKEN]:
+                        del self._taken[old]
                     return [g for _, g in taken], self._metrics([step - stamp for stamp, _ in taken])
                 if check is not None:
                     check()
@@ -240,6 +262,36 @@ class StalenessSourceCore:
         self._listeners.append(fn)
 
     # ---- internals -------------------------------------------------------------------------------------------
+    def _saved_batch(self, groups: int, step: int) -> Optional[List[Tuple[int, List[Any]]]]:
+        """The batch a loaded checkpoint saved as taken for rollout ``step`` (train_async.py's order), or None.
+        Saved batches for earlier rollout ids were skipped by the resume: counted and logged, never handed."""
+        for old in [k for k in self._retake if k < step]:
+            skipped = self._retake.pop(old)
+            self.counts["taken_after_save_skipped"] += len(skipped)
+            logger.warning(
+                "%s: the checkpoint held %d groups taken for rollout %d, but the resume asked for rollout %d first; "
+                "they are not trained (resume from the checkpoint's next rollout id to train them)",
+                WHERE,
+                len(skipped),
+                old,
+                step,
+            )
+        saved = self._retake.pop(step, None)
+        if saved is None or len(saved) != groups:
+            if saved is not None:
+                self.counts["taken_after_save_skipped"] += len(saved)
+                logger.warning(
+                    "%s: the checkpoint held %d groups taken for rollout %d, but this call takes %d; taking anew",
+                    WHERE,
+                    len(saved),
+                    step,
+                    groups,
+                )
+            return None
+        self.counts["retaken_after_resume"] += len(saved)
+        self._taken[step] = pickle.dumps(saved)
+        return saved
+
     def _metrics(self, ages: List[int]) -> Dict[str, float]:
         out = buffer_metrics(self.store.buffer)
         out.update(ages_metrics(ages))
@@ -248,10 +300,12 @@ class StalenessSourceCore:
         out[f"{METRICS}ready"] = float(len(self.store))
         return out
 
-    def _fail(self, gid: int, why: str) -> None:
-        self.store.fail(gid)
+    def _fail(self, gid: int, why: str) -> List[Any]:
+        """Fails a dispatched group in the ledger; returns its prompt as it was dispatched."""
+        prompt = self.store.fail(gid)
         del self._stamps[gid]
         self.counts[why] += 1
+        return prompt
 
     def _notify(self) -> None:
         for fn in list(self._listeners):
