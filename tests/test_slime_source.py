@@ -474,3 +474,66 @@ def test_the_buffer_filter_remembers_the_newest_version_between_calls():
     assert len(filt(args, None, [versioned(0, "9")], 1)) == 1
     buffer = [versioned(1, "7")]
     assert filt(args, None, buffer, 1) == [] and buffer == [] and filt.counts["discarded_stale"] == 1
+
+
+def partial_rollouts(filt: Any, tell: bool, max_age: int, seed: int, interval: int = 1) -> List[int]:
+    """slime's non-fully-async path with ``--partial-rollout``, faked: each rollout takes 4 groups from slime's
+    buffer (through ``filt``) and dataset, generates one turn of each at the engine's version (one update every
+    ``interval`` rollouts, made between rollouts as train.py does), trains about half, and puts the rest back
+    partial. ``tell``: through our ``generate_rollout`` wrapper. Returns every trained group's staleness (the
+    engine's version minus the group's oldest weight_versions entry, as Miles measures it)."""
+    from pyfast_buffer.integrations.slime._filter import rollout_telling_the_filter
+
+    rng = random.Random(seed)
+    args = make_args("drop", max_age=max_age, update_weights_interval=interval)
+    data = contract.RolloutDataSourceWithBuffer(args)
+    data.buffer_filter = filt
+    staleness: List[int] = []
+
+    def rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+        engine = rollout_id // interval
+        trained, partial = [], []
+        for group in data_source.get_samples(4):
+            for sample in group:
+                sample.weight_versions.append(str(engine))
+            (trained if rng.random() < 0.5 else partial).append(group)
+        data_source.add_samples(partial)
+        staleness.extend(engine - group_oldest_version(g) for g in trained)
+        return contract.RolloutFnTrainOutput(samples=trained)
+
+    for rollout_id in range(40):
+        if tell:
+            rollout_telling_the_filter(rollout, args, rollout_id, data, False, filt)
+        else:
+            rollout(args, rollout_id, data)
+    return staleness
+
+
+@pytest.mark.parametrize("max_age", [0, 1, 2])
+@pytest.mark.parametrize("interval", [1, 2])
+def test_the_buffer_filter_told_the_engines_version_never_trains_past_the_bound(max_age, interval):
+    # The newest version in slime's buffer lags the engine by the update since: alone, the filter trained
+    # max_age + 1 (issue 58, item 8); told by our generate_rollout wrapper it keeps the bound.
+    told = [
+        s for seed in range(5) for s in partial_rollouts(ours.StalenessBufferFilter(), True, max_age, seed, interval)
+    ]
+    assert max(told) <= max_age
+    if interval == 1:  # exact: it trains up to the bound, not short of it
+        assert max(told) == max_age
+        alone = [s for seed in range(5) for s in partial_rollouts(ours.StalenessBufferFilter(), False, max_age, seed)]
+        assert max(alone) == max_age + 1  # what the wrapper fixes, measured here so the test shows it
+
+
+def test_the_rollout_wrapper_passes_an_evaluation_through_and_is_slimes_signature():
+    from pyfast_buffer.integrations.slime._filter import rollout_telling_the_filter
+
+    filt = ours.StalenessBufferFilter()
+    seen = []
+    out = rollout_telling_the_filter(lambda *a, **k: seen.append((a, k)) or "eval", None, 3, None, True, filt)
+    assert out == "eval" and seen[0][1] == {"evaluation": True} and filt.engine_version is None
+    assert tuple(__import__("inspect").signature(ours.generate_rollout).parameters) == (
+        "args",
+        "rollout_id",
+        "data_source",
+        "evaluation",
+    )

@@ -27,6 +27,8 @@ PATHS = {
     "--rollout-function-path": "pyfast_buffer.integrations.slime.generate_rollout_fully_async",
     "--buffer-filter-path": "pyfast_buffer.integrations.slime.buffer_filter",
 }
+#: Our wrapper of slime's own (non-fully-async) rollout function, telling the buffer filter the engine's version.
+SYNC_ROLLOUT_PATH = "pyfast_buffer.integrations.slime.generate_rollout"
 
 
 # ---- (a) our copies are slime's interfaces -------------------------------------------------------------------
@@ -80,6 +82,7 @@ def test_slimes_load_function_loads_our_paths():
     from plugin_contracts.test_plugin_rollout_contracts import assert_rollout_function_signature_matches_default
 
     assert_rollout_function_signature_matches_default(fn)
+    assert_rollout_function_signature_matches_default(load_function(SYNC_ROLLOUT_PATH))
     filt = load_function(PATHS["--buffer-filter-path"])
     assert list(inspect.signature(filt).parameters) == ["args", "rollout_id", "buffer", "num_samples"]
 
@@ -92,6 +95,38 @@ def test_our_buffer_filter_runs_inside_slimes_data_source():
     source.add_samples([new, old])
     assert source.get_samples(1) == [new]  # max_age 1: ``old`` (versions 1, newest 5) is discarded
     assert source.buffer == []
+
+
+@pytest.mark.parametrize("max_age", [0, 1, 2])
+def test_our_rollout_wrapper_keeps_the_buffer_filter_within_the_bound_in_slimes_data_source(max_age, monkeypatch):
+    # slime's generate_rollout with --partial-rollout, faked at the engine: each rollout draws 4 groups through
+    # slime's RolloutDataSourceWithBuffer (its buffer first, through our filter), generates a turn of each at the
+    # engine's version (one update between rollouts), trains about half and puts the rest back partial.
+    import slime.rollout.sglang_rollout as sglang_rollout
+
+    from pyfast_buffer.integrations.slime import buffer_filter
+
+    rng = random.Random(max_age)
+    staleness: List[int] = []
+
+    def slimes_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+        trained, partial = [], []
+        for group in data_source.get_samples(4):
+            for sample in group:
+                sample.weight_versions.append(str(rollout_id))
+            (trained if rng.random() < 0.5 else partial).append(group)
+        data_source.add_samples(partial)
+        staleness.extend(rollout_id - min(int(v) for s in g for v in s.weight_versions) for g in trained)
+        return RolloutFnTrainOutput(samples=trained)
+
+    monkeypatch.setattr(sglang_rollout, "generate_rollout", slimes_rollout)
+    buffer_filter.__init__()  # the module's one filter: fresh for this run
+    args = make_args("drop", pyfast_buffer_max_age=max_age, buffer_filter_path=PATHS["--buffer-filter-path"])
+    source = slime_ds.RolloutDataSourceWithBuffer(args)
+    rollout = load_function(SYNC_ROLLOUT_PATH)
+    for rollout_id in range(60):
+        rollout(args, rollout_id, source)
+    assert max(staleness) == max_age, staleness  # up to the bound, never past it
 
 
 # ---- (c) our rollout function over slime's real classes ----------------------------------------------------------

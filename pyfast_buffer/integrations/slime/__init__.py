@@ -5,7 +5,9 @@ a buffer filter, all loaded by slime by path (docs/slime.md)::
     --rollout-function-path pyfast_buffer.integrations.slime.generate_rollout_fully_async
     --custom-config-path ours.yaml          # pyfast_buffer_strategy: pace, pyfast_buffer_max_age: 2
 
-or, for slime's non-fully-async path, only ``--buffer-filter-path pyfast_buffer.integrations.slime.buffer_filter``.
+or, for slime's non-fully-async path, ``--buffer-filter-path pyfast_buffer.integrations.slime.buffer_filter`` with
+``--rollout-function-path pyfast_buffer.integrations.slime.generate_rollout`` (slime's own, telling the filter the
+engine's weight version).
 
 ``StalenessDataSource`` subclasses slime's ``DataSource`` and is imported when first asked for (it needs a
 checkout of THUDM/slime on the path: slime is not on PyPI); the rest imports nothing of slime until called, so this
@@ -20,7 +22,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any, List
 
-from pyfast_buffer.integrations.slime._filter import StalenessBufferFilter, buffer_filter
+from pyfast_buffer.integrations.slime._filter import StalenessBufferFilter, buffer_filter, generate_rollout
 from pyfast_buffer.integrations.slime._options import MAX_AGE_ENV, STRATEGY_ENV, read_options
 from pyfast_buffer.integrations.slime._rollout import generate_rollout_fully_async, stop_worker
 from pyfast_buffer.integrations.slime._source_core import StalenessSourceCore
@@ -50,6 +52,7 @@ __all__ = [
     "StalenessBufferFilter",
     "StalenessSourceCore",
     "buffer_filter",
+    "generate_rollout",
     "generate_rollout_fully_async",
     "read_options",
     "state_path",
