@@ -197,6 +197,23 @@ def test_unknown_status_or_missing_step_is_a_value_error_naming_the_prompt(pid):
         rb._sync_metadata_from_transfer_queue(pid)
 
 
+@pytest.mark.parametrize("kwargs", [{"timout": 5}, {"capacity": 64, "lookahed": 1}, {"ledger-metrics": True}])
+def test_a_sampler_kwargs_key_the_sampler_does_not_read_is_refused_naming_it(kwargs):
+    from pyfast_buffer.integrations.verl import VerlConfigError
+
+    with pytest.raises(VerlConfigError, match="sampler_kwargs has keys the sampler does not read") as info:
+        make(kwargs=kwargs)
+    assert all(repr(k) in str(info.value) for k in kwargs if k != "capacity")
+    with pytest.raises(TypeError, match="must be a mapping"):
+        FastReplayBuffer(
+            trainer_mode="colocate_async",
+            trainer_config={},
+            max_off_policy_threshold=8,
+            max_off_policy_strategy="drop",
+            sampler_kwargs=["timeout", 5],
+        )
+
+
 def test_a_trajectory_row_whose_tag_kept_a_cleared_prompts_is_prompt_is_read_as_a_trajectory(pid):
     # TransferQueue merged a new row's tag into what its reused index still held: verl's agent loop writes
     # status="success" on trajectory rows only, so the leftover is_prompt must not make the row a prompt.

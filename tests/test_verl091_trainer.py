@@ -176,6 +176,11 @@ REFUSED = [
         ],
         r"reward.reward_model.enable_resource_pool=true",
     ),
+    (  # a misspelled key once built with timeout=600.0 and no word (issue 59, item 11)
+        "colocate_async",
+        ["+trainer.v1.sampler.sampler_kwargs.timout=5"],
+        r"sampler_kwargs has keys the sampler does not read: 'timout' \(did you mean 'timeout'\?\)",
+    ),
 ]
 
 

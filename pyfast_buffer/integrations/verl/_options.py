@@ -13,7 +13,9 @@ Absolute imports only: verl may load the sampler package by file path, outside t
 
 from __future__ import annotations
 
+import difflib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -28,6 +30,24 @@ DEFAULT_POLL_BACKOFF_MAX_S = 0.05  # TransferQueue has no change notification: p
 #: Where a group's age is counted from (docs/verl.md, "Staleness from generation versions").
 AGE_FROM = ("dispatch", "generation_start", "generation_finish")
 SAMPLER_KWARGS = "trainer.v1.sampler.sampler_kwargs"
+#: Every ``sampler_kwargs`` key the sampler reads (``poll_interval`` only to refuse it with its replacement).
+KNOWN_SAMPLER_KWARGS = frozenset(
+    {
+        "age_from",
+        "capacity",
+        "filter_groups_metric",
+        "gen_batch_size",
+        "ledger_metrics",
+        "lookahead",
+        "max_inflight_gen_batches",
+        "poll_backoff_max",
+        "poll_interval",
+        "prompts_per_step",
+        "sync_refill_failed_groups",
+        "timeout",
+        "train_batch_size",
+    }
+)
 
 
 class VerlConfigError(AssertionError, ValueError):
@@ -70,6 +90,27 @@ class SamplerOptions:
     def max_age(self) -> Optional[int]:
         """verl's cutoff as an age: ``threshold - 1`` (None without a threshold)."""
         return None if self.max_off_policy_threshold is None else self.max_off_policy_threshold - 1
+
+
+def _check_known_keys(sampler_kwargs: Any) -> None:
+    """Refuses a ``sampler_kwargs`` key the sampler does not read: a misspelled ``timout`` would otherwise leave
+    ``timeout`` at its default without a word."""
+    if sampler_kwargs is None:
+        return
+    if not isinstance(sampler_kwargs, Mapping) and not hasattr(sampler_kwargs, "keys"):
+        raise TypeError(
+            f"{SAMPLER_KWARGS}={sampler_kwargs!r} must be a mapping of settings (a dict or a config node)"
+        )
+    unknown = sorted(str(k) for k in sampler_kwargs.keys() if k not in KNOWN_SAMPLER_KWARGS)
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(KNOWN_SAMPLER_KWARGS), n=1)
+            hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+        raise VerlConfigError(
+            f"{SAMPLER_KWARGS} has keys the sampler does not read: {', '.join(hints)}; remove or rename them "
+            f"(it reads {', '.join(sorted(KNOWN_SAMPLER_KWARGS))})"
+        )
 
 
 def _check_threshold_and_strategy(threshold: Any, strategy: Any) -> None:
@@ -250,6 +291,7 @@ def parse(
 ) -> SamplerOptions:
     """Checks every setting in verl's order (so the first error is the one verl would raise) and returns them."""
     _check_threshold_and_strategy(threshold, strategy)
+    _check_known_keys(sampler_kwargs)
     if read(sampler_kwargs, "poll_interval") is not None:
         raise ValueError(
             "sampler_kwargs.poll_interval is no longer read: poll_interval is verl's own setting "
