@@ -5,6 +5,7 @@ randomized model check on both core implementations."""
 from __future__ import annotations
 
 import pickle
+import tempfile
 
 import pytest
 
@@ -316,3 +317,97 @@ def test_the_library_never_imports_torchrl(tmp_path):
 
     code = "import sys, pyfast_buffer, pyfast_buffer.integrations; assert 'torchrl' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=tmp_path)  # the installed package
+
+
+MATRIX = [
+    ("LazyTensorStorage", "round_robin", 1),
+    ("LazyMemmapStorage", "round_robin", 1),
+    ("ListStorage", "round_robin", 1),
+    ("LazyStackStorage", "round_robin", 1),
+    ("LazyTensorStorage", "max_value", 1),
+    ("LazyTensorStorage", "round_robin", 2),
+]
+
+
+def _matrix_run(config, ops, max_age, tmp, read_ledger):
+    """Runs ``ops`` on a fresh buffer of ``config``; returns (ledger, sampled rows, dim-0 slots written)."""
+    storage_name, writer, ndim = config
+    sampler = StalenessSampler(max_age=max_age, shuffle=False)
+    if ndim == 2:
+        storage = LazyTensorStorage(2 * 12, ndim=2)  # TorchRL stores [2, k] time-major: k dim-0 slots of 2 cells
+    else:
+        tmp.mkdir(parents=True, exist_ok=True)
+        storage = STORAGES[storage_name](12, tempfile.mkdtemp(dir=tmp))  # a fresh folder per hypothesis example
+    extra = {"writer": TensorDictMaxValueWriter(rank_key="obs")} if writer == "max_value" else {}
+    cls = ReplayBuffer if ndim == 2 else TensorDictReplayBuffer  # TorchRL's TensorDict buffer cannot index 2-d
+    rb = cls(storage=storage, sampler=sampler, batch_size=3, **extra)
+    version, next_row, slots_written, sampled = 0, 0, 0, []
+    for op, k in ops:
+        if op == "write":
+            data = rows(k, version, start=next_row)
+            if ndim == 2:
+                data = TensorDict({key: v.reshape(1, k).expand(2, k).clone() for key, v in data.items()}, [2, k])
+            index = rb.extend(data)
+            written = torch.as_tensor(index)
+            slots_written += k if ndim == 2 else int((written >= 0).sum())
+            next_row += k
+            if read_ledger:
+                sampler.ledger()  # an unrelated read between writes must not change what they did
+        elif op == "bump":
+            version += 1
+            sampler.consumer_version = version
+        elif sampler._sampleable_count(rb.storage) > 0:
+            batch = rb.sample()
+            assert (version - batch["policy_version"].reshape(-1) <= max_age).all()
+            sampled.append(batch["obs"].reshape(-1).tolist())
+    return sampler.ledger(), sampled, slots_written
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    config=st.sampled_from(MATRIX),
+    ops=st.lists(st.tuples(st.sampled_from(["write", "write", "sample", "bump"]), st.integers(1, 9)), max_size=30),
+    max_age=st.integers(0, 2),
+)
+def test_every_storage_and_writer_counts_each_row_written_once_whatever_reads_come_between(
+    config, ops, max_age, tmp_path
+):
+    # Issue 59: a max-value writer's rejected rows (-1) were read as the last slot (items 6), a 2-d storage's
+    # cells as repeated slots (7), and two writes merged before a ledger read wrapped into one (8).
+    quiet, sampled, slots_written = _matrix_run(config, ops, max_age, tmp_path / "a", read_ledger=False)
+    read, sampled_read, _ = _matrix_run(config, ops, max_age, tmp_path / "b", read_ledger=True)
+    assert quiet == read and sampled == sampled_read
+    if slots_written:
+        assert quiet["put_total"] == slots_written - quiet["overwritten_in_write"]
+        assert quiet["put_total"] == quiet["retired"] + quiet["dropped_stale"] + quiet["evicted"] + quiet["buffer_left"]
+        assert quiet["overwritten_in_write"] == 0  # no single write here is longer than the storage
+
+
+@pytest.mark.filterwarnings("ignore:Got conflicting batch_sizes:UserWarning")
+def test_a_2d_storage_overflow_evicts_whole_slots_like_a_1d_one():
+    sampler = StalenessSampler(max_age=10)
+    rb = ReplayBuffer(storage=LazyTensorStorage(30, ndim=2), sampler=sampler, batch_size=3)
+    for k in range(15):  # [2, 3] time-major: 3 dim-0 slots of 2 cells each, 45 slot writes into 15 slots
+        rb.extend(
+            TensorDict(
+                {"obs": torch.full((2, 3), float(k)), "policy_version": torch.zeros(2, 3, dtype=torch.long)}, [2, 3]
+            )
+        )
+    assert tuple(rb.storage.shape) == (15, 2)
+    rb.sample(300)
+    led = sampler.ledger()
+    assert (led["put_total"], led["evicted"], led["overwritten_in_write"], led["taken"]) == (45, 30, 0, 15)
+
+
+@pytest.mark.filterwarnings("ignore:Got conflicting batch_sizes:UserWarning")
+def test_iterating_the_buffer_ends_when_nothing_is_left_and_a_batch_size_below_one_is_refused():
+    rb, sampler = buffer(size=16, max_age=3, batch_size=4)
+    rb.extend(rows(10, 0))
+    with pytest.raises(ValueError, match="batch_size=0 must be an int >= 1"):
+        rb.sample(0)
+    with pytest.raises(ValueError, match="batch_size=-1"):
+        rb.sample(-1)
+    seen = [r for batch in rb for r in batch["obs"].reshape(-1).tolist()]  # as TorchRL's own samplers end it
+    assert sorted(seen) == list(range(10)) and sampler.ran_out
+    rb.extend(rows(2, 0, start=10))
+    assert sorted(r for batch in rb for r in batch["obs"].reshape(-1).tolist()) == [10, 11]  # a new pass starts

@@ -108,9 +108,19 @@ class StalenessSampler(Sampler):
         self._slots: Optional[int] = None  # the storage's dim-0 slots
         self._revision: Optional[int] = None  # the storage's mutation revision once our writes are applied
         self._newest = -1  # the newest stamp written (see _step)
+        self._ran_out = False
         self.last_ages: list = []
 
     # ---- StalenessAwareSampler's conventions ----------------------------------------------------------------
+    @property
+    def ran_out(self) -> bool:
+        """True after a sample left nothing to sample at the current version (TorchRL's iteration ends)."""
+        return self._ran_out
+
+    @ran_out.setter
+    def ran_out(self, value: bool) -> None:
+        self._ran_out = bool(value)
+
     @property
     def consumer_version(self) -> int:
         return self._consumer_version
@@ -177,6 +187,7 @@ class StalenessSampler(Sampler):
             or index.ndim != 1
             or index.dtype != torch.int64
             or index.device.type != "cpu"
+            or (len(index) and int(index.min()) < 0)  # a max-value writer's -1: a row it did not write
         ):
             return False
         if self._version_key is None:
@@ -198,20 +209,37 @@ class StalenessSampler(Sampler):
         return True
 
     def _flush(self) -> None:
-        """Applies the recorded writes to the core, in order, as one write."""
+        """Applies the recorded writes to the core, in order, with what each would have done applied alone: a
+        run of writes that continue one another goes as one round-robin write when it is one; anything else
+        goes write by write. (Merged whole, two writes wrapping round were one write that overwrote itself, and
+        the ledger changed with when it was read.)"""
         if not self._recorded:
             return
         assert self._slots is not None
         recorded, self._recorded, self._recorded_rows = self._recorded, [], 0
-        index = recorded[0][0] if len(recorded) == 1 else torch.cat([i for i, _ in recorded])
-        stamps = recorded[0][1] if len(recorded) == 1 else torch.cat([t for _, t in recorded])
-        slots = index.numpy()
-        stamps_np = (stamps if stamps.dtype == torch.int64 else stamps.to(torch.int64)).numpy()
-        if len(stamps_np):
-            self._newest = max(self._newest, int(stamps_np.max()))
         self._ensure_slots(self._slots)
-        if not self._apply_round_robin(slots, stamps_np):
-            self._apply(slots, stamps_np)
+        run: list = []
+        for index, stamps in recorded:
+            if run and not _continues(run[-1][0], index):
+                self._apply_run(run)
+                run = []
+            run.append((index, _int64(stamps)))
+        self._apply_run(run)
+
+    def _apply_run(self, run: list) -> None:
+        """Writes that continue one another: one round-robin write if they make one, else each alone, in order."""
+        if len(run) > 1:
+            slots, stamps = torch.cat([i for i, _ in run]).numpy(), torch.cat([t for _, t in run]).numpy()
+            if len(stamps):
+                self._newest = max(self._newest, int(stamps.max()))
+            if self._apply_round_robin(slots, stamps):
+                return
+        for index, stamps_t in run:
+            slots, stamps = index.numpy(), stamps_t.numpy()
+            if len(stamps):
+                self._newest = max(self._newest, int(stamps.max()))
+            if not self._apply_round_robin(slots, stamps):
+                self._apply(slots, stamps)
 
     def extend(self, index: Any) -> None:
         # The writer called mark_update (with the storage) first; a path that did not leaves them to sample().
@@ -339,6 +367,8 @@ class StalenessSampler(Sampler):
 
     # ---- the read path --------------------------------------------------------------------------------------
     def sample(self, storage: Any, batch_size: int) -> Tuple[Any, Dict[str, Any]]:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be an int >= 1 (the rows one sample returns)")
         if len(storage) == 0:
             raise RuntimeError(EMPTY_STORAGE)
         self._catch_up(storage)
@@ -354,6 +384,8 @@ class StalenessSampler(Sampler):
         slots, ages = self._take(core, book, want)
         if not len(slots):
             raise RuntimeError(self._why_empty(core, book, len(storage)))
+        # TorchRL's ``for batch in rb:`` stops once this is set: nothing more could be sampled at this version.
+        self._ran_out = self._sampleable_count(storage) == 0
         if self._shuffle and len(slots) > 1:
             order = torch.randperm(len(slots), generator=self._rng).numpy()
             slots, ages = slots[order], ages[order]
@@ -450,6 +482,7 @@ class StalenessSampler(Sampler):
         self._recorded, self._recorded_rows = [], 0
         self._pending.clear()
         self._missing_key, self._revision, self._marked = False, None, None
+        self._ran_out = False
 
     def state_dict(self) -> Dict[str, Any]:
         self._flush()
@@ -524,6 +557,19 @@ def _mapped(state: Any, convert: Any, kind: type = torch.Tensor) -> Any:
     if isinstance(state, (list, tuple)):
         return type(state)(_mapped(v, convert, kind) for v in state)
     return state
+
+
+def _int64(stamps: torch.Tensor) -> torch.Tensor:
+    return stamps if stamps.dtype == torch.int64 else stamps.to(torch.int64)
+
+
+def _continues(before: torch.Tensor, index: torch.Tensor) -> bool:
+    """Whether the write ``index`` starts at the slot after ``before``'s last and spans its length (a cheap
+    test; ``_apply_round_robin`` checks the run exactly)."""
+    n = len(index)
+    return (
+        n > 0 and len(before) > 0 and int(index[0]) == int(before[-1]) + 1 and int(index[-1]) == int(index[0]) + n - 1
+    )
 
 
 def _revision(storage: Any) -> Optional[int]:

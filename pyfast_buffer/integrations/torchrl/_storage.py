@@ -47,11 +47,12 @@ def written_slots(index: Any) -> np.ndarray:
     if isinstance(index, tuple):
         index = index[0]
     t = torch.as_tensor(index)
-    if t.ndim == 2:
+    cells = t.ndim == 2  # an ndim > 1 writer names cells, (slot, inner...) per row: a slot once per cell
+    if cells:
         t = t[:, 0]
     slots = t.reshape(-1).to(torch.int64).cpu().numpy()
     slots = slots[slots >= 0]
-    if t.ndim == 2 and len(slots) > 1:  # each slot's cells, in a row: one per slot
+    if cells and len(slots) > 1:  # each slot's cells, in a row: one per slot
         slots = slots[np.concatenate(([True], slots[1:] != slots[:-1]))]
     return slots
 
