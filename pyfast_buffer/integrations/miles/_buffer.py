@@ -22,6 +22,7 @@ from pyfast_buffer import checkpoint, durable
 from pyfast_buffer.buffer import StalenessBuffer
 from pyfast_buffer.integrations._common import buffer_metrics
 from pyfast_buffer.integrations._slime_family import (
+    UNBOUNDED,
     GroupStore,
     group_oldest_version,
     is_aborted,
@@ -122,8 +123,11 @@ class StalenessDataBuffer:
         max_age = args.max_weight_staleness
         self._clock_kind = clock
         self._per_step = int(args.rollout_batch_size)
-        # Under the rollout clock a dispatched group's put never waits, so the ring also holds what is in flight.
-        room = self._capacity + (in_flight_budget(args) if clock == "rollout" else 0)
+        # Under the rollout clock a dispatched group's put never waits, so the ring also holds what is in flight;
+        # can_admit keeps what is in flight within that budget whatever Miles's scheduler counts (it frees a
+        # group's slots when its samples finish, and --group-rm keeps the group running after that).
+        self._in_flight_room = in_flight_budget(args) if clock == "rollout" else UNBOUNDED
+        room = self._capacity + (self._in_flight_room if clock == "rollout" else 0)
         self._store = GroupStore(
             strategy=self.strategy,
             max_age=max_age,
@@ -150,10 +154,15 @@ class StalenessDataBuffer:
         self._signal_admission()
 
     def can_admit(self) -> bool:
-        """Whether the producer may start one more group now: our admission (pace) and Miles's capacity. Under the
-        rollout clock the capacity holds back submission, not a finished group's put: a take that waits for an
-        in-flight group (wait, pace) must be able to receive it even when the buffer is full."""
-        return len(self._store) < self._capacity and self._store.admissible(self._step) >= 1
+        """Whether the producer may start one more group now: our admission (pace), Miles's capacity, and the
+        groups in flight (at most ``in_flight_budget``: the ring's room for them). Under the rollout clock the
+        capacity holds back submission, not a finished group's put: a take that waits for an in-flight group
+        (wait, pace) must be able to receive it even when the buffer is full."""
+        return (
+            len(self._store) < self._capacity
+            and self._store.in_flight < self._in_flight_room
+            and self._store.admissible(self._step) >= 1
+        )
 
     def dispatch(self, prompt_group: Any) -> None:
         """Records a submission (stamped with the current rollout step); call only after ``can_admit()``."""
