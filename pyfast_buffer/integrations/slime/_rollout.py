@@ -46,8 +46,8 @@ def slime_concurrency(args: Any) -> int:
     """Groups generating at once: ``pyfast_buffer_concurrency``, else slime's worker's own
     ``sglang_server_concurrency * number of engines``."""
     given = getattr(args, "pyfast_buffer_concurrency", None)
-    if given is not None:
-        return given
+    if given is not None:  # a YAML value may come as a string of digits, as pyfast_buffer_max_age may
+        return int(given) if isinstance(given, str) and given.strip().isdigit() else given
     from slime.utils.http_utils import get_rollout_num_engines
 
     return args.sglang_server_concurrency * get_rollout_num_engines(args)

@@ -7,6 +7,7 @@ from typing import Any
 
 from slime.rollout.data_source import DataSource, RolloutDataSourceWithBuffer
 
+from pyfast_buffer.integrations.slime._options import read_options
 from pyfast_buffer.integrations.slime._source_core import StalenessSourceCore
 
 
@@ -19,4 +20,5 @@ class StalenessDataSource(StalenessSourceCore, DataSource):
     takes the groups this dispatches."""
 
     def __init__(self, args: Any) -> None:
+        read_options(args)  # our checks first: slime's class would fail on bad args with its own AttributeError
         super().__init__(args, RolloutDataSourceWithBuffer(args))
