@@ -186,15 +186,22 @@ class Rollout:
     fail_rate: float = 0.05
     straggler: Optional[Callable[[int], Optional[float]]] = None  # prompt index -> a latency that overrides
     timeout_s: Optional[float] = None  # NeMo's generation_timeout_s: an attempt past it fails
+    #: prompt index -> the latency after which its first attempt fails (None: as the others)
+    fail_first: Optional[Callable[[int], Optional[float]]] = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self.attempts: Counter = Counter()
 
     def plan(self, prompt: int) -> tuple:
+        self.attempts[prompt] += 1
         latency = min(0.2, self.median_s * self.rng.lognormvariate(0.0, 1.0))
+        fails = self.rng.random() < self.fail_rate
+        if self.fail_first is not None and self.attempts[prompt] == 1 and self.fail_first(prompt) is not None:
+            return self.fail_first(prompt), True
         if self.straggler is not None and self.straggler(prompt) is not None:
             latency = self.straggler(prompt)
-        return latency, self.rng.random() < self.fail_rate
+        return latency, fails
 
 
 class NemoLoop:
@@ -224,8 +231,9 @@ class NemoLoop:
         self.idle_s = 0.0
         self.next_prompt = 0
         self.tasks: set = set()
+        self.shortfall: Counter = Counter()  # NeMo's _batch_shortfall: target step -> groups given up on
 
-    async def _dispatch_one(self, prompt: int) -> None:
+    async def _dispatch_one(self, prompt: int, target: Optional[int] = None) -> None:
         owns_permit = True
         try:
             for _attempt in range(self.retries + 1):
@@ -257,6 +265,8 @@ class NemoLoop:
                 self.counts["committed"] += 1
                 return
             self.counts["skipped_prompts"] += 1
+            if target is not None:  # NeMo's _credit_shortfall: that step closes one group short
+                self.shortfall[target] += 1
         finally:
             if owns_permit:
                 self.capacity.release()
@@ -265,7 +275,7 @@ class NemoLoop:
         # NeMo's pump runs until the trainer stops it: a fixed number of batches would run dry
         # when aborts, skips and drops eat the attempts.
         while True:
-            await self.sampler.admit(trainer_version_fn=lambda: self.trainer_version)
+            target = await self.sampler.admit(trainer_version_fn=lambda: self.trainer_version)
             for _ in range(self.per_step):
                 await self.capacity.acquire()
                 try:
@@ -273,7 +283,7 @@ class NemoLoop:
                 except BaseException:  # stopped between the permit and the dispatch: give the permit back
                     self.capacity.release()
                     raise
-                task = asyncio.create_task(self._dispatch_one(self.next_prompt))
+                task = asyncio.create_task(self._dispatch_one(self.next_prompt, target))
                 self.next_prompt += 1
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
@@ -283,11 +293,11 @@ class NemoLoop:
         dispatched = 0
         loop = asyncio.get_running_loop()
         waited_from = loop.time()
-        while dispatched < self.per_step:
+        while dispatched < self.per_step - self.shortfall[v]:  # NeMo's _target_groups_for_step
             await asyncio.sleep(0)
             for _ in range(await self.sampler.evict(current_train_weight=v)):
                 self.capacity.release()
-            want = self.per_step - dispatched
+            want = self.per_step - self.shortfall[v] - dispatched
             meta, n = await self.sampler.select(current_train_weight=v, min_prompt_groups=1, max_prompt_groups=want)
             if meta is None:
                 await asyncio.sleep(0.002)
@@ -335,7 +345,11 @@ def balanced(loop: NemoLoop) -> dict:
     led = loop.sampler.ledger()
     trained = sum(n for _, n, _ in loop.trained)
     assert led["taken"] == trained, (led, trained)
-    assert led["dispatched"] - led["slots_open"] + led["started_unadmitted"] == loop.counts["attempts"], led
+    # Under pace a failed attempt's slot goes back to its retry (one core entry, several attempts), and a slot
+    # given back that NeMo then gave up on is failed without another attempt.
+    takes = led["dispatched"] + led["slots_returned"] - led["slots_open"] - led["given_up"]
+    started = takes + led["started_unadmitted"]
+    assert started == loop.counts["attempts"], led
     assert led["dispatched"] == led["completed"] + led["failed"] + led["in_flight"], led
     assert led["sampled_total"] == led["retired"] + led["dropped_stale"] + led["evicted"] + led["buffer_left"], led
     assert len(loop.buffer) == sum(loop.buffer.ready_list)  # the run's end cancelled every unfinished attempt

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from _nemo_fake import PROTOCOL, FakeTQReplayBuffer, NemoLoop, Rollout, balanced, create_sampler
 
+from pyfast_buffer import checkpoint
 from pyfast_buffer.integrations.nemo_rl import StalenessSampler
 
 TARGET = "pyfast_buffer.integrations.nemo_rl:StalenessSampler"
@@ -158,7 +159,8 @@ def test_thirty_steps_of_nemos_loop_account_for_every_attempt(strategy):
     asyncio.run(asyncio.wait_for(loop.run(30), LIVENESS_S))
     led = balanced(loop)
     lags = [lag for _, _, lags in loop.trained for lag in lags]
-    assert sum(n for _, n, _ in loop.trained) == 30 * 4 and led["failed"] >= loop.counts["failed_attempts"]
+    assert sum(n for _, n, _ in loop.trained) == 30 * 4
+    assert led["failed"] + led["slots_returned"] >= loop.counts["failed_attempts"]
     if strategy in ("drop", "pace"):
         assert max(lags) <= 1  # NeMo's own lag measure, per trained row
     if strategy == "pace":
@@ -193,8 +195,9 @@ def test_a_resume_keeps_the_admission_state_and_counts_what_nemo_lost(tmp_path):
     state = str(tmp_path / "sampler.pfb")
     loop = loop_for("pace", max_age=1, state_path=state)
     asyncio.run(asyncio.wait_for(loop.run(6), LIVENESS_S))
+    loop.sampler.save_state(state)  # as the run stopped: attempts cancelled mid-generation, their slots held
     saved = asyncio.run(loop.buffer.state_dict())  # NeMo keeps finished groups only
-    in_flight_before = loop.sampler.ledger()["in_flight"]
+    in_flight_saved = len(checkpoint.load_state(state)["core"]["in_flight"]["prompt_id"])  # at the last save
     # A new process: NeMo builds the buffer, the sampler (same state_path), restores the groups, resumes at step 6.
     buffer = FakeTQReplayBuffer()
     sampler = create_sampler(buffer, TARGET, strategy="pace", max_age=1, state_path=state)
@@ -209,4 +212,73 @@ def test_a_resume_keeps_the_admission_state_and_counts_what_nemo_lost(tmp_path):
     led = sampler.ledger()
     assert led["trained_over_age"] == 0 and led["dropped_stale"] == 0
     assert max(lag for _, _, lags in resumed.trained for lag in lags) <= 1
-    assert in_flight_before == 0 or led["lost_in_resume"] >= 1
+    assert in_flight_saved > 0 and led["lost_in_resume"] == in_flight_saved
+
+
+@pytest.mark.parametrize("max_age", [0, 1])
+def test_pace_at_a_tight_bound_survives_a_slow_failed_first_attempt(max_age):
+    # Issue 59, item 1: 2 groups a step, one prompt's first attempt fails after 20 ms; at max_age 0 NeMo's retry
+    # started unadmitted, was evicted, and training waited for it forever.
+    rollout = Rollout(seed=4, fail_rate=0.0, fail_first=lambda p: 0.02 if p == 1 else None)
+    loop = loop_for("pace", max_age=max_age, per_step=2, rollout=rollout)
+    asyncio.run(asyncio.wait_for(loop.run(8), LIVENESS_S))
+    led = balanced(loop)
+    assert sum(n for _, n, _ in loop.trained) == 8 * 2 and loop.counts["failed_attempts"] == 1
+    assert led["evicted_unadmitted"] == 0 and led["dropped_stale"] == 0 and led["trained_over_age"] == 0
+    assert max(lag for _, _, lags in loop.trained for lag in lags) <= max_age
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pace_with_random_failures_and_give_ups_never_hangs_and_keeps_the_bound(seed):
+    # 20% of attempts fail and a prompt is given up after one retry: NeMo closes that step one group short
+    # through the target step admit returns (its _credit_shortfall).
+    rollout = Rollout(seed=seed, fail_rate=0.2)
+    loop = loop_for("pace", max_age=0, per_step=6, rollout=rollout)
+    loop.retries = 1
+    asyncio.run(asyncio.wait_for(loop.run(12), LIVENESS_S))
+    led = balanced(loop)
+    assert sum(n for _, n, _ in loop.trained) == 12 * 6 - sum(loop.shortfall[v] for v in range(12))
+    assert led["dropped_stale"] == 0 and led["trained_over_age"] == 0
+    assert max(lag for _, _, lags in loop.trained for lag in lags) == 0
+
+
+@pytest.mark.parametrize("strategy", ["pace", "drop"])
+def test_a_fresh_run_never_reads_an_earlier_runs_state_path(strategy, tmp_path, caplog):
+    # Issue 59, item 2: NeMo calls set_dispatch_index(0) on a fresh run; the sampler read the old run's state, and
+    # pace hung at version 0 with its ledger while drop crashed at the first evict.
+    state = str(tmp_path / "sampler.pfb")
+    old = loop_for(strategy, max_age=1, state_path=state)
+    asyncio.run(asyncio.wait_for(old.run(6), LIVENESS_S))
+    buffer = FakeTQReplayBuffer()
+    sampler = create_sampler(buffer, TARGET, strategy=strategy, max_age=1, state_path=state)
+    sampler.set_dispatch_index(0)
+    sampler.required_buffer_capacity(4)
+    assert sampler.ledger()["dispatched"] == 0 and "does not read" in caplog.text
+    fresh = NemoLoop(sampler, buffer, 4, Rollout(seed=7), max_buffered=sampler.required_buffer_capacity(4) or 12)
+    asyncio.run(asyncio.wait_for(fresh.run(4), LIVENESS_S))
+    assert sum(n for _, n, _ in fresh.trained) == 16 and balanced(fresh)["lost_in_resume"] == 0
+
+
+@pytest.mark.parametrize("strategy", ["pace", "drop"])
+def test_a_resume_under_a_tighter_bound_trains_nothing_past_it(strategy, tmp_path):
+    # Issue 59, item 3: saved under max_age 2, resumed under 1: restored groups older than the new bound were
+    # trained (lag 2, trained_over_age 3). They are dropped at the resume and counted.
+    state = str(tmp_path / "sampler.pfb")
+    rollout = Rollout(seed=9, median_s=0.02)  # slow generation: groups wait, and age, in the buffer
+    loop = loop_for(strategy, max_age=2, state_path=state, rollout=rollout)
+    asyncio.run(asyncio.wait_for(loop.run(6), LIVENESS_S))
+    loop.sampler.save_state(state)
+    saved = asyncio.run(loop.buffer.state_dict())
+    buffer = FakeTQReplayBuffer()
+    sampler = create_sampler(buffer, TARGET, strategy=strategy, max_age=1, state_path=state)
+    resume_at = loop.trainer_version + 1  # one step later than saved: the ready groups aged by one
+    sampler.set_dispatch_index(resume_at)
+    sampler.required_buffer_capacity(4)
+    asyncio.run(buffer.load_state_dict(saved))
+    capacity = sampler.required_buffer_capacity(4) or 12
+    resumed = NemoLoop(sampler, buffer, 4, Rollout(seed=5), max_buffered=capacity + len(buffer), start_version=resume_at)
+    resumed.capacity = asyncio.Semaphore(capacity)
+    asyncio.run(asyncio.wait_for(resumed.run(4), LIVENESS_S))
+    led = sampler.ledger()
+    assert led["dropped_at_resume"] >= 1 and led["trained_over_age"] == 0
+    assert max(lag for _, _, lags in resumed.trained for lag in lags) <= 1

@@ -58,6 +58,7 @@ class GroupBook:
         self.next_pid = 0
         self.slots: deque = deque()  # pace: admitted slots (core prompts in flight) no attempt has taken yet
         self.slot_stamps: Dict[int, int] = {}  # pace: each slot's admission stamp
+        self.returned: set = set()  # pace: slots a failed attempt gave back, waiting for NeMo's retry
         self.to_evict: set = set()  # in NeMo's buffer, dropped by us: the next evict() removes and counts them
         self.ghosts = 0  # ready core entries whose group someone else removed from NeMo's buffer
         self.generation_version: Optional[int] = None  # the newest start weight seen (generation's version)
@@ -106,6 +107,7 @@ class GroupBook:
         if self.paced:
             while self.slots:  # a slot admit() admitted; one whose lease ran out (expired) is gone from the core
                 pid = self.slots.popleft()
+                self.returned.discard(pid)
                 try:
                     self.core.renew([pid], NO_LEASE_S)
                 except ValueError:
@@ -155,15 +157,47 @@ class GroupBook:
         self.counts["restored" if group is None else "admitted_late"] += 1
 
     def on_remove(self, gid: str) -> None:
-        """NeMo removed an attempt itself (a failure or a cancellation of an unfinished one)."""
+        """NeMo removed an attempt itself (a failure or a cancellation of an unfinished one). Under pace the
+        attempt's admitted slot goes back, first in line, for NeMo's retry of the prompt: failed, the slot was gone,
+        the retry started unadmitted and was evicted, and a step at ``max_age: 0`` waited for it forever. A slot no
+        retry takes is freed by the core when its lease (``slot_lease_s``) runs out."""
         group = self.groups.get(gid)
         if group is None:
+            return
+        if group.status == RUNNING and self.paced:
+            try:
+                self.core.renew([group.pid], self.slot_lease_s)
+            except ValueError:  # its lease ran out meanwhile: the core freed it already
+                pass
+            else:
+                self.slots.appendleft(group.pid)
+                self.slot_stamps[group.pid] = group.stamp
+                self.returned.add(group.pid)
+                self.counts["slots_returned"] += 1
+            self.by_pid.pop(group.pid, None)
+            self.groups.pop(gid, None)
+            self.to_evict.discard(gid)
             return
         if group.status == RUNNING:
             self.core.fail([group.pid])
         elif group.status == READY:
             self.ghosts += 1  # the core cannot drop one ready entry; a take that meets it skips it
         self.forget(gid)
+
+    def give_up(self, n: int, step: int) -> int:
+        """NeMo gave up on ``n`` prompts of the batch trained at ``step`` (it asked that step for fewer groups):
+        their returned slots, which no retry will take, are failed so pace's gate stops waiting for them."""
+        pids = [pid for pid in self.slots if pid in self.returned and self.slot_stamps.get(pid, step) <= step][:n]
+        for pid in pids:
+            self.slots.remove(pid)
+            self.returned.discard(pid)
+            self.slot_stamps.pop(pid, None)
+            try:
+                self.core.fail([pid])
+            except ValueError:  # its lease ran out first: the core failed it already
+                continue
+        self.counts["given_up"] += len(pids)
+        return len(pids)
 
     # ---- the diff ---------------------------------------------------------------------------------------------
     def observe(self) -> Dict[str, int]:

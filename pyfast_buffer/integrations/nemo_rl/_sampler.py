@@ -43,6 +43,9 @@ BOOK_COUNTS = (
     "admitted_late",
     "started_before_admission",
     "lost_in_resume",
+    "slots_returned",
+    "given_up",
+    "dropped_at_resume",
 )
 #: The ``format`` of the tree ``save_state`` writes (core and group map, one file).
 STATE_FORMAT = "pyfast_buffer.nemo_rl.sampler/2"
@@ -95,6 +98,10 @@ class StalenessSampler:
         self._core: Optional[StalenessBuffer] = None
         self._book: Optional[GroupBook] = None
         self._resume_step: Optional[int] = None
+        self._loaded = False  # whether state_path was read (on a resume only: set_dispatch_index > 0)
+        self._next_target = 0  # pace: the trainer version the next admitted batch is trained at
+        self._taken_at: Dict[int, int] = {}  # pace: groups select handed to each trainer version
+        self._short_at: Dict[int, int] = {}  # pace: groups NeMo gave up on, per trainer version (see select)
         #: Ages (trainer steps) of the groups the last ``select`` returned (NeMo RL #3759 reads this name).
         self.last_selection_trajectory_ages: list = []
         if self.options.strategy != "pace" or self._per_step is not None:
@@ -118,8 +125,31 @@ class StalenessSampler:
             starvation_share=o.starvation_share,
         )
         self._book = GroupBook(self._buffer, self._core, pace, o.slot_lease_s)
-        if o.state_path is not None and os.path.exists(o.state_path):
-            self._load_state(o.state_path)
+        self._resume_from_state()
+
+    def _resume_from_state(self) -> None:
+        """On a resume (``set_dispatch_index`` > 0) with the core built: reads ``state_path`` once, then drops the
+        ready groups a tighter bound can no longer train (a resume may lower ``max_age``; kept, they were trained
+        past it). A fresh run (``set_dispatch_index(0)``) never reads it: that file is an earlier run's."""
+        path, step = self.options.state_path, self._resume_step
+        if self._loaded or self._core is None or path is None or not step or not os.path.exists(path):
+            return
+        self._load_state(path)
+        self._loaded = True
+        if self.options.strategy in ("drop", "pace") and self.core.evict_stale(step):
+            gone = self.book.gids(self.core.released().ids.tolist())
+            for gid in gone:
+                if gid is not None:
+                    self.book.to_evict.add(gid)
+                    self.book.groups[gid].status = "dropped"
+            self.book.counts["dropped_at_resume"] += len(gone)
+            logger.warning(
+                "%d restored groups are older than max_age=%d at trainer version %d (saved under a larger bound?): "
+                "dropped, so none is trained past the bound",
+                len(gone),
+                self.options.max_age,
+                step,
+            )
 
     @property
     def core(self) -> StalenessBuffer:
@@ -212,6 +242,15 @@ class StalenessSampler:
         if isinstance(resume_from_step, bool) or not isinstance(resume_from_step, int) or resume_from_step < 0:
             raise ValueError(f"resume_from_step={resume_from_step!r} must be an int >= 0")
         self._resume_step = resume_from_step
+        self._next_target = resume_from_step
+        path = self.options.state_path
+        if resume_from_step == 0 and path is not None and os.path.exists(path) and not self._loaded:
+            logger.warning(
+                "a fresh run (resume_from_step=0) does not read %s, an earlier run's sampler state; it is replaced at "
+                "this run's first save. Resume from NeMo's checkpoint to continue that run",
+                path,
+            )
+        self._resume_from_state()
         if resume_from_step > 0 and self.options.state_path is None:
             logger.warning(
                 "resuming at trainer version %d without state_path: the sampler's ledger starts empty and the "
@@ -220,8 +259,12 @@ class StalenessSampler:
             )
 
     async def admit(self, *, trainer_version_fn: Callable[[], int]) -> Optional[int]:
-        """Returns when the next batch of prompts may start: at once under drop and wait; under pace when the rule
-        admits ``prompts_per_step`` more groups, which it then holds for them. Never stamps (returns None)."""
+        """Returns when the next batch of prompts may start: at once under drop and wait (None: no target step);
+        under pace when the rule admits ``prompts_per_step`` more groups, which it then holds for them, returning
+        the trainer version the batch is trained at. Pace's steps each take ``prompts_per_step`` groups in
+        admission order, so the k-th batch admitted since the resume version r is trained at r + k, within
+        ``lookahead`` of its admission. NeMo stamps the batch's attempts with it and, when it gives up on a
+        prompt, closes that step one group short (``_credit_shortfall``) instead of waiting for it."""
         if self.options.strategy != "pace":
             return None
         core, book, per_step = self.core, self.book, int(self._per_step or 0)
@@ -236,7 +279,8 @@ class StalenessSampler:
                 core.dispatch(pids, stamp, lease=self.options.slot_lease_s)
                 book.slots.extend(pids)
                 book.slot_stamps.update(dict.fromkeys(pids, stamp))
-                return None
+                target, self._next_target = self._next_target, self._next_target + 1
+                return target
             await aio.changed(core, ADMIT_RECHECK_S)
 
     async def evict(self, *, current_train_weight: int) -> int:
@@ -268,6 +312,13 @@ class StalenessSampler:
         index = book.observe()
         if self.options.strategy == "drop":
             self._evict_stale(step)
+        if self.options.strategy == "pace" and self._per_step:
+            # NeMo asks a step for its target less what it has: a target below prompts_per_step means it gave up
+            # on prompts of that step's batch (_credit_shortfall); their slots must stop holding pace's gate.
+            short = int(self._per_step) - self._taken_at.get(step, 0) - int(max_prompt_groups)
+            if short > self._short_at.get(step, 0):
+                book.give_up(short - self._short_at.get(step, 0), step)
+                self._short_at[step] = short
         ready = len(core) - book.ghosts
         if ready < min_prompt_groups:
             return None, 0
@@ -284,6 +335,11 @@ class StalenessSampler:
         metas = [self._buffer.meta_list[i] for i in idxs]
         for gid in gids:
             book.forget(gid)
+        if self.options.strategy == "pace":
+            self._taken_at[step] = self._taken_at.get(step, 0) + len(gids)
+            for old in [v for v in self._taken_at if v < step - 1]:
+                self._taken_at.pop(old, None)
+                self._short_at.pop(old, None)
         removed = int(await self._buffer.remove(idxs, remove_in_dp=False))
         self._after_select(step, len(gids))
         return metas[0].concat(*metas[1:]), removed
