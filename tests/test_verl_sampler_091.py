@@ -11,7 +11,16 @@ Skipped without the ``verl`` extra (TransferQueue and Ray).
 from __future__ import annotations
 
 import pytest
-from _verl_helpers import clear_partition, listed, new_partition, new_uid, put_group, running_transfer_queue, uids_of
+from _verl_helpers import (
+    Refiller,
+    clear_partition,
+    listed,
+    new_partition,
+    new_uid,
+    put_group,
+    running_transfer_queue,
+    uids_of,
+)
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -234,6 +243,19 @@ def test_groups_that_bypassed_admission_are_admitted_by_the_rule_or_evicted_and_
     assert led["admitted"] == 2 and led["evicted_unadmitted"] == 1 and refills == [1]
     assert metrics["training/off_policy/evicted_samples"] == 1
     assert uids_of(batch.keys) <= set(restored)
+
+
+def test_groups_restored_under_a_smaller_threshold_are_evicted_not_trained_past_it(train):
+    # Issue 59, item 3: a checkpoint of threshold 3 resumed under threshold 2 (max_age 1) at step 7: its groups
+    # stamped 5 were admitted at their stamp and trained at step 7 (trained_over_age 5).
+    refill = Refiller(TRAIN, 7)
+    rb = paced(per_step=2, threshold=2, refill_fn=refill)
+    restored = [put_group(TRAIN, "finished", global_steps=5)[0] for _ in range(3)]
+    batch, _ = rb.sample(global_steps=7, partition_id=TRAIN, batch_size=2)
+    led = rb.ledger(TRAIN)
+    assert led["evicted_unadmitted"] == 3 and sum(refill.calls) == 3
+    assert uids_of(batch.keys) <= set(refill.uids) and not uids_of(batch.keys) & set(restored)
+    assert led["core_trained_over_age"] == 0
 
 
 class ManagedLoop:

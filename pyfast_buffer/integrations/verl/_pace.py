@@ -122,13 +122,18 @@ class PacedSampling(VerlState):
 
     def _after_listing(self, partition_id: str) -> None:
         """Finished groups that reached TransferQueue without admission (restored, or injected by verl's rollout
-        skip cache) enter the core through the same rule; one the rule refuses is evicted (``evicted_unadmitted``)."""
+        skip cache) enter the core through the same rule; one the rule refuses is evicted (``evicted_unadmitted``),
+        and so is one already older than ``max_age`` at the trainer's step (a checkpoint restored under a smaller
+        threshold: admitted at its stamp, it was trained past the bound, issue 59)."""
         book = self._book(partition_id)
         steps = self.prompt_global_steps[partition_id]
+        oldest_trainable = self._trainer_step - book.core.max_age
         for uid in sorted(self.finished_keys[partition_id] - book.core_id.keys(), key=lambda u: (steps[u], u)):
             if uid in book.refused:
                 continue
             try:
+                if steps[uid] < oldest_trainable:
+                    raise AdmissionError(f"stamped {steps[uid]}, older than max_age at step {self._trainer_step}")
                 book.core.dispatch([book.next_id], steps[uid])
             except AdmissionError:
                 book.refused.add(uid)
