@@ -276,7 +276,9 @@ def test_a_resume_under_a_tighter_bound_trains_nothing_past_it(strategy, tmp_pat
     sampler.required_buffer_capacity(4)
     asyncio.run(buffer.load_state_dict(saved))
     capacity = sampler.required_buffer_capacity(4) or 12
-    resumed = NemoLoop(sampler, buffer, 4, Rollout(seed=5), max_buffered=capacity + len(buffer), start_version=resume_at)
+    resumed = NemoLoop(
+        sampler, buffer, 4, Rollout(seed=5), max_buffered=capacity + len(buffer), start_version=resume_at
+    )
     resumed.capacity = asyncio.Semaphore(capacity)
     asyncio.run(asyncio.wait_for(resumed.run(4), LIVENESS_S))
     led = sampler.ledger()

@@ -411,3 +411,36 @@ def test_iterating_the_buffer_ends_when_nothing_is_left_and_a_batch_size_below_o
     assert sorted(seen) == list(range(10)) and sampler.ran_out
     rb.extend(rows(2, 0, start=10))
     assert sorted(r for batch in rb for r in batch["obs"].reshape(-1).tolist()) == [10, 11]  # a new pass starts
+
+
+def test_prefetch_never_hands_out_a_batch_judged_at_an_older_version():
+    # Issue 59, item 4: with prefetch=2 TorchRL sampled ahead in a thread pool, before consumer_version moved; at
+    # version 5 with max_age 1 it returned rows of version 0 and info["staleness"] said 0.
+    sampler = StalenessSampler(max_age=1, shuffle=False)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(64), sampler=sampler, batch_size=4, prefetch=2)
+    rb.extend(rows(16, 0))
+    rb.sample()
+    rb.extend(rows(8, 5, start=16))
+    sampler.consumer_version = 5
+    batch = rb.sample()
+    assert set(batch["policy_version"].tolist()) == {5}
+    assert balanced(sampler)["dropped_stale"] == 12
+
+
+def test_another_processs_rewrite_at_the_same_version_is_found():
+    # Issue 59, item 5: a spawned writer rewrote all 8 slots at version 0, the version they held; comparing only
+    # the version column, the parent never saw it ("no entry can be sampled", put_total 8 instead of 16).
+    import torch.multiprocessing as mp
+    from _torchrl_child import write_rows
+
+    sampler = StalenessSampler(max_age=2, shuffle=False)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(8), sampler=sampler, batch_size=8, shared=True)
+    rb.extend(rows(8, 0))
+    assert sorted(rb.sample()["obs"].reshape(-1).tolist()) == list(range(8))
+    child = mp.get_context("spawn").Process(target=write_rows, args=(rb, 0, 100))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+    assert sorted(rb.sample()["obs"].reshape(-1).tolist()) == list(range(100, 108))
+    led = balanced(sampler)
+    assert led["put_total"] == 16 and led["foreign_writes"] == 8

@@ -45,9 +45,9 @@ def slime_generate() -> Generate:
 def slime_concurrency(args: Any) -> int:
     """Groups generating at once: ``pyfast_buffer_concurrency``, else slime's worker's own
     ``sglang_server_concurrency * number of engines``."""
-    given = getattr(args, "pyfast_buffer_concurrency", None)
+    given: Any = getattr(args, "pyfast_buffer_concurrency", None)
     if given is not None:  # a YAML value may come as a string of digits, as pyfast_buffer_max_age may
-        return int(given) if isinstance(given, str) and given.strip().isdigit() else given
+        return int(given) if isinstance(given, str) and given.strip().isdigit() else given  # checked by the worker
     from slime.utils.http_utils import get_rollout_num_engines
 
     return args.sglang_server_concurrency * get_rollout_num_engines(args)

@@ -12,7 +12,10 @@ samples under the buffer's write lock: a wait there would stall the collector th
   ``trained_over_age`` (TorchRL's collectors have no in-flight view the trainer could wait on).
 
 Writes by another process (a shared buffer filled by collector workers, which write through their own copy of
-the sampler) are found at the next ``sample`` from the storage's mutation revision and its version column.
+the sampler) are found at the next ``sample``: every copy counts its writes per slot in one shared-memory tensor
+(``_writes``, handed to a spawned process as shared memory), and a slot whose count moved since this copy last
+looked was rewritten, whatever its version (a rewrite at the same ``policy_version`` was missed when only the
+version column was compared, issue 59). The storage's mutation revision says when to look.
 """
 
 from __future__ import annotations
@@ -109,7 +112,14 @@ class StalenessSampler(Sampler):
         self._revision: Optional[int] = None  # the storage's mutation revision once our writes are applied
         self._newest = -1  # the newest stamp written (see _step)
         self._ran_out = False
+        self._writes: Optional[torch.Tensor] = None  # writes per slot by every copy (shared memory; module docs)
+        self._seen: Optional[np.ndarray] = None  # this copy's view of ``_writes`` once applied
         self.last_ages: list = []
+
+    #: TorchRL's replay buffer prefetches ``min(_remaining_batches, prefetch)`` batches in a thread pool, sampled
+    #: before the trainer moves ``consumer_version``: a prefetched batch was judged fresh at an older version and
+    #: came back stale (issue 59). Zero turns prefetch off: each batch is drawn when ``sample`` is called.
+    _remaining_batches = 0
 
     # ---- StalenessAwareSampler's conventions ----------------------------------------------------------------
     @property
@@ -150,6 +160,9 @@ class StalenessSampler(Sampler):
 
     def _ensure_slots(self, slots: int) -> Tuple[StalenessBuffer, SlotBook]:
         self._slots = slots
+        if self._writes is None or len(self._writes) != slots:  # before any copy is sent to another process
+            self._writes = torch.zeros(slots, dtype=torch.int64).share_memory_()
+            self._seen = np.zeros(slots, np.int64)
         if self._core is None or self._book is None:
             self._core, self._book = self._new_core(slots), SlotBook(slots)
         return self._core, self._book
@@ -167,9 +180,30 @@ class StalenessSampler(Sampler):
         )
 
     # ---- the write path -------------------------------------------------------------------------------------
+    def _count_writes(self, storage: Any, slots: Any) -> None:
+        """Counts a write of this copy in the shared per-slot counts, and as seen by this copy."""
+        n = dim0_capacity(storage)
+        if self._writes is None or len(self._writes) != n:
+            self._writes = torch.zeros(n, dtype=torch.int64).share_memory_()
+            self._seen = np.zeros(n, np.int64)
+        assert self._seen is not None  # set with _writes
+        index = torch.as_tensor(slots, dtype=torch.int64)
+        if len(index):
+            self._writes[index] += 1
+            self._seen[index.numpy()] = self._writes[index].numpy()
+
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
         if storage is None:
             return
+        if (
+            isinstance(index, torch.Tensor)
+            and index.ndim == 1
+            and index.dtype == torch.int64
+            and not (len(index) and int(index.min()) < 0)
+        ):
+            self._count_writes(storage, index)
+        else:
+            self._count_writes(storage, written_slots(index))
         if not self._record(storage, index):
             self._flush()  # in write order: what was recorded goes first
             self._write(storage, written_slots(index))
@@ -359,7 +393,12 @@ class StalenessSampler(Sampler):
         if stamps is None:
             self._missing_key = True
             return
-        changed = slots[(stamps != book.stamp[:n]) | (book.entry[:n] == -1) & (book.generation[:n] == 0)]
+        rewritten = (stamps != book.stamp[:n]) | (book.entry[:n] == -1) & (book.generation[:n] == 0)
+        if self._writes is not None and self._seen is not None and len(self._writes) >= n:
+            counts = self._writes[:n].numpy().copy()
+            rewritten |= counts != self._seen[:n]  # rewritten by another copy, at any version
+            self._seen[:n] = counts
+        changed = slots[rewritten]
         if len(changed):
             book.counts["foreign_writes"] += len(changed)
             self._write(storage, changed)

@@ -98,10 +98,8 @@ def _check_known_keys(sampler_kwargs: Any) -> None:
     if sampler_kwargs is None:
         return
     if not isinstance(sampler_kwargs, Mapping) and not hasattr(sampler_kwargs, "keys"):
-        raise TypeError(
-            f"{SAMPLER_KWARGS}={sampler_kwargs!r} must be a mapping of settings (a dict or a config node)"
-        )
-    unknown = sorted(str(k) for k in sampler_kwargs.keys() if k not in KNOWN_SAMPLER_KWARGS)
+        raise TypeError(f"{SAMPLER_KWARGS}={sampler_kwargs!r} must be a mapping of settings (a dict or a config node)")
+    unknown = sorted(str(k) for k in sampler_kwargs.keys() if k not in KNOWN_SAMPLER_KWARGS)  # noqa: SIM118 (a config node)
     if unknown:
         hints = []
         for key in unknown:
