@@ -47,7 +47,9 @@ def slime_concurrency(args: Any) -> int:
     ``sglang_server_concurrency * number of engines``."""
     given: Any = getattr(args, "pyfast_buffer_concurrency", None)
     if given is not None:  # a YAML value may come as a string of digits, as pyfast_buffer_max_age may
-        return int(given) if isinstance(given, str) and given.strip().isdigit() else given  # checked by the worker
+        if isinstance(given, str) and given.strip().isdigit():
+            return int(given)
+        return given  # anything else: RolloutWorker refuses it with the fix
     from slime.utils.http_utils import get_rollout_num_engines
 
     return args.sglang_server_concurrency * get_rollout_num_engines(args)
