@@ -7,7 +7,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from pyfast_buffer.integrations.slime._options import WHERE
 from pyfast_buffer.integrations.slime._source_core import StalenessSourceCore
@@ -49,7 +49,7 @@ def slime_concurrency(args: Any) -> int:
     if given is not None:  # a YAML value may come as a string of digits, as pyfast_buffer_max_age may
         if isinstance(given, str) and given.strip().isdigit():
             return int(given)
-        return given  # anything else: RolloutWorker refuses it with the fix
+        return cast(int, given)  # anything not an int >= 1: RolloutWorker refuses it with the fix
     from slime.utils.http_utils import get_rollout_num_engines
 
     return args.sglang_server_concurrency * get_rollout_num_engines(args)
