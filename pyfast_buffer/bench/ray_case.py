@@ -25,6 +25,7 @@ from .plan import CURRENT_STEP, Plan
 from .ray_cluster import init_local_cluster
 from .ray_journal import journal_rows
 from .ray_journal import markdown as journal_table
+from .ray_read import SIZES as READ_SIZES
 from .ray_read import markdown as read_table
 from .ray_read import read_rows
 from .timing import median, percentile
@@ -282,10 +283,20 @@ def ray_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         return []
     started = not ray.is_initialized()
     rows: List[Dict] = []
+    # A plan shorter than --quick (the tests' smoke plan) measures one payload size and producer count: every
+    # contender and column still comes out, in a fifth of the time (the full run took 5 minutes of CI).
+    smoke = plan.throughput_seconds < Plan.quick().throughput_seconds
     if started:  # payloads over two nodes need a cluster of their own, started before this process's one
+        from .ray_payloads import PRODUCERS as PAYLOAD_PRODUCERS
+        from .ray_payloads import SIZES as PAYLOAD_SIZES
         from .ray_payloads import can_pin, payload_rows
 
-        rows += payload_rows(plan, pin_nodes=can_pin())  # a second node brings cores of its own
+        rows += payload_rows(  # a second node brings cores of its own
+            plan,
+            sizes=PAYLOAD_SIZES[:1] if smoke else PAYLOAD_SIZES,
+            producer_counts=PAYLOAD_PRODUCERS[:1] if smoke else PAYLOAD_PRODUCERS,
+            pin_nodes=can_pin(),
+        )
     else:
         skipped["ray payloads"] = "Ray was already running: the two-node payload rows start their own cluster"
     if started:
@@ -312,8 +323,9 @@ def ray_case(plan: Plan, skipped: Dict[str, str]) -> List[Dict]:
         rows += _puts(tuple(plan.batches), plan.throughput_seconds, producers, sink, client, unjournaled)
         rows += _takes(tuple(plan.batches), max(plan.repeat, 20), sink, client, queue)
         rows += _wakes(max(20, plan.wake_rounds // 3), producers[0], client, queue)
-        rows += read_rows(max(3.0, 6 * plan.throughput_seconds))  # ingest the trainer reads, vs producer refs
-        rows += journal_rows(JOURNAL_SIZES[:1] if plan.batches == Plan.quick().batches else JOURNAL_SIZES)
+        read_sizes = READ_SIZES[:1] if smoke else READ_SIZES
+        rows += read_rows(max(3.0, 6 * plan.throughput_seconds), sizes=read_sizes)  # the trainer's reads vs refs
+        rows += journal_rows(JOURNAL_SIZES[:1] if smoke or plan.batches == Plan.quick().batches else JOURNAL_SIZES)
         client.kill()
         unjournaled.kill()
         queue.shutdown()
