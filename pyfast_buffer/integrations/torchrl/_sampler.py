@@ -21,8 +21,6 @@ version column was compared, issue 59). The storage's mutation revision says whe
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -33,6 +31,7 @@ from torchrl.data.replay_buffers.utils import unravel_index
 from pyfast_buffer.buffer import StalenessBuffer
 from pyfast_buffer.integrations._common import ages_metrics, buffer_metrics
 from pyfast_buffer.integrations.torchrl._slots import NO_ENTRY, SlotBook
+from pyfast_buffer.integrations.torchrl._state import SamplerState
 from pyfast_buffer.integrations.torchrl._storage import (
     column,
     column_values,
@@ -48,10 +47,9 @@ EMPTY_STORAGE = "Cannot sample from an empty storage."  # TorchRL's samplers' wo
 STRATEGIES = ("drop", "wait")
 #: Entries of the core per storage slot: room for the ghosts of writes out of round-robin order.
 CORE_PER_SLOT = 2
-STATE_FILE = "pyfast_buffer_sampler.pt"
 
 
-class StalenessSampler(Sampler):
+class StalenessSampler(SamplerState, Sampler):
     """A TorchRL ``Sampler`` that trains only fresh-enough data and accounts for every entry (module docstring).
 
     Args:
@@ -523,61 +521,6 @@ class StalenessSampler(Sampler):
         self._missing_key, self._revision, self._marked = False, None, None
         self._ran_out = False
 
-    def state_dict(self) -> Dict[str, Any]:
-        self._flush()
-        state: Dict[str, Any] = OrderedDict(
-            consumer_version=self._consumer_version,
-            max_age=self._max_age,
-            strategy=self._strategy,
-            newest_stamp=self._newest,
-        )
-        if self._core is not None and self._book is not None:
-            state["core"] = self._core.state_dict()
-            state["slots"] = {
-                k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in self._book.state().items()
-            }
-        return state
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        self._consumer_version = int(state_dict["consumer_version"])
-        self._max_age = int(state_dict["max_age"])
-        self._newest = int(state_dict.get("newest_stamp", -1))
-        self._pending.clear()
-        self._missing_key, self._revision = False, None
-        if "core" not in state_dict:
-            self._core, self._book = None, None
-            return
-        slots = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in state_dict["slots"].items()}
-        self._book = SlotBook.from_state(slots)
-        self._slots = self._book.slots
-        self._core = self._new_core(self._book.slots)
-        self._core.load_state_dict(state_dict["core"])
-
-    def dumps(self, path: Any) -> None:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        torch.save(self.state_dict(), path / STATE_FILE)
-
-    def loads(self, path: Any) -> None:
-        self.load_state_dict(torch.load(Path(path) / STATE_FILE, weights_only=False))
-
-    def __getstate__(self) -> Dict[str, Any]:
-        self._flush()
-        state: Dict[str, Any] = dict(super().__getstate__())
-        state["_recorded"], state["_marked"] = [], None
-        # By value (numpy), not as tensors: a process spawned with this sampler would receive tensors as file
-        # descriptors of shared memory that are closed once the pickling's temporaries are gone.
-        state["_core_state"] = _mapped(self.state_dict(), lambda t: t.numpy()) if self._core is not None else None
-        state["_core"], state["_book"] = None, None
-        return state
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        saved: Optional[Dict[str, Any]] = state.pop("_core_state", None)
-        for name, value in state.items():
-            setattr(self, name, value)
-        if saved is not None:
-            self.load_state_dict(_mapped(saved, torch.from_numpy, np.ndarray))
-
     def __repr__(self) -> str:
         self._flush()
         held = 0 if self._core is None else len(self._core) - (self._book.ghosts if self._book else 0)
@@ -585,17 +528,6 @@ class StalenessSampler(Sampler):
             f"{type(self).__name__}(consumer_version={self._consumer_version}, max_age={self._max_age}, "
             f"strategy={self._strategy!r}, max_uses={self._max_uses}, sampleable={held})"
         )
-
-
-def _mapped(state: Any, convert: Any, kind: type = torch.Tensor) -> Any:
-    """``state`` with every ``kind`` leaf converted (nested dicts, lists and tuples kept)."""
-    if isinstance(state, kind):
-        return convert(state)
-    if isinstance(state, dict):
-        return type(state)((k, _mapped(v, convert, kind)) for k, v in state.items())
-    if isinstance(state, (list, tuple)):
-        return type(state)(_mapped(v, convert, kind) for v in state)
-    return state
 
 
 def _int64(stamps: torch.Tensor) -> torch.Tensor:
