@@ -60,6 +60,7 @@ def nemo_load(target: str) -> Any:
     from _nemo_fake import FakeTQReplayBuffer, create_sampler
 
     sampler = create_sampler(FakeTQReplayBuffer(), NEMO_TARGET, strategy="drop", max_age=1, state_path=target)
+    sampler.set_dispatch_index(1)  # a resume, as NeMo calls it: only a resume reads state_path
     return sampler.ledger(), sorted(sampler.book.groups), sampler.book.next_pid
 
 
