@@ -136,17 +136,13 @@ class StalenessSampler:
             return
         self._load_state(path)
         self._loaded = True
-        if self.options.strategy in ("drop", "pace") and self.core.evict_stale(step):
-            gone = self.book.gids(self.core.released().ids.tolist())
-            for gid in gone:
-                if gid is not None:
-                    self.book.to_evict.add(gid)
-                    self.book.groups[gid].status = "dropped"
-            self.book.counts["dropped_at_resume"] += len(gone)
+        dropped = self._evict_stale(step) if self.options.strategy in ("drop", "pace") else 0
+        if dropped:
+            self.book.counts["dropped_at_resume"] += dropped
             logger.warning(
                 "%d restored groups are older than max_age=%d at trainer version %d (saved under a larger bound?): "
                 "dropped, so none is trained past the bound",
-                len(gone),
+                dropped,
                 self.options.max_age,
                 step,
             )
@@ -355,14 +351,16 @@ class StalenessSampler:
         return stale
 
     # ---- ours ---------------------------------------------------------------------------------------------
-    def _evict_stale(self, step: int) -> None:
-        """Drops the ready groups past max_age in the core; NeMo's copies go at the next evict()."""
-        if self.core.evict_stale(step):
-            released = self.core.released()
-            for gid in self.book.gids(released.ids.tolist()):
-                if gid is not None:
-                    self.book.to_evict.add(gid)
-                    self.book.groups[gid].status = "dropped"
+    def _evict_stale(self, step: int) -> int:
+        """Drops the ready groups past max_age in the core (NeMo's copies go at the next evict()); returns how many."""
+        if not self.core.evict_stale(step):
+            return 0
+        gone = self.book.gids(self.core.released().ids.tolist())
+        for gid in gone:
+            if gid is not None:
+                self.book.to_evict.add(gid)
+                self.book.groups[gid].status = "dropped"
+        return len(gone)
 
     def _after_select(self, step: int, taken: int) -> None:
         book = self.book

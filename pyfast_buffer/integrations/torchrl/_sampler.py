@@ -158,9 +158,7 @@ class StalenessSampler(SamplerState, Sampler):
 
     def _ensure_slots(self, slots: int) -> Tuple[StalenessBuffer, SlotBook]:
         self._slots = slots
-        if self._writes is None or len(self._writes) != slots:  # before any copy is sent to another process
-            self._writes = torch.zeros(slots, dtype=torch.int64).share_memory_()
-            self._seen = np.zeros(slots, np.int64)
+        self._ensure_writes(slots)  # before any copy is sent to another process
         if self._core is None or self._book is None:
             self._core, self._book = self._new_core(slots), SlotBook(slots)
         return self._core, self._book
@@ -178,30 +176,25 @@ class StalenessSampler(SamplerState, Sampler):
         )
 
     # ---- the write path -------------------------------------------------------------------------------------
-    def _count_writes(self, storage: Any, slots: Any) -> None:
+    def _ensure_writes(self, slots: int) -> None:
+        """The shared per-slot write counts (module docstring), for a storage of ``slots`` dim-0 slots."""
+        if self._writes is None or len(self._writes) != slots:
+            self._writes = torch.zeros(slots, dtype=torch.int64).share_memory_()
+            self._seen = np.zeros(slots, np.int64)
+
+    def _count_writes(self, storage: Any, slots: np.ndarray) -> None:
         """Counts a write of this copy in the shared per-slot counts, and as seen by this copy."""
-        n = dim0_capacity(storage)
-        if self._writes is None or len(self._writes) != n:
-            self._writes = torch.zeros(n, dtype=torch.int64).share_memory_()
-            self._seen = np.zeros(n, np.int64)
-        assert self._seen is not None  # set with _writes
-        index = torch.as_tensor(slots, dtype=torch.int64)
+        self._ensure_writes(dim0_capacity(storage))
+        assert self._writes is not None and self._seen is not None
+        index = torch.from_numpy(slots)
         if len(index):
             self._writes[index] += 1
-            self._seen[index.numpy()] = self._writes[index].numpy()
+            self._seen[slots] = self._writes[index].numpy()
 
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
         if storage is None:
             return
-        if (
-            isinstance(index, torch.Tensor)
-            and index.ndim == 1
-            and index.dtype == torch.int64
-            and not (len(index) and int(index.min()) < 0)
-        ):
-            self._count_writes(storage, index)
-        else:
-            self._count_writes(storage, written_slots(index))
+        self._count_writes(storage, written_slots(index))
         if not self._record(storage, index):
             self._flush()  # in write order: what was recorded goes first
             self._write(storage, written_slots(index))
